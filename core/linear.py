@@ -1,0 +1,148 @@
+"""The quantization contract: weight formats, recipes, linear kernels and the module that joins them.
+
+* A `QuantScheme` says how one [n, k] weight is stored (`PackedWeight`) and gives the reference
+  `dequantize` every kernel is tested against.
+* A `QuantRecipe` says which scheme each named linear of a model gets (`--quant int4` is a recipe).
+* A `LinearKernel` computes `x @ W.T` for one scheme; plugins offer them through
+  `ninfer_linear_kernel`, and the fastest whose requirements hold is chosen per (scheme, n, k).
+* `QLinear` is the nn.Module the models hold: a packed weight plus its chosen kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+from ninfer.device import ANYWHERE, DeviceInfo, Requirements
+
+# The unquantized scheme: the weight kept in the model's dtype.
+DENSE = "bf16"
+
+
+@dataclass
+class PackedWeight:
+    """One linear weight in some scheme: named tensors plus the logical [n, k] shape."""
+
+    scheme: str
+    shape: tuple[int, int]
+    tensors: dict[str, torch.Tensor]
+    # scheme-specific facts that are not tensors (a global scale kept as float, a layout version)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to(self, device: torch.device | str) -> PackedWeight:
+        return PackedWeight(self.scheme, self.shape, {k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    name: str
+    bits_per_weight: float
+    version: int
+    quantize: Callable[[torch.Tensor], PackedWeight]
+    # the oracle: float32 [n, k]
+    dequantize: Callable[[PackedWeight], torch.Tensor]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """Which scheme each linear gets. `rules` are tried in order: (predicate on name, scheme)."""
+
+    name: str
+    scheme_for: Callable[[str, int, int], str]
+    description: str = ""
+
+
+class LinearKernel(Protocol):
+    name: str
+    requirements: Requirements
+
+    def prepare(self, weight: PackedWeight) -> Any:
+        """Repack once at load time into the layout `apply` reads (default: as is)."""
+
+    def apply(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
+        """y = x @ W.T for x [..., k] -> [..., n], in x's dtype."""
+
+
+class DenseKernel:
+    """torch's own matmul on an unquantized weight: runs anywhere, the default for `bf16`."""
+
+    name = "torch.linear"
+    requirements = ANYWHERE
+
+    def prepare(self, weight: PackedWeight) -> torch.Tensor:
+        return weight.tensors["weight"]
+
+    def apply(self, x: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, prepared)
+
+
+def dense_weight(w: torch.Tensor) -> PackedWeight:
+    return PackedWeight(DENSE, (w.shape[0], w.shape[1]), {"weight": w})
+
+
+class QLinear(nn.Module):
+    """A bias-free linear layer whose weight lives in some scheme and runs through a chosen kernel."""
+
+    def __init__(self, name: str, n: int, k: int, scheme: str, kernel: LinearKernel) -> None:
+        super().__init__()
+        self.name = name
+        self.n, self.k = n, k
+        self.scheme = scheme
+        self.kernel = kernel
+        self.packed: PackedWeight | None = None
+        self.prepared: Any = None
+
+    def set_weight(self, packed: PackedWeight) -> None:
+        if tuple(packed.shape) != (self.n, self.k):
+            from ninfer.errors import CheckpointError
+
+            raise CheckpointError(
+                f"{self.name}: weight is {list(packed.shape)}, the model expects [{self.n}, {self.k}].",
+                tensor=self.name,
+            )
+        self.packed = packed
+        self.prepared = self.kernel.prepare(packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prepared is None:
+            raise RuntimeError(f"{self.name}: weight was never loaded")
+        return self.kernel.apply(x, self.prepared)
+
+    def extra_repr(self) -> str:
+        return f"{self.name}: [{self.n}, {self.k}] {self.scheme} via {self.kernel.name}"
+
+
+class LinearFactory:
+    """Makes every QLinear of a model: scheme from the recipe, kernel chosen once per (scheme, n, k).
+
+    `choices` keeps what was chosen (and passed over) for the startup report.
+    """
+
+    def __init__(self, plugins: Any, device: DeviceInfo, recipe: QuantRecipe | None) -> None:
+        self.plugins = plugins
+        self.device = device
+        self.recipe = recipe
+        self.choices: dict[tuple[str, int, int], Any] = {}
+
+    def scheme_for(self, name: str, n: int, k: int) -> str:
+        return self.recipe.scheme_for(name, n, k) if self.recipe else DENSE
+
+    def kernel_for(self, scheme: str, n: int, k: int) -> LinearKernel:
+        key = (scheme, n, k)
+        if key not in self.choices:
+            self.choices[key] = self.plugins.choose(
+                "ninfer_linear_kernel", self.device, slot=f"linear[{scheme} {n}x{k}]", scheme=scheme, n=n, k=k
+            )
+        return self.choices[key].impl
+
+    def make(self, name: str, n: int, k: int) -> QLinear:
+        scheme = self.scheme_for(name, n, k)
+        return QLinear(name, n, k, scheme, self.kernel_for(scheme, n, k))

@@ -1,0 +1,48 @@
+"""The sampler contract: logits in, token ids out, with no mutable RNG state.
+
+Randomness is counter-based: the uniform draw for a row is a pure function of (seed, absolute
+position, purpose), so a request replays exactly, on CPU or GPU, whatever else was batched with it,
+and speculative verification can re-derive the draws it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Protocol
+
+import torch
+
+from ninfer.config import SamplingParams
+from ninfer.device import Requirements
+
+
+class Purpose(IntEnum):
+    """Why a uniform is drawn; part of the RNG key (spec section 3.1)."""
+
+    PREFILL = 0
+    DECODE = 1
+    SPEC_ACCEPT = 2
+    SPEC_CORRECTION = 3
+    SPEC_BONUS = 4
+    DRAFT_PROPOSAL = 5
+
+
+class Sampler(Protocol):
+    name: str
+    requirements: Requirements
+
+    def probs(self, logits: torch.Tensor, params: Sequence[SamplingParams], history: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The processed distribution [B, V] (float32) each row samples from: penalties over the
+        row's generated tokens, top-k (<= 20), temperature, min-p, top-p, renormalised.
+        Greedy rows are a point mass on the argmax (lowest id on ties)."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        history: Sequence[Sequence[int]],
+        positions: Sequence[int],
+        purpose: Purpose = Purpose.DECODE,
+    ) -> torch.Tensor:
+        """One token id per row [B] (int64)."""
