@@ -1,0 +1,166 @@
+"""Everything before the first step: device, checkpoint, validation, choices, then the engine.
+
+`plan()` reads only config files: it probes the device, finds the checkpoint, recognises its
+family and registered spec, asks every plugin for problems, and picks the sampler. An impossible
+request fails here (UserError / DeviceError, exit code 2) before a byte of weights is read.
+`build_engine()` then loads weights and allocates the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ninfer.config import CheckpointSpec, EngineConfig
+from ninfer.device import DeviceInfo, probe
+from ninfer.errors import DeviceError, UserError
+from ninfer.plugins import Choice, PluginManager, get_plugin_manager
+
+log = structlog.get_logger("ninfer.startup")
+
+
+@dataclass
+class Plan:
+    config: EngineConfig
+    device: DeviceInfo
+    path: Path | None  # checkpoint directory (None: random weights or not found and not needed)
+    hf_config: dict[str, Any]
+    shape: Any
+    spec: CheckpointSpec | None
+    choices: list[Choice] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def generic(self) -> bool:
+        """An unregistered shape of a known family: runs on the generic path."""
+        return self.spec is None
+
+    @property
+    def model_name(self) -> str:
+        if self.spec is not None:
+            return self.spec.id
+        return self.path.name if self.path is not None else self.config.model
+
+    def report(self, plugins: PluginManager) -> str:
+        lines = [f"device      {self.device.describe()}"]
+        lines.append(f"plugins     {', '.join(plugins.plugin_names())}")
+        for name, why in sorted(plugins.skipped.items()):
+            lines.append(f"            {name}: not loaded ({why})")
+        where = str(self.path) if self.path else "random weights"
+        ident = self.spec.id if self.spec else f"{self.shape.family} (generic path: shape matches no registered checkpoint)"
+        lines.append(f"checkpoint  {ident} from {where}")
+        for c in self.choices:
+            lines.append(f"{c.slot:<11} {c.name}  [{c.plugin}]")
+            for plugin, name, why in c.passed_over:
+                lines.append(f"{'':<11}   passed over {name} [{plugin}]: {why}")
+        lines.extend(f"note        {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _hf_config_from_spec(spec: CheckpointSpec) -> dict[str, Any]:
+    """A config.json-shaped dict for a registered checkpoint whose weights are not at hand."""
+    return {"text_config": dict(spec.shape), **{k: v for k, v in spec.shape.items() if k == "model_type"}}
+
+
+def _registered(plugins: PluginManager) -> list[CheckpointSpec]:
+    return plugins.collect("ninfer_checkpoints")
+
+
+def find_spec(model: str, specs: list[CheckpointSpec]) -> CheckpointSpec | None:
+    key = model.strip().lower()
+    for spec in specs:
+        if key in (n.lower() for n in spec.names()) or key in (r.lower() for r in spec.hf_repo_ids):
+            return spec
+    return None
+
+
+def plan(config: EngineConfig, *, plugins: PluginManager | None = None, need_weights: bool = True) -> Plan:
+    from ninfer import checkpoint
+
+    plugins = plugins or get_plugin_manager()
+    device = probe(config.device)
+    specs = _registered(plugins)
+    notes: list[str] = []
+
+    path: Path | None = None
+    spec = find_spec(config.model, specs)
+    if config.random_weights:
+        if spec is None and not Path(config.model).is_dir():
+            ids = ", ".join(s.id for s in specs)
+            raise UserError(f"--random-weights needs a registered model id ({ids}) or a checkpoint directory.")
+        hf_config = _hf_config_from_spec(spec) if spec else checkpoint.load_hf_config(Path(config.model))
+    else:
+        try:
+            path = checkpoint.locate(config.model, config.weights).path
+        except UserError:
+            if need_weights or spec is None:
+                raise
+            notes.append(f"weights for {spec.id} not found; choices shown for its registered shape")
+        hf_config = checkpoint.load_hf_config(path) if path is not None else _hf_config_from_spec(spec)
+
+    shape = plugins.hook.ninfer_parse_config(hf_config=hf_config)
+    if shape is None:
+        mt = hf_config.get("model_type") or hf_config.get("text_config", {}).get("model_type")
+        raise UserError(
+            f"{config.model}: config.json has model_type {mt!r}, which no installed plugin runs "
+            "(ninfer runs the Qwen3.5/3.6/3.8 hybrid family: qwen3_5, qwen3_5_moe)."
+        )
+    matched = checkpoint.match_spec(shape, specs)
+    if matched is None:
+        log.warning(
+            "shape matches no registered checkpoint: running on the generic path",
+            model=config.model,
+            registered=[s.id for s in specs],
+        )
+    spec = matched
+
+    problems = [p for p in plugins.collect("ninfer_validate", device=device, config=config, shape=shape) if p]
+    if problems:
+        raise DeviceError(" ".join(problems))
+
+    choices = [plugins.choose("ninfer_sampler", device, slot="sampler")]
+    return Plan(config, device, path, hf_config, shape, spec, choices, notes)
+
+
+def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) -> Any:
+    """Plan, load weights, build the model and its cache: a ready LLMEngine."""
+    from ninfer.engine import LLMEngine
+    from ninfer.frontend.chat import ChatFormat
+    from ninfer.frontend.tokenizer import load_tokenizer
+
+    plugins = plugins or get_plugin_manager()
+    p = plan(config, plugins=plugins)
+    weights = None
+    if p.path is not None:
+        weights = plugins.hook.ninfer_load_weights(path=str(p.path), shape=p.shape, config=config, device=p.device)
+        if weights is None:
+            raise UserError(f"{p.path}: no installed plugin can read the weights in this directory.")
+    model = plugins.hook.ninfer_model(shape=p.shape, config=config, device=p.device, weights=weights)
+    if model is None:
+        raise UserError(f"No installed plugin builds the {p.shape.family} family.")
+    cache = model.allocate_cache(config.max_batch, config.max_context, config.kv_dtype)
+    sampler = p.choices[0].impl
+    tokenizer = load_tokenizer(p.path)
+    engine = LLMEngine(
+        model,
+        cache,
+        sampler,
+        tokenizer,
+        max_context=config.max_context,
+        prefill_chunk=config.prefill_chunk,
+        max_batch=config.max_batch,
+        info={
+            "model": p.model_name,
+            "registered": p.spec.id if p.spec else None,
+            "path": str(p.path) if p.path else None,
+            "device": p.device.describe(),
+            "quant": config.quant,
+        },
+    )
+    engine.chat = ChatFormat.from_checkpoint(p.path)
+    engine.plan = p
+    engine.spec = p.spec
+    return engine
