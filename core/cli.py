@@ -258,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if splitter is not None:
                 r_delta, c_delta = splitter.push(delta)
                 if out.finished:
-                    r_more, c_more = splitter.flush()
+                    r_more, c_more = splitter.finish()
                     r_delta, c_delta = r_delta + r_more, c_delta + c_more
             else:
                 r_delta, c_delta = "", delta
