@@ -1,0 +1,189 @@
+"""Gated DeltaNet decode: one token of B sequences through the mixer core in one launch
+(spec §2.4): causal conv1d step + SiLU, per-head L2 norm of q and k, the gates g and beta, the
+delta-rule update of the fp32 state in place, the readout, and optionally the gated RMSNorm.
+
+Program (b, j, vb) owns value head j of batch row b and the value columns vb*BV..(vb+1)*BV of
+its state S[Dk, Dv] (the [N, Hv, Dk, Dv] layout of fla's state_v_first=False): the update is
+independent per value column, so splitting Dv multiplies the programs for one sequence (48 value
+heads alone would leave most of an H200's 132 SMs idle).
+
+The conv state of the q/k channels of one q/k head is read by all R*NVB programs of its value
+heads (R = Hv/Hk) and must be shifted exactly once, after all of them have read it: each program
+counts itself in on a per-(row, head) counter after its reads, and the last one in writes the
+shifted q/k state and re-arms the counter to 0 for the next launch. The value channels belong to
+exactly one program and are shifted by it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.triton.launch import sm_count
+from ninfer.kernels.triton.norms import gated_rmsnorm
+
+
+@triton.jit
+def _conv_step(X, CS, CW, ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t):
+    xt = tl.load(X + b * sx_b + ch)
+    cs = CS + slot * scs_n + ch * scs_c
+    s0 = tl.load(cs)
+    s1 = tl.load(cs + scs_t)
+    s2 = tl.load(cs + 2 * scs_t)
+    w = CW + ch * scw_c
+    y = (tl.load(w).to(tl.float32) * s0.to(tl.float32) + tl.load(w + scw_t).to(tl.float32) * s1.to(tl.float32)
+         + tl.load(w + 2 * scw_t).to(tl.float32) * s2.to(tl.float32) + tl.load(w + 3 * scw_t).to(tl.float32) * xt.to(tl.float32))
+    return y * tl.sigmoid(y), s1, s2, xt
+
+
+@triton.jit
+def _shift_state(CS, ch, slot, scs_n, scs_c, scs_t, s1, s2, xt):
+    cs = CS + slot * scs_n + ch * scs_c
+    tl.store(cs, s1)
+    tl.store(cs + scs_t, s2)
+    tl.store(cs + 2 * scs_t, xt.to(CS.dtype.element_ty))
+
+
+@triton.jit
+def _gdn_decode_kernel(
+    X, A, Bg, CW, CS, ALOG, DTB, S, O, Z, NW, IDX, CNT,
+    sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h, so_b, so_h, sz_b,
+    q_scale, eps,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr,
+):
+    R: tl.constexpr = HV // HK
+    NVB: tl.constexpr = DV // BV
+    pid = tl.program_id(0)
+    vb = tl.program_id(1)
+    b = pid // HV
+    j = pid % HV
+    h = j // R
+    bv = tl.arange(0, BV)
+    if HAS_IDX:
+        slot = tl.load(IDX + b).to(tl.int64)
+    else:
+        slot = b.to(tl.int64)
+    if slot < 0:  # a padded batch row: no state to touch
+        tl.store(O + b * so_b + j * so_h + vb * BV + bv, tl.zeros([BV], tl.float32).to(O.dtype.element_ty))
+    else:
+        dk = tl.arange(0, DK)
+        # the state tile is the bulk of the bytes: issue its load before the conv arithmetic
+        sp = S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :]
+        st = tl.load(sp)
+        q_ch = h * DK + dk
+        k_ch = HK * DK + h * DK + dk
+        v_ch = 2 * HK * DK + j * DV + vb * BV + bv
+        q, q1, q2, qx = _conv_step(X, CS, CW, q_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
+        k, k1, k2, kx = _conv_step(X, CS, CW, k_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
+        v, v1, v2, vx = _conv_step(X, CS, CW, v_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
+
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        u = tl.load(A + b * sa_b + j).to(tl.float32) + tl.load(DTB + j).to(tl.float32)
+        softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+        g = -tl.exp(tl.load(ALOG + j).to(tl.float32)) * softplus
+        beta = tl.sigmoid(tl.load(Bg + b * sb_b + j).to(tl.float32))
+
+        st = st * tl.exp(g)
+        delta = beta * (v - tl.sum(st * k[:, None], 0))  # the error uses the decayed state
+        st = st + k[:, None] * delta[None, :]
+        o = tl.sum(st * q[:, None], 0)
+        tl.store(sp, st)
+        if FUSE_NORM:
+            z = tl.load(Z + b * sz_b + j * DV + bv).to(tl.float32)
+            o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + eps) * tl.load(NW + bv).to(tl.float32) * (z * tl.sigmoid(z))
+        tl.store(O + b * so_b + j * so_h + vb * BV + bv, o.to(O.dtype.element_ty))
+
+        # Every thread's conv-state reads fed the results stored above, so after this barrier no
+        # warp of this program still needs the old state. A tensor smaller than the program is
+        # held by several warps at once: shifting the v state before the barrier let one warp
+        # overwrite a column another had not read yet (seen on the H200 with BV=32, 4 warps).
+        tl.debug_barrier()
+        _shift_state(CS, v_ch, slot, scs_n, scs_c, scs_t, v1, v2, vx)
+        arrived = tl.atomic_add(CNT + b * HK + h, 1, sem="acq_rel")
+        if arrived == R * NVB - 1:
+            _shift_state(CS, q_ch, slot, scs_n, scs_c, scs_t, q1, q2, qx)
+            _shift_state(CS, k_ch, slot, scs_n, scs_c, scs_t, k1, k2, kx)
+            tl.atomic_xchg(CNT + b * HK + h, 0, sem="relaxed")
+
+
+_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    # Kept for the life of the process: a CUDA graph holds the pointer it captured.
+    key = (str(device), n)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def default_block_v(batch: int, num_v_heads: int, head_v_dim: int, device: torch.device) -> int:
+    """Value columns per program when the norm is not fused: about one program per SM, 16 to
+    64 columns. Measured on the H200 (BENCHMARKS.md, 48 layers of the 27B, no norm): one
+    sequence 0.32 ms at BV 16, 32 or 64 alike; four sequences 0.55 ms at BV 64, 0.65 at 32."""
+    parts = triton.next_power_of_2(triton.cdiv(sm_count(str(device)), batch * num_v_heads))
+    return max(16, min(64, head_v_dim, head_v_dim // parts))
+
+
+def gdn_decode_step(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_state: torch.Tensor,
+    *,
+    num_k_heads: int,
+    head_k_dim: int = 128,
+    head_v_dim: int = 128,
+    state_indices: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """One decode token for B sequences; updates conv_state and ssm_state in place.
+
+    mixed_qkv [B, conv_dim] (pre-conv, channels [Q | K | V]), a and b [B, Hv] (any row stride);
+    conv_weight [conv_dim, 4] (any strides: a tap-major [4, conv_dim] tensor passes as .t());
+    conv_state [slots, conv_dim, 3] (last three inputs, oldest first); A_log, dt_bias [Hv] fp32;
+    ssm_state [slots, Hv, Dk, Dv] fp32 contiguous in (Dk, Dv). Row b uses slot
+    state_indices[b] (default b; negative: a padded row, output zeros, no state touched).
+    With z [B, Hv*Dv] and norm_weight [Dv] the output is RMSNorm(o) * w * silu(z), fused into
+    the step (one program per value head) unless block_v asks for a split.
+    Returns o [B, Hv, Dv] in mixed_qkv's dtype.
+    """
+    B = mixed_qkv.shape[0]
+    HV = a.shape[1]
+    HK, DK, DV = num_k_heads, head_k_dim, head_v_dim
+    if HV % HK or mixed_qkv.shape[1] != 2 * HK * DK + HV * DV:
+        raise ValueError(f"gdn_decode_step: conv_dim {mixed_qkv.shape[1]} != 2*{HK}*{DK} + {HV}*{DV}")
+    if ssm_state.stride(3) != 1 or ssm_state.stride(2) != DV or mixed_qkv.stride(1) != 1:
+        raise ValueError("gdn_decode_step: ssm_state needs contiguous [Dk, Dv] per head, mixed_qkv a unit last stride")
+    fuse = z is not None and (block_v is None or block_v == DV)
+    bv = DV if fuse else (block_v or default_block_v(B, HV, DV, mixed_qkv.device))
+    if out is None:
+        out = torch.empty(B, HV, DV, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    counters = _counters(mixed_qkv.device, B * HK)
+    idx = state_indices if state_indices is not None else counters
+    zz = z if fuse else mixed_qkv
+    _gdn_decode_kernel[(B * HV, DV // bv)](
+        mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, out, zz,
+        norm_weight if fuse else A_log, idx, counters,
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
+        out.stride(0), out.stride(1), zz.stride(0),
+        DK**-0.5, eps,
+        HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, HAS_IDX=state_indices is not None, FUSE_NORM=fuse,
+        num_warps=num_warps or 4,
+    )
+    if z is not None and not fuse:
+        gated_rmsnorm(out, z.view(B, HV, DV), norm_weight, eps, out=out)
+    return out
