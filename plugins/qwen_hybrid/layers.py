@@ -1,0 +1,308 @@
+"""The family's layers: offset RMSNorm, partial RoPE, gated attention, Gated DeltaNet, SwiGLU, MoE.
+
+Every projection is a `QLinear` made by the model's `LinearFactory` under its canonical name (the
+HF name without the `model.language_model.` prefix and `.weight`), so a quantization recipe or a
+tuned kernel applies without touching this file. Small parameters (norm weights, A_log, dt_bias,
+the conv taps) are buffers: norms and the GDN gates are computed in fp32 whatever the model dtype.
+The attention cores are backends chosen at startup (`ninfer_attention_backend`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ninfer.linear import LinearFactory
+from ninfer_plugins.qwen_hybrid.gdn import l2_normalize
+from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
+
+
+def offset_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * (1 + w), in fp32, cast back (checkpoint norm weights are stored zero-centred)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * (1.0 + w.float())).to(x.dtype)
+
+
+class OffsetRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.zeros(dim, dtype=torch.float32, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return offset_rms_norm(x, self.weight, self.eps)
+
+
+class Rotary:
+    """Partial RoPE, rotate-half style within the first `rotary_dim` dims of each head.
+
+    Text-only input gives the three MRoPE streams (t, h, w) the same position, so the interleaved
+    MRoPE of the checkpoints is exactly this 1-D RoPE; images will need the 3-axis form.
+    """
+
+    def __init__(self, shape: QwenHybridShape, device) -> None:
+        self.dim = shape.rotary_dim
+        exps = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim
+        self.inv_freq = 1.0 / (shape.rope_theta**exps)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [N, dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [N, heads, head_dim]; cos, sin [N, rotary_dim]."""
+        rot, rest = x[..., : self.dim].float(), x[..., self.dim :]
+        half = self.dim // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        out = rot * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+        return torch.cat((out.to(x.dtype), rest), dim=-1)
+
+
+class GatedAttention(nn.Module):
+    """q_proj rows hold [q_h | gate_h] per head; o_proj(attn * sigmoid(gate))."""
+
+    def __init__(
+        self, shape: QwenHybridShape, name: str, factory: LinearFactory, backend, rotary: Rotary, device
+    ) -> None:
+        super().__init__()
+        s = shape
+        self.heads, self.kv_heads, self.head_dim = s.num_attention_heads, s.num_key_value_heads, s.head_dim
+        self.scale = s.head_dim**-0.5
+        self.q_proj = factory.make(f"{name}.q_proj", 2 * s.q_width, s.hidden_size)
+        self.k_proj = factory.make(f"{name}.k_proj", s.kv_width, s.hidden_size)
+        self.v_proj = factory.make(f"{name}.v_proj", s.kv_width, s.hidden_size)
+        self.o_proj = factory.make(f"{name}.o_proj", s.hidden_size, s.q_width)
+        self.q_norm = OffsetRMSNorm(s.head_dim, s.rms_norm_eps, device)
+        self.k_norm = OffsetRMSNorm(s.head_dim, s.rms_norm_eps, device)
+        self.backend = backend
+        self.rotary = rotary
+        # the index of this layer's K/V in the cache
+        self.kv_index = -1
+
+    def _project(self, x: torch.Tensor, positions: torch.Tensor):
+        n = x.shape[0]
+        qg = self.q_proj(x).view(n, self.heads, 2 * self.head_dim)
+        q, gate = qg[..., : self.head_dim], qg[..., self.head_dim :]
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(n, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        cos, sin = self.rotary.cos_sin(positions)
+        return self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin), v, gate.reshape(n, -1)
+
+    def _output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        attn = attn.reshape(attn.shape[0], -1).to(gate.dtype)
+        return self.o_proj(attn * torch.sigmoid(gate))
+
+    def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
+        t_len = x.shape[0]
+        positions = torch.arange(start_pos, start_pos + t_len, device=x.device)
+        q, k, v, gate = self._project(x, positions)
+        k_cache, v_cache = cache.kv(self.kv_index)
+        slots = torch.full_like(positions, slot)
+        self.backend.write(k_cache, v_cache, slots, positions, k, v)
+        return self._output(self.backend.prefill(q, k_cache, v_cache, slot, start_pos, self.scale), gate)
+
+    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None):
+        q, k, v, gate = self._project(x, positions)
+        k_cache, v_cache = cache.kv(self.kv_index)
+        self.backend.write(k_cache, v_cache, slots, positions, k, v)
+        attn = self.backend.decode(q, k_cache, v_cache, slots, positions, self.scale, max_len=max_len)
+        return self._output(attn, gate)
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear attention: conv(4) + SiLU on [q|k|v], L2-normed q/k, gated delta rule, gated norm."""
+
+    def __init__(self, shape: QwenHybridShape, name: str, factory: LinearFactory, backend, device, dtype) -> None:
+        super().__init__()
+        s = shape
+        h = s.hidden_size
+        self.hk, self.hv = s.linear_num_key_heads, s.linear_num_value_heads
+        self.dk, self.dv = s.linear_key_head_dim, s.linear_value_head_dim
+        self.key_dim, self.value_dim = s.linear_key_dim, s.linear_value_dim
+        self.kernel = s.linear_conv_kernel_dim
+        self.eps = s.rms_norm_eps
+        self.in_proj_qkv = factory.make(f"{name}.in_proj_qkv", s.conv_dim, h)
+        self.in_proj_z = factory.make(f"{name}.in_proj_z", self.value_dim, h)
+        self.in_proj_b = factory.make(f"{name}.in_proj_b", self.hv, h)
+        self.in_proj_a = factory.make(f"{name}.in_proj_a", self.hv, h)
+        self.out_proj = factory.make(f"{name}.out_proj", h, self.value_dim)
+        # conv taps [C, kernel] (the checkpoint's [C, 1, kernel] without the group axis)
+        self.register_buffer("conv_weight", torch.zeros(s.conv_dim, self.kernel, dtype=dtype, device=device))
+        self.register_buffer("A_log", torch.zeros(self.hv, dtype=torch.float32, device=device))
+        self.register_buffer("dt_bias", torch.zeros(self.hv, dtype=torch.float32, device=device))
+        # plain RMSNorm over each value head (not zero-centred)
+        self.register_buffer("norm_weight", torch.ones(self.dv, dtype=torch.float32, device=device))
+        self.backend = backend
+        self.state_index = -1
+
+    def _conv(self, x: torch.Tensor, conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, C] pre-conv inputs, conv_state [B, C, k-1] the previous k-1 inputs ->
+        (silu(conv) [B, T, C] fp32, new state [B, C, k-1])."""
+        b, t_len, c = x.shape
+        seq = torch.cat((conv_state.to(x.dtype), x.transpose(1, 2)), dim=-1)  # [B, C, k-1+T]
+        taps = self.conv_weight.float().repeat(b, 1).unsqueeze(1)  # [B*C, 1, k]: one group per channel
+        out = F.conv1d(seq.float().reshape(1, b * c, -1), taps, groups=b * c)
+        out = F.silu(out.reshape(b, c, t_len)).transpose(1, 2)
+        return out, seq[..., -(self.kernel - 1) :]
+
+    def _gates(self, x: torch.Tensor):
+        a, b = self.in_proj_a(x).float(), self.in_proj_b(x).float()
+        g = -self.A_log.exp() * F.softplus(a + self.dt_bias)  # log-decay, <= 0
+        return g, torch.sigmoid(b)
+
+    def _split(self, mixed: torch.Tensor):
+        lead = mixed.shape[:-1]
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2_normalize(q.reshape(*lead, self.hk, self.dk))
+        k = l2_normalize(k.reshape(*lead, self.hk, self.dk))
+        return q, k, v.reshape(*lead, self.hv, self.dv)
+
+    def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o [N, Hv, Dv] fp32, z [N, Hv*Dv] -> out_proj(rmsnorm(o) * w * silu(z))."""
+        o = o.float()
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
+        o = o * F.silu(z.float().view_as(o))
+        return self.out_proj(o.reshape(o.shape[0], -1).to(z.dtype))
+
+    def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
+        conv_state, rec_state = cache.gdn(self.state_index)
+        qkv = self.in_proj_qkv(x)
+        mixed, new_conv = self._conv(qkv.unsqueeze(0), conv_state[slot : slot + 1])
+        q, k, v = self._split(mixed[0])
+        g, beta = self._gates(x)
+        columns = cache.columns(slot, self.state_index)
+        if columns is None:
+            o, new_rec = self.backend.prefill(q, k, v, g, beta, rec_state[slot], self.dk**-0.5)
+        else:
+            o, new_rec = self._verify(qkv, q, k, v, g, beta, conv_state[slot], rec_state[slot], *columns)
+        conv_state[slot] = new_conv[0]
+        rec_state[slot] = new_rec
+        return self._output(o, self.in_proj_z(x))
+
+    def _verify(self, qkv, q, k, v, g, beta, conv, rec, col_conv, col_rec):
+        """A speculative verify (T = K+1 <= 6 tokens): the decode recurrence token by token, keeping
+        the conv window and recurrent state after each token in the cache's columns (spec 3.2)."""
+        t_len = qkv.shape[0]
+        seq = torch.cat((conv.to(qkv.dtype), qkv.transpose(0, 1)), dim=-1)  # [C, k-1+T]
+        col_conv[:t_len] = seq.unfold(-1, self.kernel - 1, 1)[:, 1:].transpose(0, 1)
+        outs, s = [], rec.unsqueeze(0)
+        for t in range(t_len):
+            o, s = self.backend.decode(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s, self.dk**-0.5)
+            outs.append(o)
+            col_rec[t] = s[0]
+        return torch.cat(outs), s[0]
+
+    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None):
+        conv_state, rec_state = cache.gdn(self.state_index)
+        mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
+        q, k, v = self._split(mixed[:, 0])
+        g, beta = self._gates(x)
+        o, new_rec = self.backend.decode(q, k, v, g, beta, rec_state[slots], self.dk**-0.5)
+        conv_state[slots] = new_conv.to(conv_state.dtype)
+        rec_state[slots] = new_rec
+        return self._output(o, self.in_proj_z(x))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, name: str, hidden: int, inner: int, factory: LinearFactory) -> None:
+        super().__init__()
+        self.gate_proj = factory.make(f"{name}.gate_proj", inner, hidden)
+        self.up_proj = factory.make(f"{name}.up_proj", inner, hidden)
+        self.down_proj = factory.make(f"{name}.down_proj", hidden, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ExpertBank(nn.Module):
+    """The routed experts, one QLinear pair per expert so each can be quantized on its own:
+    `{name}.{e}.gate_up_proj` [2I, H] (rows 0..I-1 gate, I..2I-1 up) and `{name}.{e}.down_proj`
+    [H, I]. Dense weights are views into the stacked [E, 2I, H] / [E, H, I] tensors.
+
+    `forward` is the seam for a grouped-GEMM MoE kernel: same inputs, same result.
+    """
+
+    # Up to this many (token, expert) pairs, dense experts run by gathering their weights: no
+    # host sync, so a decode step can be captured in a CUDA graph. The gather copies each chosen
+    # expert once per token, which beats a per-expert loop only while batches are small.
+    GATHER_MAX_PAIRS = 64
+
+    def __init__(self, name: str, num_experts: int, hidden: int, inner: int, factory: LinearFactory) -> None:
+        super().__init__()
+        self.num_experts, self.inner = num_experts, inner
+        experts = range(num_experts)
+        self.gate_up = nn.ModuleList(factory.make(f"{name}.{e}.gate_up_proj", 2 * inner, hidden) for e in experts)
+        self.down = nn.ModuleList(factory.make(f"{name}.{e}.down_proj", hidden, inner) for e in experts)
+        # the stacked [E, 2I, H] / [E, H, I] weights when every expert is dense (set by the loader)
+        self.stacked: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, H], ids/weights [N, top_k] -> sum_k weights * expert_ids(x)."""
+        if len(self.stacked) == 2 and ids.numel() <= self.GATHER_MAX_PAIRS:
+            return self._gathered(x, ids, weights)
+        out = torch.zeros_like(x, dtype=torch.float32)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        token_of = order // ids.shape[1]
+        w_of = weights.reshape(-1)[order]
+        start = 0
+        for e, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = token_of[start : start + count]
+            gate, up = self.gate_up[e](x[rows]).split(self.inner, dim=-1)
+            y = self.down[e](F.silu(gate) * up)
+            out.index_add_(0, rows, y.float() * w_of[start : start + count, None])
+            start += count
+        return out.to(x.dtype)
+
+    def _gathered(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        n, k = ids.shape
+        flat = ids.reshape(-1)
+        xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [N*k, H, 1]
+        gate, up = torch.bmm(self.stacked["gate_up"][flat], xs).squeeze(-1).split(self.inner, dim=-1)
+        y = torch.bmm(self.stacked["down"][flat], (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)
+        return (y.float().view(n, k, -1) * weights.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+class SparseMoe(nn.Module):
+    """softmax over all experts (fp32), top-k, renormalise; plus sigmoid-gated shared expert."""
+
+    def __init__(self, shape: QwenHybridShape, name: str, factory: LinearFactory) -> None:
+        super().__init__()
+        s = shape
+        self.top_k = s.num_experts_per_tok
+        self.gate = factory.make(f"{name}.gate", s.num_experts, s.hidden_size)
+        self.experts = ExpertBank(f"{name}.experts", s.num_experts, s.hidden_size, s.moe_intermediate_size, factory)
+        self.shared_expert = SwiGLU(f"{name}.shared_expert", s.hidden_size, s.shared_expert_intermediate_size, factory)
+        self.shared_expert_gate = factory.make(f"{name}.shared_expert_gate", 1, s.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        top_w, top_ids = torch.topk(probs, self.top_k, dim=-1)
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+        routed = self.experts(x, top_ids, top_w)
+        shared = torch.sigmoid(self.shared_expert_gate(x).float()) * self.shared_expert(x).float()
+        return (routed.float() + shared).to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, mixer: nn.Module, mlp: nn.Module, shape: QwenHybridShape, device) -> None:
+        super().__init__()
+        self.mixer = mixer
+        self.mlp = mlp
+        self.input_layernorm = OffsetRMSNorm(shape.hidden_size, shape.rms_norm_eps, device)
+        self.post_attention_layernorm = OffsetRMSNorm(shape.hidden_size, shape.rms_norm_eps, device)
+
+    def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
+        x = x + self.mixer.prefill(self.input_layernorm(x), cache, slot, start_pos)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(self, x, cache, slots, positions, max_len: int | None = None) -> torch.Tensor:
+        x = x + self.mixer.decode(self.input_layernorm(x), cache, slots, positions, max_len)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,219 @@
+"""The hybrid decoder: 3 Gated DeltaNet layers then 1 gated-attention layer, repeated; a dense
+SwiGLU or sparse MoE after each mixer; final offset RMSNorm and an untied head.
+
+Follows `ninfer.model.CausalLM`. One sequence per cache slot: `forward` runs T tokens of one slot
+(prefill, or a chunk of it: chunks give the same result as one pass), `decode` one token for each
+of B slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+import torch
+from torch import nn
+
+from ninfer.errors import UserError
+from ninfer.linear import DENSE, LinearFactory, PackedWeight, QLinear, dense_weight
+from ninfer_plugins.qwen_hybrid.cache import HybridCache
+from ninfer_plugins.qwen_hybrid.layers import (
+    DecoderLayer,
+    ExpertBank,
+    GatedAttention,
+    GatedDeltaNet,
+    OffsetRMSNorm,
+    Rotary,
+    SparseMoe,
+    SwiGLU,
+)
+from ninfer_plugins.qwen_hybrid.shape import FULL, QwenHybridShape
+from ninfer_plugins.qwen_hybrid.weights import init_tensor, load_text_weights, mtp_tensors, read_tensor, text_tensors
+
+log = structlog.get_logger("ninfer.qwen_hybrid")
+
+
+class QwenHybridModel(nn.Module):
+    def __init__(
+        self,
+        shape: QwenHybridShape,
+        factory: LinearFactory,
+        device: torch.device,
+        dtype: torch.dtype,
+        full_backend: Any,
+        linear_backend: Any,
+        quant_schemes: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        s = shape
+        self.shape = s
+        self.device = device
+        self.dtype = dtype
+        self.factory = factory
+        self.full_backend, self.linear_backend = full_backend, linear_backend
+        self.quant_schemes = quant_schemes or {}
+        self.rotary = Rotary(s, device)
+        self.register_buffer("embed_tokens", torch.zeros(s.vocab_size, s.hidden_size, dtype=dtype, device=device))
+        layers = []
+        n_full = n_linear = 0
+        for i, kind in enumerate(s.layer_types):
+            name = f"layers.{i}"
+            if kind == FULL:
+                mixer = GatedAttention(s, f"{name}.self_attn", factory, full_backend, self.rotary, device)
+                mixer.kv_index, n_full = n_full, n_full + 1
+            else:
+                mixer = GatedDeltaNet(s, f"{name}.linear_attn", factory, linear_backend, device, dtype)
+                mixer.state_index, n_linear = n_linear, n_linear + 1
+            if s.is_moe:
+                mlp = SparseMoe(s, f"{name}.mlp", factory)
+            else:
+                mlp = SwiGLU(f"{name}.mlp", s.hidden_size, s.intermediate_size, factory)
+            layers.append(DecoderLayer(mixer, mlp, s, device))
+        self.layers = nn.ModuleList(layers)
+        self.norm = OffsetRMSNorm(s.hidden_size, s.rms_norm_eps, device)
+        self.lm_head = None if s.tie_word_embeddings else factory.make("lm_head", s.vocab_size, s.hidden_size)
+        # MTP tensors stay in the checkpoint until a speculator asks for them (load_mtp_weights)
+        self.weight_source: Any = None
+        self.mtp_weights: dict[str, torch.Tensor] = {}
+
+    # --- weights ---------------------------------------------------------------------------------
+
+    def _weight_targets(self) -> dict[str, Any]:
+        """Canonical tensor name -> a QLinear, an ExpertBank half, or (module, buffer name)."""
+        targets: dict[str, Any] = {"embed_tokens.weight": (self, "embed_tokens"), "norm.weight": (self.norm, "weight")}
+        if self.lm_head is not None:
+            targets["lm_head.weight"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}."
+            targets[p + "input_layernorm.weight"] = (layer.input_layernorm, "weight")
+            targets[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm, "weight")
+            m = layer.mixer
+            if isinstance(m, GatedAttention):
+                targets[p + "self_attn.q_norm.weight"] = (m.q_norm, "weight")
+                targets[p + "self_attn.k_norm.weight"] = (m.k_norm, "weight")
+            else:
+                a = p + "linear_attn."
+                targets[a + "conv1d.weight"] = (m, "conv_weight")
+                targets[a + "A_log"] = (m, "A_log")
+                targets[a + "dt_bias"] = (m, "dt_bias")
+                targets[a + "norm.weight"] = (m, "norm_weight")
+            if isinstance(layer.mlp, SparseMoe):
+                targets[p + "mlp.experts.gate_up_proj"] = (layer.mlp.experts, "gate_up")
+                targets[p + "mlp.experts.down_proj"] = (layer.mlp.experts, "down")
+        for module in self.modules():
+            if isinstance(module, QLinear) and ".experts." not in module.name:
+                targets[module.name + ".weight"] = module
+        return targets
+
+    def _pack(self, linear: QLinear, w: torch.Tensor) -> None:
+        w = w.to(device=self.device, dtype=self.dtype)
+        if linear.scheme == DENSE:
+            linear.set_weight(dense_weight(w))
+        else:
+            linear.set_weight(self.quant_schemes[linear.scheme].quantize(w).to(self.device))
+
+    @torch.no_grad()
+    def assign(self, name: str, tensor: torch.Tensor | PackedWeight, targets: dict[str, Any] | None = None) -> None:
+        """Put one canonical tensor (checked for shape by the caller) where it belongs: a linear
+        weight is packed by its QLinear's scheme (or taken as is when already a PackedWeight).
+
+        `targets` (from `_weight_targets`) saves rebuilding the map per tensor; it is not kept on
+        the model, since it points back at the model and would keep it alive after `del`.
+        """
+        target = (targets or self._weight_targets())[name]
+        if isinstance(target, QLinear):
+            if isinstance(tensor, PackedWeight):
+                target.set_weight(tensor.to(self.device))
+            else:
+                self._pack(target, tensor)
+            return
+        module, attr = target
+        if isinstance(module, ExpertBank):
+            stacked = tensor.to(device=self.device, dtype=self.dtype)
+            linears = getattr(module, attr)
+            for e, linear in enumerate(linears):
+                self._pack(linear, stacked[e])
+            if all(linear.scheme == DENSE for linear in linears):
+                module.stacked[attr] = stacked  # the QLinears hold views of it: no extra memory
+            return
+        buf = getattr(module, attr)
+        buf.copy_(tensor.reshape(buf.shape).to(device=buf.device, dtype=buf.dtype))
+
+    def load_weights(self, source: Any) -> None:
+        where = str(getattr(source, "path", "checkpoint"))
+        targets = self._weight_targets()
+        self.checkpoint_prefix = load_text_weights(source, self.shape, lambda n, t: self.assign(n, t, targets), where)
+        self.weight_source = source
+
+    @torch.no_grad()
+    def random_weights(self, seed: int = 0) -> None:
+        """Deterministic random weights (benchmarks, and the engine without a checkpoint)."""
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        targets = self._weight_targets()
+        for name, shp in text_tensors(self.shape).items():
+            self.assign(name, init_tensor(name, shp, gen, self.device), targets)
+
+    def load_mtp_weights(self) -> dict[str, torch.Tensor]:
+        """The `mtp.*` tensors (names as published) on the model's device, read on first use."""
+        if self.mtp_weights or not self.shape.mtp_num_hidden_layers:
+            return self.mtp_weights
+        source = self.weight_source
+        if source is None or not source.has("mtp.fc.weight"):
+            raise UserError("this checkpoint has no mtp.* tensors (MTP head); use --spec none or --spec dflash.")
+        for name, shp in mtp_tensors(self.shape).items():
+            t = read_tensor(source, name, shp, "", self.shape.num_experts)
+            self.mtp_weights[name] = t.to(self.device, self.dtype if t.dim() > 1 else torch.float32)
+        return self.mtp_weights
+
+    # --- running -----------------------------------------------------------------------------------
+
+    def allocate_cache(self, num_slots: int, max_context: int, kv_dtype: str = "bf16") -> HybridCache:
+        return HybridCache(self.shape, num_slots, max_context, kv_dtype, self.dtype, self.device)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(input_ids.to(self.device), self.embed_tokens)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache: HybridCache, slot: int, start_pos: int) -> torch.Tensor:
+        t_len = int(input_ids.shape[0])
+        if t_len == 0:
+            return torch.empty(0, self.shape.hidden_size, dtype=self.dtype, device=self.device)
+        if start_pos < 0 or start_pos + t_len > cache.max_context:
+            raise UserError(
+                f"positions {start_pos}..{start_pos + t_len - 1} do not fit the cache's {cache.max_context} "
+                "positions; raise --max-context."
+            )
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer.prefill(x, cache, slot, start_pos)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def decode(
+        self,
+        input_ids: torch.Tensor,
+        cache: HybridCache,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        max_len: int | None = None,
+    ) -> torch.Tensor:
+        """One token for each of B distinct slots; every position must be < cache.max_context
+        (the scheduler's duty: checking here would sync the host).
+
+        `max_len`, a bound above every position, lets attention read a fixed number of KV
+        columns: with it (and device tensors in) the step has no host sync and no data-dependent
+        shape, so the runner can capture it in a CUDA graph (one per max_len bucket).
+        """
+        slots = torch.as_tensor(slots, device=self.device, dtype=torch.long)
+        positions = torch.as_tensor(positions, device=self.device, dtype=torch.long)
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer.decode(x, cache, slots, positions, max_len)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            return torch.nn.functional.linear(hidden, self.embed_tokens).float()
+        return self.lm_head(hidden).float()
