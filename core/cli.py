@@ -328,8 +328,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         max_context=args.max_context or 4096,
         kv_dtype=args.kv_dtype,
     )
-    print(plan(config, plugins=pm, need_weights=False).report(pm))
-    return 0
+    p = plan(config, plugins=pm, need_weights=False, strict=False)
+    print(p.report(pm))
+    return 2 if p.problems else 0
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ class Plan:
     spec: CheckpointSpec | None
     choices: list[Choice] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
     @property
     def generic(self) -> bool:
@@ -49,20 +50,22 @@ class Plan:
         lines.append(f"plugins     {', '.join(plugins.plugin_names())}")
         for name, why in sorted(plugins.skipped.items()):
             lines.append(f"            {name}: not loaded ({why})")
-        where = str(self.path) if self.path else "random weights"
+        where = str(self.path) if self.path else ("random weights" if self.config.random_weights else "(weights not found)")
         ident = self.spec.id if self.spec else f"{self.shape.family} (generic path: shape matches no registered checkpoint)"
         lines.append(f"checkpoint  {ident} from {where}")
         for c in self.choices:
-            lines.append(f"{c.slot:<11} {c.name}  [{c.plugin}]")
+            lines.append(f"{c.slot:<11} {c.name}  [{c.plugin}]" if len(c.slot) <= 11 else f"{c.slot}  {c.name}  [{c.plugin}]")
             for plugin, name, why in c.passed_over:
                 lines.append(f"{'':<11}   passed over {name} [{plugin}]: {why}")
         lines.extend(f"note        {n}" for n in self.notes)
+        lines.extend(f"PROBLEM     {n}" for n in self.problems)
         return "\n".join(lines)
 
 
 def _hf_config_from_spec(spec: CheckpointSpec) -> dict[str, Any]:
-    """A config.json-shaped dict for a registered checkpoint whose weights are not at hand."""
-    return {"text_config": dict(spec.shape), **{k: v for k, v in spec.shape.items() if k == "model_type"}}
+    """What `ninfer_parse_config` reads for a registered checkpoint whose weights are not at hand:
+    the spec's exact shape fields, tagged with its family."""
+    return {"family": spec.family, **spec.shape}
 
 
 def _registered(plugins: PluginManager) -> list[CheckpointSpec]:
@@ -77,7 +80,11 @@ def find_spec(model: str, specs: list[CheckpointSpec]) -> CheckpointSpec | None:
     return None
 
 
-def plan(config: EngineConfig, *, plugins: PluginManager | None = None, need_weights: bool = True) -> Plan:
+def plan(
+    config: EngineConfig, *, plugins: PluginManager | None = None, need_weights: bool = True, strict: bool = True
+) -> Plan:
+    """What would run, and where. `strict=False` (the `ninfer plugins` report) keeps the problems
+    on the plan instead of raising them."""
     from ninfer import checkpoint
 
     plugins = plugins or get_plugin_manager()
@@ -118,11 +125,63 @@ def plan(config: EngineConfig, *, plugins: PluginManager | None = None, need_wei
     spec = matched
 
     problems = [p for p in plugins.collect("ninfer_validate", device=device, config=config, shape=shape) if p]
-    if problems:
+    if problems and strict:
         raise DeviceError(" ".join(problems))
 
     choices = [plugins.choose("ninfer_sampler", device, slot="sampler")]
-    return Plan(config, device, path, hf_config, shape, spec, choices, notes)
+    choices += _kernel_choices(plugins, config, device, shape, spec)
+    if config.spec != "none":
+        choices.append(choose_speculator(plugins, config, device))
+    return Plan(config, device, path, hf_config, shape, spec, choices, notes, problems)
+
+
+def _kernel_choices(
+    plugins: PluginManager, config: EngineConfig, device: DeviceInfo, shape: Any, spec: CheckpointSpec | None
+) -> list[Choice]:
+    """Attention backends and one linear kernel per (scheme, n, k) the model will need: chosen
+    here, from the shape alone, so a kernel that cannot run on this device fails before loading."""
+    from ninfer.linear import LinearFactory
+
+    out = []
+    for kind, head_dim in (("full", shape.head_dim), ("linear", getattr(shape, "linear_key_head_dim", shape.head_dim))):
+        out.append(
+            plugins.choose(
+                "ninfer_attention_backend",
+                device,
+                slot=f"attention[{kind}]",
+                kind=kind,
+                kv_dtype=config.kv_dtype,
+                head_dim=head_dim,
+            )
+        )
+    recipe = None
+    if config.quant not in ("auto", "bf16"):
+        recipe = plugins.hook.ninfer_quant_recipe(quant=config.quant, shape=shape, spec=spec)
+        if recipe is None:
+            raise UserError(f"--quant {config.quant}: no installed plugin provides it; use --quant bf16.", param="quant")
+    factory = LinearFactory(plugins, device, recipe)
+    for name, n, k in getattr(shape, "linear_shapes", list)():
+        factory.kernel_for(factory.scheme_for(name, n, k), n, k)
+    return out + list(factory.choices.values())
+
+
+def choose_speculator(plugins: PluginManager, config: EngineConfig, device: DeviceInfo) -> Choice:
+    """The first `ninfer_speculators` entry named `config.spec` whose requirements hold here."""
+    passed: list[tuple[str, str, str]] = []
+    # asked in pluggy's order (tryfirst first), like PluginManager.choose
+    for impl in reversed(plugins.pm.hook.ninfer_speculators.get_hookimpls()):
+        for s in impl.function() or []:
+            if getattr(s, "name", None) != config.spec:
+                continue
+            problem = s.requirements.problem(device) if getattr(s, "requirements", None) else None
+            if problem:
+                passed.append((impl.plugin_name, s.name, problem))
+                continue
+            return Choice("speculator", s, impl.plugin_name, passed)
+    if passed:
+        why = "; ".join(f"{p}:{n} {w}" for p, n, w in passed)
+        raise DeviceError(f"--spec {config.spec} cannot run on {device.describe()} ({why}); use --spec none.")
+    raise UserError(f"--spec {config.spec}: no installed plugin provides it; use --spec none.")
 
 
 def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) -> Any:
@@ -143,6 +202,10 @@ def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) 
         raise UserError(f"No installed plugin builds the {p.shape.family} family.")
     cache = model.allocate_cache(config.max_batch, config.max_context, config.kv_dtype)
     sampler = p.choices[0].impl
+    speculator = None
+    for c in p.choices:
+        if c.slot == "speculator":
+            speculator = c.impl.build(model=model, cache=cache, config=config)
     tokenizer = load_tokenizer(p.path)
     engine = LLMEngine(
         model,
@@ -152,6 +215,7 @@ def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) 
         max_context=config.max_context,
         prefill_chunk=config.prefill_chunk,
         max_batch=config.max_batch,
+        speculator=speculator,
         info={
             "model": p.model_name,
             "registered": p.spec.id if p.spec else None,

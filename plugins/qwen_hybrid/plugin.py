@@ -29,6 +29,11 @@ def _ours(shape: Any) -> bool:
 
 @hookimpl
 def ninfer_parse_config(hf_config):
+    if hf_config.get("family") == "qwen_hybrid":
+        # a registered spec's own shape fields (weights not at hand: `ninfer plugins`, --random-weights)
+        import msgspec
+
+        return msgspec.convert(hf_config, QwenHybridShape)
     return parse_hf_config(hf_config)
 
 

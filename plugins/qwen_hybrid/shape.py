@@ -138,6 +138,20 @@ class QwenHybridShape(msgspec.Struct, frozen=True, kw_only=True):
         conv = (self.linear_conv_kernel_dim - 1) * self.conv_dim * conv_bytes
         return len(self.linear_layers) * (rec + conv)
 
+    def linear_shapes(self) -> list[tuple[str, int, int]]:
+        """Every linear the model builds, as (canonical name, n, k): what the startup report and
+        memory plan ask kernels for before any module exists. MoE experts are one linear each."""
+        from ninfer_plugins.qwen_hybrid.weights import text_tensors
+
+        out: list[tuple[str, int, int]] = []
+        for name, shp in text_tensors(self).items():
+            if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+                base, _, leaf = name.rpartition(".")
+                out.extend((f"{base}.{e}.{leaf}", shp[1], shp[2]) for e in range(shp[0]))
+            elif name.endswith(".weight") and len(shp) == 2 and name != "embed_tokens.weight":
+                out.append((name.removesuffix(".weight"), shp[0], shp[1]))
+        return out
+
     def spec_fields(self) -> dict[str, Any]:
         """The fields a registered CheckpointSpec pins (everything but the family name)."""
         out = msgspec.structs.asdict(self)
