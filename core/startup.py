@@ -115,14 +115,8 @@ def plan(
             f"{config.model}: config.json has model_type {mt!r}, which no installed plugin runs "
             "(ninfer runs the Qwen3.5/3.6/3.8 hybrid family: qwen3_5, qwen3_5_moe)."
         )
-    matched = checkpoint.match_spec(shape, specs)
-    if matched is None:
-        log.warning(
-            "shape matches no registered checkpoint: running on the generic path",
-            model=config.model,
-            registered=[s.id for s in specs],
-        )
-    spec = matched
+    # (checkpoint.locate already warned when a directory's shape matches no registered checkpoint)
+    spec = checkpoint.match_spec(shape, specs, path)
 
     problems = [p for p in plugins.collect("ninfer_validate", device=device, config=config, shape=shape) if p]
     if problems and strict:
