@@ -1,0 +1,142 @@
+"""LinearKernel objects over the shared Triton kernel, and the dequantize-then-matmul reference.
+
+Both quantization plugins build theirs from these two classes, given how to reach the kernel's
+layout (`to_prepared`) and how to get fp32 weights back (`dequantize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ninfer.device import ANYWHERE, Requirements
+from ninfer.linear import PackedWeight
+from ninfer_plugins.quant_int import formats as F
+
+if TYPE_CHECKING:
+    from ninfer_plugins.quant_int import kernels as K
+
+
+def _kernels():
+    # imported on first use: the reference path must not need Triton
+    from ninfer_plugins.quant_int import kernels
+
+    return kernels
+
+# Any CUDA GPU Triton compiles tl.dot in bf16 for (Ampere and later); no feature past that.
+TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
+
+
+class TritonQuantLinear:
+    """y = x @ W.T with W decoded in registers by the fused Triton kernel (kernels.py).
+
+    bf16 activations take the kernel; other dtypes (a float32 parity run on a GPU) fall back to
+    dequantizing the weight for that call, which is correct and slow.
+    """
+
+    requirements = TRITON_SM80
+
+    def __init__(
+        self,
+        scheme: str,
+        to_prepared: Callable[[PackedWeight], K.Prepared],
+        dequantize: Callable[[K.Prepared], torch.Tensor],
+        repacks: bool = False,
+    ) -> None:
+        self.name = f"triton.{scheme}"
+        self.scheme = scheme
+        # True when prepare() builds a copy in another layout (QLinear then drops the original)
+        self.repacks = repacks
+        self._to_prepared = to_prepared
+        self._dequantize = dequantize
+
+    def prepare(self, weight: PackedWeight) -> K.Prepared:
+        if weight.scheme != self.scheme:
+            raise ValueError(f"{self.name} got a {weight.scheme} weight")
+        p = self._to_prepared(weight)
+        _kernels().reserve_workspace(p)
+        return p
+
+    def apply(self, x: torch.Tensor, prepared: K.Prepared) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.dtype != torch.bfloat16 or x2.device.type != "cuda":
+            y = torch.nn.functional.linear(x2.float(), self._dequantize(prepared)).to(x.dtype)
+        else:
+            if x2.stride(-1) != 1 or x2.data_ptr() % 16:
+                x2 = x2.contiguous()
+            y = _kernels().launch(x2, prepared)
+        return y.reshape(*lead, prepared.n)
+
+
+class ReferenceQuantLinear:
+    """Dequantize once (fp32), then torch's matmul: runs anywhere; the oracle of the kernels.
+
+    Meant for the CPU path and tiny models: it keeps a full fp32 copy of the weight.
+    """
+
+    requirements = ANYWHERE
+    # the fp32 copy is all apply() reads
+    repacks = True
+
+    def __init__(self, scheme: str, dequantize: Callable[[PackedWeight], torch.Tensor]) -> None:
+        self.name = f"reference.{scheme}"
+        self.scheme = scheme
+        self._dequantize = dequantize
+
+    def prepare(self, weight: PackedWeight) -> torch.Tensor:
+        if weight.scheme != self.scheme:
+            raise ValueError(f"{self.name} got a {weight.scheme} weight")
+        return self._dequantize(weight)
+
+    def apply(self, x: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        if x.dtype == prepared.dtype:
+            return torch.nn.functional.linear(x, prepared)
+        return torch.nn.functional.linear(x.to(prepared.dtype), prepared).to(x.dtype)
+
+
+# --- the int formats ---------------------------------------------------------------------------------
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def prepare_int(weight: PackedWeight) -> K.Prepared:
+    """The stored layout is the kernel's: only rows are padded to whole blocks (a copy only when
+    n is not a multiple of 128, which no registered shape has)."""
+    K = _kernels()
+    F.check_packed(weight)
+    fmt = F.FORMATS[weight.scheme]
+    n, k = weight.shape
+    rows = -(-n // K.ROW_PAD) * K.ROW_PAD
+    q = weight.tensors["qweight"]
+    if fmt.bits == 8:
+        q = q.view(torch.uint8)
+    h = weight.tensors.get("qhigh")
+    return K.Prepared(
+        fmt=fmt.bits,
+        n=n,
+        k=k,
+        qweight=K.pad_rows(q, rows),
+        scales=K.pad_rows(weight.tensors["scales"], rows),
+        qhigh=None if h is None else K.pad_rows(h, rows),
+        sm_count=sm_count(q.device),
+    )
+
+
+def dequantize_int_prepared(p: K.Prepared) -> torch.Tensor:
+    fmt = next(f for f in F.FORMATS.values() if f.bits == p.fmt)
+    q = p.qweight[: p.n]
+    tensors: dict[str, Any] = {"qweight": q.view(torch.int8) if fmt.bits == 8 else q, "scales": p.scales[: p.n]}
+    if p.qhigh is not None:
+        tensors["qhigh"] = p.qhigh[: p.n]
+    return F.dequantize(PackedWeight(fmt.name, (p.n, p.k), tensors))
+
+
+def int_kernels(scheme: str) -> tuple[TritonQuantLinear, ReferenceQuantLinear]:
+    return TritonQuantLinear(scheme, prepare_int, dequantize_int_prepared), ReferenceQuantLinear(scheme, F.dequantize)

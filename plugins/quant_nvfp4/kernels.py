@@ -1,0 +1,64 @@
+"""NVFP4 linear kernels: W4A16 through the shared fused Triton kernel (quant_int/kernels.py).
+
+On sm_90 there are no FP4 tensor cores, so the weights are decoded in registers to bf16 (exact:
+e2m1 * e4m3 has at most 5 significant bits) and multiplied by bf16 activations on the bf16 MMA.
+
+`prepare` repacks the published layout once, on the weight's device, into "g16-split8": per
+16-element block, byte j holds element j in its low nibble and element 8 + j in its high nibble.
+Both nibbles of a byte then share the block scale, and the activations each half needs are runs
+of 8 consecutive elements (16-byte loads), where the published pairing (2j, 2j+1) would need
+every other activation. Codes and scales keep their bits; K is padded to 128 and rows to 128.
+
+The native FP4 MMA seam (sm_100 / sm_120, W4A4 prefill): a separate LinearKernel for scheme
+"nvfp4" with `requirements = Requirements(devices=("cuda",), min_capability=(10, 0),
+features=("fp4",))`, registered by a `@hookimpl(specname="ninfer_linear_kernel", tryfirst=True)`
+above this plugin's; where the device has FP4 tensor cores it wins, elsewhere startup validation
+passes it over and this W4A16 kernel serves. It would read the canonical PackedWeight (ModelOpt
+tensors plus `meta["input_scale"]` for the activation scale). Nothing is registered for it here:
+no FP4 hardware was available to test it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.linear import PackedWeight
+from ninfer_plugins.quant_int import kernels as K
+from ninfer_plugins.quant_int.linear import ReferenceQuantLinear, TritonQuantLinear, sm_count
+from ninfer_plugins.quant_nvfp4 import formats as F
+
+LAYOUT = "g16-split8"
+
+
+def prepare_nvfp4(weight: PackedWeight) -> K.Prepared:
+    F.check_packed(weight)
+    n, k = weight.shape
+    dev = weight.tensors["weight"].device
+    rows = -(-n // K.ROW_PAD) * K.ROW_PAD
+    kp = -(-k // 128) * 128
+    codes = F.unpack_codes(weight.tensors["weight"])
+    c = torch.zeros((rows, kp), dtype=torch.uint8, device=dev)
+    c[:n, : codes.shape[1]] = codes
+    c = c.view(rows, kp // 16, 2, 8)
+    packed = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(rows, kp // 2)
+    scales = torch.zeros((rows, kp // 16), dtype=torch.uint8, device=dev)
+    s = weight.tensors["weight_scale"].view(torch.uint8)
+    scales[:n, : s.shape[1]] = s
+    g = torch.zeros(rows, dtype=torch.float32, device=dev)
+    g[:n] = F.global_scale_rows(weight).to(dev)
+    return K.Prepared(fmt=K.NVFP4, n=n, k=k, qweight=packed, scales=scales, gscale=g, sm_count=sm_count(dev))
+
+
+def dequantize_prepared(p: K.Prepared) -> torch.Tensor:
+    """fp32 [n, k] from the prepared layout (the kernel's fallback for non-bf16 activations)."""
+    rows, half = p.qweight.shape
+    b = p.qweight.view(rows, half // 8, 1, 8)
+    codes = torch.cat([b & 0xF, b >> 4], dim=2).reshape(rows, half * 2)
+    vals = F.e2m1_values(codes.device)[codes.long()]
+    s = p.scales.view(torch.float8_e4m3fn).to(torch.float32)
+    w = vals.view(rows, -1, 16) * s.unsqueeze(-1) * p.gscale.view(rows, 1, 1)
+    return w.view(rows, -1)[: p.n, : p.k].contiguous()
+
+
+def nvfp4_kernels() -> tuple[TritonQuantLinear, ReferenceQuantLinear]:
+    return TritonQuantLinear(F.SCHEME, prepare_nvfp4, dequantize_prepared, repacks=True), ReferenceQuantLinear(F.SCHEME, F.dequantize)

@@ -1,0 +1,130 @@
+"""The PTX decode strings of the fused kernel, executed by a small emulator of the instructions they
+use, against the formats' own decoders: the bit tricks are checked on CPU, for every byte value."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ninfer_plugins.quant_int import kernels as K
+from ninfer_plugins.quant_nvfp4 import formats as NF
+
+
+def bf16_value(bits: int) -> float:
+    return float(torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float())
+
+
+def bf16_bits(v: float) -> int:
+    return int(torch.tensor([v], dtype=torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int32)) & 0xFFFF
+
+
+def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
+    """Run straight-line PTX over 32-bit registers; $N operands come from `inputs`."""
+    regs: dict[str, int] = {f"${i}": v & 0xFFFFFFFF for i, v in inputs.items()}
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        return int(tok, 0) & 0xFFFFFFFF
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [a.strip() for a in rest.split(",")]
+        d, src = args[0], [val(a) for a in args[1:]]
+        if op == "mov.b32":
+            r = src[0]
+        elif op == "shr.u32":
+            r = src[0] >> src[1]
+        elif op == "shl.b32":
+            r = (src[0] << src[1]) & 0xFFFFFFFF
+        elif op == "and.b32":
+            r = src[0] & src[1]
+        elif op == "lop3.b32":
+            a, b, c, lut = src
+            r = 0
+            for bit in range(32):
+                idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
+                r |= ((lut >> idx) & 1) << bit
+        elif op == "prmt.b32":
+            a, b, c = src
+            pool = a | (b << 32)
+            r = 0
+            for i in range(4):
+                sel = (c >> (4 * i)) & 0xF
+                byte = (pool >> (8 * (sel & 7))) & 0xFF
+                if sel & 8:
+                    byte = 0xFF if byte & 0x80 else 0
+                r |= byte << (8 * i)
+        elif op == "fma.rn.bf16x2":
+            a, b, c = src
+            r = 0
+            for h in range(2):
+                x, y, z = (bf16_value(v >> (16 * h)) for v in (a, b, c))
+                r |= bf16_bits(x * y + z) << (16 * h)
+        else:
+            raise AssertionError(f"the emulator lacks {op}")
+        assert re.fullmatch(r"\$\d+|\w+", d), d
+        regs[d] = r
+    return regs
+
+
+def halves(word: int) -> tuple[float, float]:
+    return bf16_value(word), bf16_value(word >> 16)
+
+
+def signed_nibble(v: int) -> int:
+    return (v ^ 8) - 8
+
+
+def test_q4_decode_every_byte_pair():
+    for b0 in range(256):
+        b1 = (b0 * 37 + 11) & 0xFF
+        out = run_ptx(K.ASM_Q4.value, {2: b0 | (b1 << 8)})
+        assert halves(out["$0"]) == (signed_nibble(b0 & 0xF), signed_nibble(b1 & 0xF))
+        assert halves(out["$1"]) == (signed_nibble(b0 >> 4), signed_nibble(b1 >> 4))
+
+
+def test_q4_scaled_decode():
+    s_lo, s_hi = bf16_bits(0.375), bf16_bits(-3.0)
+    for b0 in range(0, 256, 7):
+        b1 = 255 - b0
+        out = run_ptx(K.ASM_Q4S.value, {2: b0 | (b1 << 8), 3: s_lo | (s_lo << 16), 4: s_hi | (s_hi << 16)})
+        assert halves(out["$0"]) == (signed_nibble(b0 & 0xF) * 0.375, signed_nibble(b1 & 0xF) * 0.375)
+        assert halves(out["$1"]) == (signed_nibble(b0 >> 4) * -3.0, signed_nibble(b1 >> 4) * -3.0)
+
+
+def test_e4m3_scale_decode_every_byte():
+    for s in range(0, 0x7F):  # 0x7F is NaN
+        want = float(torch.tensor([s], dtype=torch.uint8).view(torch.float8_e4m3fn).float()) * 2.0**119
+        out = run_ptx(K.ASM_E4M3.value, {1: s | (((s + 1) % 0x7F) << 8)})
+        got = halves(out["$0"])
+        want2 = float(torch.tensor([(s + 1) % 0x7F], dtype=torch.uint8).view(torch.float8_e4m3fn).float()) * 2.0**119
+        assert got == (want, want2), (s, got, want)
+
+
+def test_fp4_decode_every_byte_with_scales():
+    vals = NF.e2m1_values()
+    for s in (0x01, 0x08, 0x38, 0x7E, 0x00):  # subnormal 2^-9, 2^-6, 1.0, 448, 0
+        scale = float(torch.tensor([s], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+        sb = run_ptx(K.ASM_E4M3.value, {1: s | (s << 8)})["$0"]
+        for b0 in range(256):
+            b1 = (b0 * 91 + 5) & 0xFF
+            out = run_ptx(K.ASM_FP4.value, {2: b0 | (b1 << 8), 3: sb})
+            # the kernel folds 2^7 into the global scale
+            lo = tuple(v * 128.0 for v in halves(out["$0"]))
+            hi = tuple(v * 128.0 for v in halves(out["$1"]))
+            assert lo == (float(vals[b0 & 0xF]) * scale, float(vals[b1 & 0xF]) * scale), (s, b0)
+            assert hi == (float(vals[b0 >> 4]) * scale, float(vals[b1 >> 4]) * scale), (s, b0)
+
+
+def test_q8_decode_every_byte_pair():
+    for b0 in range(256):
+        b1 = (b0 * 53 + 29) & 0xFF
+        out = run_ptx(K.ASM_Q8.value, {1: b0 | (b1 << 8)})
+        s0, s1 = (b0 ^ 0x80) - 0x80, (b1 ^ 0x80) - 0x80
+        assert halves(out["$0"]) == (s0, s1), (b0, b1)
