@@ -27,6 +27,13 @@ class SamplingPreset(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float = 0.0
 
 
+def preset_fields(presets: dict[str, SamplingPreset], thinking: bool) -> dict[str, float | int]:
+    """The checkpoint's sampling preset for this thinking mode, as SamplingParams fields (the
+    lowest layer of: preset < process flags < request fields < --greedy)."""
+    preset = presets.get("thinking" if thinking else "non_thinking")
+    return msgspec.structs.asdict(preset) if preset is not None else {}
+
+
 class CheckpointSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A registered checkpoint: one plugin folder per id (plugins/qwen36_27b, ...)."""
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.config import SamplingParams
+from ninfer.config import SamplingParams, preset_fields
 from ninfer.errors import UserError
 from ninfer.frontend.reasoning import ReasoningSplitter, split_reasoning
 from ninfer.frontend.toolcalls import ToolCall, ToolCallStream, parse_tool_calls
@@ -173,17 +173,7 @@ def sampling_params(
     ignore_eos: bool = False,
 ) -> SamplingParams:
     """The checkpoint's preset for this thinking mode < the request's fields (spec section 7)."""
-    fields: dict[str, Any] = {}
-    preset = state.presets.get("thinking" if thinking else "non_thinking")
-    if preset is not None:
-        fields.update(
-            temperature=preset.temperature,
-            top_p=preset.top_p,
-            top_k=preset.top_k,
-            min_p=preset.min_p,
-            presence_penalty=preset.presence_penalty,
-            frequency_penalty=preset.frequency_penalty,
-        )
+    fields: dict[str, Any] = preset_fields(state.presets, thinking)
     if temperature is not None:
         fields["temperature"] = _number("temperature", temperature, 0.0, temperature_max)
     if top_p is not None:
