@@ -148,7 +148,10 @@ class PluginManager:
             chosen = (plugin, impl)
         if chosen is None:
             detail = "; ".join(f"{p}:{n} {why}" for p, n, why in passed) or "no plugin offers one"
-            raise DeviceError(f"No {slot} implementation can run on {device.describe()} ({detail}).")
+            raise DeviceError(
+                f"No {slot} implementation can run on {device.describe()} ({detail}); choose another "
+                f"--quant, --kv-dtype or --device, or install a plugin that supports {device.sm}."
+            )
         return Choice(slot, chosen[1], chosen[0], passed)
 
 
