@@ -1,0 +1,193 @@
+"""`TritonMoe`: the sparse-MoE layer on the grouped Triton kernels (the `ninfer_moe_kernel` object).
+
+A layer's step, decode (T <= 16) in five launches and no host sync:
+  router logits (the `gate` QLinear) -> route (softmax, top-k, renormalise, shared gate, tile
+  plan) -> gate_up (routed and shared) -> down (routed and shared, times the weights) -> combine.
+Prefill is the same with bigger tiles and a torch-sorted plan (grouped_gemm.py).
+
+Weights. `prepare` stacks the experts' packed weights of a layer along rows (grouped_gemv.Matrix)
+and points each expert's QLinear at a view of the stack, so the weights are held once. The shared
+expert and its gate are read from their QLinears at call time (a pointer each): a dense weight,
+or quant_int's prepared layout (its `Prepared`: fmt, qweight, scales, qhigh). Any other shared
+layout makes the layer run the routed part here and the shared expert through its QLinears.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ninfer.device import Requirements
+from ninfer.linear import DENSE, PackedWeight
+from ninfer_plugins.moe_triton import grouped_gemm as GM
+from ninfer_plugins.moe_triton import grouped_gemv as GV
+from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, Routing, route
+from ninfer_plugins.quant_int.formats import FORMATS
+
+# Any CUDA GPU on which Triton compiles bf16 tl.dot (Ampere and later).
+TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
+SCHEMES = (DENSE, *FORMATS)
+
+
+@dataclass
+class ExpertWeights:
+    """A layer's routed experts, stacked: gate_up rows e * 2I + r, down rows e * H + n."""
+
+    gate_up: GV.Matrix
+    down: GV.Matrix
+    num_experts: int
+    hidden: int
+    inner: int
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return (2 * self.inner * self.gate_up.nbytes_per_row) + self.hidden * self.down.nbytes_per_row
+
+
+def stack_experts(packed: list[PackedWeight], dense_stack: torch.Tensor | None = None, linears: Any = ()) -> GV.Matrix:
+    """Experts' weights of one scheme and shape -> one Matrix, rows e * n + r. `dense_stack` is the
+    layer's [E, n, k] tensor when the experts are dense (no copy); `linears`, the experts'
+    QLinears, are pointed at views of an int stack."""
+    scheme = packed[0].scheme
+    if any(p.scheme != scheme or p.shape != packed[0].shape for p in packed):
+        raise ValueError("the grouped MoE kernels need every expert of a layer in one scheme and shape")
+    n, k = packed[0].shape
+    if scheme == DENSE:
+        w = dense_stack if dense_stack is not None else torch.stack([p.tensors["weight"] for p in packed])
+        return GV.Matrix(GV.DENSE_FMT, w.reshape(-1, k), k)
+    parts = {name: torch.stack([p.tensors[name] for p in packed]) for name in packed[0].tensors}
+    for e, linear in enumerate(linears):
+        # the expert's own QLinear keeps a view of the stack (its fallback path), not a second copy
+        if not getattr(linear.kernel, "repacks", False):
+            linear.set_weight(PackedWeight(scheme, (n, k), {name: t[e] for name, t in parts.items()}, dict(packed[e].meta)))
+    fmt = FORMATS[scheme].bits
+    q = parts["qweight"]
+    if fmt == 8:
+        q = q.view(torch.uint8)
+    h = parts.get("qhigh")
+    rows = len(packed) * n
+    return GV.Matrix(fmt, q.reshape(rows, -1), k, parts["scales"].reshape(rows, -1), None if h is None else h.reshape(rows, -1))
+
+
+def matrix_of(linear: Any) -> GV.Matrix | None:
+    """A QLinear's weight as the grouped kernels read it, or None for a layout they do not know."""
+    p = linear.prepared
+    if isinstance(p, torch.Tensor) and p.dim() == 2 and p.stride(-1) == 1:
+        return GV.Matrix(GV.DENSE_FMT, p, linear.k)
+    fmt = getattr(p, "fmt", None)
+    if fmt in GV.INT_FMTS and isinstance(getattr(p, "qweight", None), torch.Tensor):
+        return GV.Matrix(fmt, p.qweight, linear.k, p.scales, p.qhigh)
+    return None
+
+
+@dataclass
+class SharedWeights:
+    gate: GV.Matrix
+    up: GV.Matrix
+    down: GV.Matrix
+    inner: int
+    gate_weight: torch.Tensor | None  # dense [1, H] shared_expert_gate, else its logits are computed
+
+
+def shared_weights(moe: Any) -> SharedWeights | None:
+    se = moe.shared_expert
+    g, u, d = matrix_of(se.gate_proj), matrix_of(se.up_proj), matrix_of(se.down_proj)
+    if g is None or u is None or d is None or g.fmt != u.fmt:
+        return None
+    sg = moe.shared_expert_gate.prepared
+    dense_gate = isinstance(sg, torch.Tensor) and sg.dim() == 2
+    return SharedWeights(g, u, d, se.gate_proj.n, sg if dense_gate else None)
+
+
+class TritonMoe:
+    """The grouped Triton MoE (see the module doc). `requirements` and `fused_dtypes` are
+    arguments so a test can run it interpreted on the CPU in a float32 model."""
+
+    name = "triton.moe"
+
+    def __init__(
+        self,
+        requirements: Requirements = TRITON_SM80,
+        fused_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+        decode_max: int = DECODE_BLOCK_M,
+        configs: dict[str, GV.TileConfig] | None = None,
+        fast: bool | None = None,
+    ) -> None:
+        self.requirements = requirements
+        self.fused_dtypes = fused_dtypes
+        self.decode_max = min(decode_max, DECODE_BLOCK_M)
+        self.configs = {
+            "decode_gate_up": GV.DECODE_GATE_UP,
+            "decode_down": GV.DECODE_DOWN,
+            "prefill_gate_up": GM.PREFILL_GATE_UP,
+            "prefill_down": GM.PREFILL_DOWN,
+            **(configs or {}),
+        }
+        self.fast = fast
+
+    # --- the ninfer_moe_kernel contract -----------------------------------------------------------
+
+    def prepare(self, bank: Any, gate_up: list[PackedWeight], down: list[PackedWeight]) -> ExpertWeights:
+        return ExpertWeights(
+            stack_experts(gate_up, bank.stacked.get("gate_up"), bank.gate_up),
+            stack_experts(down, bank.stacked.get("down"), bank.down),
+            bank.num_experts,
+            down[0].shape[0],
+            bank.inner,
+        )
+
+    def experts(self, bank: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """sum_k weights[:, k] * expert_{ids[:, k]}(x), routed experts only."""
+        w = self._weights(bank)
+        k = ids.shape[1]
+        r = Routing(ids.to(torch.int32).contiguous(), weights.to(torch.float32).contiguous(), k, k)
+        return self.run(x.contiguous(), r, w)
+
+    def forward_layer(self, moe: Any, x: torch.Tensor) -> torch.Tensor:
+        """The whole layer: router, top-k, renormalise, routed experts, sigmoid-gated shared expert."""
+        w = self._weights(moe.experts)
+        if x.shape[0] == 0:
+            return torch.zeros_like(x)
+        x = x.contiguous()
+        logits = moe.gate(x)
+        decode = x.shape[0] <= self.decode_max
+        shared = shared_weights(moe)
+        if shared is None:
+            r = self._route(logits, moe.top_k, w.num_experts, decode)
+            routed = self.run(x, r, w)
+            gate = torch.sigmoid(moe.shared_expert_gate(x).float())
+            return (routed.float() + gate * moe.shared_expert(x).float()).to(x.dtype)
+        if shared.gate_weight is not None:
+            r = self._route(logits, moe.top_k, w.num_experts, decode, x=x, shared_gate_weight=shared.gate_weight)
+        else:
+            r = self._route(logits, moe.top_k, w.num_experts, decode, shared_gate_logit=moe.shared_expert_gate(x))
+        return self.run(x, r, w, shared)
+
+    # --- steps ---------------------------------------------------------------------------------------
+
+    def _weights(self, bank: Any) -> ExpertWeights:
+        w = bank.moe_prepared
+        if not isinstance(w, ExpertWeights):
+            raise RuntimeError(f"{type(bank).__name__}: the expert weights were never loaded")
+        return w
+
+    def _route(self, logits: torch.Tensor, top_k: int, num_experts: int, decode: bool, **shared: Any) -> Routing:
+        if decode:
+            return route(logits, top_k, plan=True, **shared)
+        return GM.plan(route(logits, top_k, **shared), num_experts, self.configs["prefill_gate_up"].block_m)
+
+    def run(self, x: torch.Tensor, r: Routing, w: ExpertWeights, shared: SharedWeights | None = None) -> torch.Tensor:
+        """The grouped kernels over a routing; plans it first when it has none."""
+        decode = r.num_tokens <= self.decode_max
+        cu, cd = (self.configs["decode_gate_up"], self.configs["decode_down"]) if decode else (
+            self.configs["prefill_gate_up"], self.configs["prefill_down"])
+        if r.tile_expert is None:
+            GM.plan(r, w.num_experts, cu.block_m)
+        s_inner = shared.inner if shared is not None else 0
+        h = GV.gate_up(x, r, w.gate_up, w.inner, w.num_experts, cu,
+                       shared=None if shared is None else (shared.gate, shared.up), shared_inner=s_inner, fast=self.fast)
+        y = GV.down(h, r, w.down, w.hidden, w.inner, w.num_experts, cd,
+                    shared=None if shared is None else shared.down, shared_inner=s_inner, fast=self.fast)
+        return GV.combine(y, r.num_tokens, r.slots, x.dtype)

@@ -1,0 +1,218 @@
+"""The router of a sparse-MoE layer in one launch: logits -> fp32 softmax over every expert ->
+top-k -> renormalise (spec 2.5), the shared expert's sigmoid gate beside it, and for decode the
+tile plan the grouped kernels run from. Expert ids never leave the GPU.
+
+Pairs and slots. Token t owns `slots` consecutive pairs p = t * slots + j: j < top_k is its j-th
+routed expert (descending probability), j = top_k (when the layer has a shared expert) is the
+shared expert, given the id `num_experts` so the grouped kernels treat it as one more expert.
+`ids` and `weights` are [T, slots]; a shared pair's weight is sigmoid(shared_expert_gate . x).
+
+The tile plan. A tile is one expert and up to `block_m` of its pairs: `tile_expert` [n_tiles]
+int32 (-1 for an empty tile, whose programs exit at once) and `tile_rows` [n_tiles, block_m]
+int32 pair ids (-1 padding). Experts come in ascending order, pairs ascending within an expert,
+so the plan is unique and the fused plan below must equal `grouped_gemm.plan_tiles` bit for bit.
+`n_tiles` depends on shapes only (`max_tiles`): the grids of a decode step are fixed, which is
+what lets a CUDA graph replay it for any routing.
+
+Decode (T <= block_m, at most 16): one program holds every token's probabilities ([T, E] is
+16 x 256 floats at most), so it also builds the plan: an expert gets one tile (a token picks an
+expert at most once, so an expert has at most T <= block_m pairs), tiles numbered by a prefix sum
+over the experts in use, rows by a prefix sum over tokens. Prefill routes a block of tokens per
+program and plans with torch ops (grouped_gemm.plan_tiles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
+import triton
+import triton.language as tl
+
+# Shared-gate modes of the kernel: no shared expert; its gate as a dot with a dense weight row
+# (one launch fewer); its gate logit computed beforehand (a quantized gate weight).
+NO_SHARED, SHARED_DOT, SHARED_LOGIT = 0, 1, 2
+# A token picks an expert once, so below this many tokens every expert fits one decode tile.
+DECODE_BLOCK_M = 16
+
+
+@dataclass
+class Routing:
+    """What the grouped kernels read: see the module doc. Tensors on the activations' device."""
+
+    ids: torch.Tensor  # int32 [T, slots]
+    weights: torch.Tensor  # fp32 [T, slots]
+    top_k: int
+    slots: int
+    tile_expert: torch.Tensor | None = None  # int32 [n_tiles]
+    tile_rows: torch.Tensor | None = None  # int32 [n_tiles, block_m]
+    block_m: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def n_tiles(self) -> int:
+        return 0 if self.tile_expert is None else self.tile_expert.shape[0]
+
+
+def max_tiles(num_tokens: int, top_k: int, num_experts: int, block_m: int, shared: bool) -> int:
+    """An upper bound on the tiles of any routing, from shapes alone.
+
+    Routed pairs P = T * top_k over U <= min(E, P) experts in use: sum ceil(c_e / BM) <=
+    P / BM + U. When T <= BM every expert in use has at most T <= BM pairs: exactly U tiles.
+    """
+    pairs = num_tokens * top_k
+    used = min(num_experts, pairs)
+    routed = used if num_tokens <= block_m else -(-pairs // block_m) + used
+    return routed + (-(-num_tokens // block_m) if shared else 0)
+
+
+# the token count and the tile count vary per call: one compiled variant serves them all
+@triton.jit(do_not_specialize=["T", "n_tiles"])
+def _route_kernel(
+    LOGITS, X, SG_W, SG_LOGIT, IDS, WEIGHTS, TILE_EXPERT, TILE_ROWS,
+    T, E, H, stride_l, stride_x, stride_sg, n_tiles,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    PLAN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TILES: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < T
+    t64 = t.to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    logit = tl.load(LOGITS + t64[:, None] * stride_l + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0)
+    logit = tl.where(e_ok[None, :], logit.to(tl.float32), float("-inf"))
+    p = tl.exp(logit - tl.max(logit, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+
+    # top-k by repeated max; a tie goes to the lower expert id
+    left = tl.where(e_ok[None, :], p, -1.0)
+    sel = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int32)
+    kth = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(left, 1)
+        idx = tl.min(tl.where(left == best[:, None], e[None, :], BLOCK_E), 1)
+        hit = (e[None, :] == idx[:, None]) & t_ok[:, None]
+        sel = tl.where(hit, 1, sel)
+        kth = tl.where(hit, k, kth)
+        left = tl.where(hit, -1.0, left)
+        tl.store(IDS + t64 * SLOTS + k, idx, mask=t_ok)
+    chosen = sel > 0
+    total = tl.sum(tl.where(chosen, p, 0.0), 1)
+    total = tl.where(total > 0, total, 1.0)  # rows past T chose nothing
+    tl.store(WEIGHTS + t64[:, None] * SLOTS + kth, p / total[:, None], mask=chosen)
+
+    if SHARED == 1:
+        acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            hh = h0 + tl.arange(0, BLOCK_H)
+            xv = tl.load(X + t64[:, None] * stride_x + hh[None, :], mask=t_ok[:, None] & (hh < H)[None, :], other=0.0)
+            wv = tl.load(SG_W + hh, mask=hh < H, other=0.0)
+            acc += tl.sum(xv.to(tl.float32) * wv.to(tl.float32)[None, :], 1)
+        tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(acc), mask=t_ok)
+        tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
+    if SHARED == 2:
+        g = tl.load(SG_LOGIT + t64 * stride_sg, mask=t_ok, other=0.0).to(tl.float32)
+        tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(g), mask=t_ok)
+        tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
+
+    if PLAN:
+        # one program, BLOCK_T >= T: every token's choice is in `sel`
+        used = tl.max(sel, 0)
+        rank = tl.cumsum(used, 0) - used  # tile of each expert in use
+        n_used = tl.sum(used, 0)
+        row = tl.cumsum(sel, 0) - sel  # a token's row in its expert's tile
+        HAS_SHARED: tl.constexpr = SLOTS - TOP_K
+        j = tl.arange(0, BLOCK_TILES)
+        r = tl.arange(0, BLOCK_M)
+        tl.store(TILE_EXPERT + j, tl.full((BLOCK_TILES,), -1, tl.int32), mask=(j >= n_used + HAS_SHARED) & (j < n_tiles))
+        tl.store(TILE_EXPERT + rank, e, mask=used > 0)
+        tl.store(TILE_ROWS + j[:, None] * BLOCK_M + r[None, :], tl.full((BLOCK_TILES, BLOCK_M), -1, tl.int32),
+                 mask=(j < n_tiles)[:, None])
+        # the -1 fill above and the rows below may share addresses: order them across threads
+        tl.debug_barrier()
+        tl.store(TILE_ROWS + rank[None, :] * BLOCK_M + row, t[:, None] * SLOTS + kth, mask=chosen)
+        if HAS_SHARED:
+            tl.store(TILE_EXPERT + n_used, E)
+            tl.store(TILE_ROWS + n_used * BLOCK_M + t, t * SLOTS + TOP_K, mask=t_ok)
+
+
+def route(
+    logits: torch.Tensor,
+    top_k: int,
+    *,
+    x: torch.Tensor | None = None,
+    shared_gate_weight: torch.Tensor | None = None,
+    shared_gate_logit: torch.Tensor | None = None,
+    plan: bool = False,
+) -> Routing:
+    """Route T tokens: logits [T, E] (any float dtype) -> ids / weights [T, slots].
+
+    With `x` [T, H] and `shared_gate_weight` ([1, H] or [H], dense) or `shared_gate_logit` [T] /
+    [T, 1], each token also gets its shared-expert pair. `plan` (T <= 16) builds the decode tile
+    plan in the same launch.
+    """
+    T, E = logits.shape
+    if top_k > E:
+        raise ValueError(f"top_k {top_k} is more than the {E} experts")
+    mode = NO_SHARED
+    if shared_gate_weight is not None:
+        if x is None:
+            raise ValueError("the shared gate's dot needs x")
+        mode = SHARED_DOT
+    elif shared_gate_logit is not None:
+        mode = SHARED_LOGIT
+    slots = top_k + (mode != NO_SHARED)
+    dev = logits.device
+    ids = torch.empty(T, slots, dtype=torch.int32, device=dev)
+    weights = torch.empty(T, slots, dtype=torch.float32, device=dev)
+    r = Routing(ids, weights, top_k, slots)
+    if T == 0:
+        return r
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    xt = x if mode == SHARED_DOT else logits
+    if xt.stride(-1) != 1:
+        xt = xt.contiguous()
+    sg_w = shared_gate_weight.reshape(-1) if mode == SHARED_DOT else logits
+    sg_l = shared_gate_logit.reshape(T, -1) if mode == SHARED_LOGIT else logits
+    block_e = triton.next_power_of_2(E)
+    if plan:
+        if T > DECODE_BLOCK_M:
+            raise ValueError(f"the fused plan serves at most {DECODE_BLOCK_M} tokens, got {T}")
+        n_tiles = max_tiles(T, top_k, E, DECODE_BLOCK_M, mode != NO_SHARED)
+        r.tile_expert = torch.empty(n_tiles, dtype=torch.int32, device=dev)
+        r.tile_rows = torch.empty(n_tiles, DECODE_BLOCK_M, dtype=torch.int32, device=dev)
+        r.block_m = DECODE_BLOCK_M
+        block_t, grid = DECODE_BLOCK_M, 1
+    else:
+        n_tiles = 0
+        # 16 tokens x 256 experts of fp32 per program: a few tiles of registers for 4 warps
+        block_t = max(1, min(16, 4096 // block_e))
+        grid = triton.cdiv(T, block_t)
+    tile_expert = r.tile_expert if plan else ids
+    tile_rows = r.tile_rows if plan else ids
+    _route_kernel[(grid,)](
+        logits, xt, sg_w, sg_l, ids, weights, tile_expert, tile_rows,
+        T, E, xt.shape[-1], logits.stride(0), xt.stride(0), sg_l.stride(0), n_tiles,
+        TOP_K=top_k, SLOTS=slots, SHARED=mode,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=min(256, triton.next_power_of_2(xt.shape[-1])),
+        PLAN=plan, BLOCK_M=DECODE_BLOCK_M, BLOCK_TILES=triton.next_power_of_2(max(n_tiles, 1)),
+        num_warps=8 if plan else 4,
+    )
+    return r
+
+
+# --- the torch oracle -------------------------------------------------------------------------------
+
+
+def route_reference(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spec 2.5 as written: softmax in fp32, top-k, divide by the sum of the top-k."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    vals, ids = torch.topk(probs, top_k, dim=-1)
+    return ids, vals / vals.sum(-1, keepdim=True)

@@ -1,0 +1,70 @@
+"""Random expert banks and routings for the MoE kernel tests (and bench/moe.py): packed weights
+in any scheme, their decoded fp32 values (the oracle's inputs), and routings that hit chosen
+experts (id 0, id E-1, one expert for every token)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Triton runs on the CPU only interpreted; decided before any kernel module is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ninfer.linear import DENSE, PackedWeight, dense_weight  # noqa: E402
+from ninfer_plugins.moe_triton.moe import ExpertWeights, SharedWeights, stack_experts  # noqa: E402
+from ninfer_plugins.quant_int import formats as QF  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# the activation dtype the kernels take on the GPU; the interpreter runs the CPU model's fp32
+ACT = torch.bfloat16 if DEV == "cuda" else torch.float32
+
+
+def pack_rows(w: torch.Tensor, scheme: str, groups: int) -> list[PackedWeight]:
+    """w [groups * n, k] -> `groups` PackedWeights [n, k] (rows are encoded independently, so one
+    encoder call serves every expert)."""
+    n = w.shape[0] // groups
+    if scheme == DENSE:
+        return [dense_weight(t) for t in w.to(ACT).view(groups, n, -1)]
+    p = QF.quantize(w, scheme)
+    parts = {name: t.view(groups, n, *t.shape[1:]) for name, t in p.tensors.items()}
+    return [PackedWeight(scheme, (n, w.shape[1]), {name: t[e] for name, t in parts.items()}, dict(p.meta)) for e in range(groups)]
+
+
+def decoded(packed: list[PackedWeight]) -> torch.Tensor:
+    return torch.stack([p.tensors["weight"].float() if p.scheme == DENSE else QF.dequantize(p) for p in packed])
+
+
+def expert_bank(E: int, H: int, I: int, scheme_gate_up: str, scheme_down: str, seed: int):
+    """(ExpertWeights, decoded gate_up [E, 2I, H], decoded down [E, H, I]) on DEV."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    gu = torch.randn(E * 2 * I, H, generator=g, device=DEV) / H**0.5
+    dn = torch.randn(E * H, I, generator=g, device=DEV) / I**0.5
+    pgu, pdn = pack_rows(gu, scheme_gate_up, E), pack_rows(dn, scheme_down, E)
+    w = ExpertWeights(stack_experts(pgu), stack_experts(pdn), E, H, I)
+    return w, decoded(pgu), decoded(pdn)
+
+
+def shared_expert(H: int, Is: int, scheme: str, seed: int, dense_gate: bool = True):
+    """(SharedWeights, (gate, up, down) decoded, gate weight [1, H] in ACT)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    mats, dec = [], []
+    for n, k in ((Is, H), (Is, H), (H, Is)):
+        p = pack_rows(torch.randn(n, k, generator=g, device=DEV) / k**0.5, scheme, 1)
+        mats.append(stack_experts(p))
+        dec.append(decoded(p)[0])
+    sg = (torch.randn(1, H, generator=g, device=DEV) / H**0.5).to(ACT)
+    return SharedWeights(*mats, Is, sg if dense_gate else None), tuple(dec), sg
+
+
+def logits_hitting(T: int, E: int, seed: int, boundary: bool = True) -> torch.Tensor:
+    """Router logits [T, E]; with `boundary`, token 0 prefers expert E-1 and expert 0, and the
+    last token repeats token 0's choice (two tokens in one tile)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    logits = torch.randn(T, E, generator=g, device=DEV)
+    if boundary:
+        logits[0, E - 1] += 8.0
+        logits[0, 0] += 7.0
+        logits[-1] = logits[0]
+    return logits

@@ -1,0 +1,149 @@
+"""The fused router against spec 2.5's torch oracle (softmax in fp32, top-k, renormalise), the
+shared gate in both modes, and the fused decode plan against the torch plan (bit for bit).
+
+CPU (CI): interpreted, tiny shapes, non-power-of-two expert counts, T = 1 and 16, boundary ids.
+GPU (`-m gpu`): 256 experts, top 8, T = 1..16 fused and prefill-sized T, and a CUDA graph replay
+with fresh logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from moe_cases import DEV, logits_hitting
+
+from ninfer.kernels.triton.launch import interpreting
+from ninfer_plugins.moe_triton.grouped_gemm import plan_tiles
+from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, max_tiles, route, route_reference
+
+CUDA = torch.cuda.is_available()
+interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where there is no GPU (CI)")
+needs_cuda = pytest.mark.skipif(not CUDA or interpreting(), reason="needs a CUDA device")
+
+
+def _check(logits, top_k, plan, shared=None, x=None, sg=None):
+    kw = {}
+    if shared == "dot":
+        kw = dict(x=x, shared_gate_weight=sg)
+    elif shared == "logit":
+        kw = dict(shared_gate_logit=(x.float() @ sg.float().T))
+    r = route(logits, top_k, plan=plan, **kw)
+    ids, w = route_reference(logits, top_k)
+    mine = r.ids[:, :top_k].long()
+    if logits.dtype == torch.float32:
+        assert torch.equal(mine, ids)
+    else:
+        # 16-bit logits tie often; any tied choice is a top-k (torch's order among ties is
+        # unspecified, ours takes the lower id): the chosen probabilities must be the top-k ones
+        probs = torch.softmax(logits.float(), -1)
+        vals = probs.gather(1, mine)
+        assert torch.equal(vals, probs.gather(1, ids)) and bool((vals[:, :-1] >= vals[:, 1:]).all())
+        w = vals / vals.sum(-1, keepdim=True)
+    torch.testing.assert_close(r.weights[:, :top_k], w, atol=1e-6, rtol=1e-5)
+    E = logits.shape[1]
+    if shared:
+        assert bool((r.ids[:, top_k] == E).all())
+        gate = torch.sigmoid(x.float() @ sg.float().T).squeeze(-1)
+        torch.testing.assert_close(r.weights[:, top_k], gate, atol=1e-5, rtol=1e-4)
+    if plan:
+        te, rows = plan_tiles(r.ids, E + 1, DECODE_BLOCK_M, r.n_tiles)
+        assert torch.equal(r.tile_expert, te) and torch.equal(r.tile_rows, rows)
+        # every pair sits in exactly one tile, under its own expert
+        seen = r.tile_rows[r.tile_rows >= 0].long()
+        assert sorted(seen.tolist()) == list(range(r.ids.numel()))
+        owner = r.tile_expert.long().repeat_interleave(DECODE_BLOCK_M).view_as(r.tile_rows)[r.tile_rows >= 0]
+        assert torch.equal(owner, r.ids.reshape(-1)[seen].long())
+    return r
+
+
+@interp
+@pytest.mark.parametrize("T,E,top_k", [(1, 16, 4), (3, 20, 8), (16, 24, 3), (5, 256, 8)])
+@pytest.mark.parametrize("shared", [None, "dot", "logit"])
+def test_interpreted_decode_route_and_plan(T, E, top_k, shared):
+    g = torch.Generator().manual_seed(T * 100 + E)
+    x = torch.randn(T, 72, generator=g)
+    sg = torch.randn(1, 72, generator=g) / 8
+    _check(logits_hitting(T, E, seed=E + T), top_k, True, shared, x, sg)
+
+
+@interp
+def test_interpreted_every_token_same_experts():
+    # one tile per expert holding all T tokens, and experts 0 and E-1 at both ends of the plan
+    logits = torch.full((16, 12), -5.0)
+    logits[:, 0], logits[:, 11], logits[:, 5] = 3.0, 2.0, 1.0
+    logits += torch.randn(16, 12, generator=torch.Generator().manual_seed(0)) * 1e-3
+    r = _check(logits, 3, True)
+    assert r.tile_expert.tolist()[:3] == [0, 5, 11] and bool((r.tile_expert[3:] == -1).all())
+    assert r.tile_rows[0].tolist() == [3 * t + 0 for t in range(16)]
+
+
+@interp
+@pytest.mark.parametrize("T", [17, 40])
+def test_interpreted_prefill_route_bf16_logits(T):
+    logits = logits_hitting(T, 20, seed=T).to(torch.bfloat16)
+    x = torch.randn(T, 40, generator=torch.Generator().manual_seed(T))
+    _check(logits, 4, False, "dot", x, torch.randn(1, 40) / 6)
+
+
+def test_tile_bound_holds_for_adversarial_routings():
+    # max_tiles must cover any routing: spread evenly, all on one expert, one pair short of a tile
+    for T, E, k, bm in ((64, 8, 2, 16), (100, 256, 8, 64), (33, 4, 4, 16)):
+        n = max_tiles(T, k, E, bm, shared=True)
+        ids_list = [
+            torch.arange(T * k).remainder(E).view(T, k),
+            (torch.arange(T)[:, None] * 0 + torch.arange(k)[None, :]),
+            torch.randint(0, E, (T, k), generator=torch.Generator().manual_seed(T)),
+        ]
+        for ids in ids_list:
+            ids = torch.cat([ids, torch.full((T, 1), E)], 1)
+            counts = torch.bincount(ids.reshape(-1), minlength=E + 1)
+            assert int(((counts + bm - 1) // bm).sum()) <= n
+            te, rows = plan_tiles(ids, E + 1, bm, n)
+            assert sorted(rows[rows >= 0].tolist()) == list(range(ids.numel()))
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 2, 7, 16])
+@pytest.mark.parametrize("shared", [None, "dot"])
+def test_gpu_real_shapes_decode(T, shared):
+    g = torch.Generator(device="cuda").manual_seed(T)
+    x = torch.randn(T, 2048, generator=g, device="cuda").bfloat16()
+    sg = (torch.randn(1, 2048, generator=g, device="cuda") / 45).bfloat16()
+    logits = (x @ (torch.randn(256, 2048, generator=g, device="cuda") / 45).bfloat16().T)
+    _check(logits, 8, True, shared, x, sg)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [17, 1000, 8192])
+def test_gpu_real_shapes_prefill(T):
+    logits = logits_hitting(T, 256, seed=T)
+    x = torch.randn(T, 2048, device="cuda").bfloat16()
+    _check(logits, 8, False, "dot", x, (torch.randn(1, 2048, device="cuda") / 45).bfloat16())
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_route_replays_in_a_cuda_graph():
+    T = 4
+    logits = logits_hitting(T, 256, seed=1)
+    x = torch.randn(T, 2048, device="cuda").bfloat16()
+    sg = (torch.randn(1, 2048, device="cuda") / 45).bfloat16()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        route(logits, 8, x=x, shared_gate_weight=sg, plan=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        r = route(logits, 8, x=x, shared_gate_weight=sg, plan=True)
+    for seed in (2, 3):
+        logits.copy_(logits_hitting(T, 256, seed=seed))
+        graph.replay()
+        eager = route(logits, 8, x=x, shared_gate_weight=sg, plan=True)
+        for a, b in ((r.ids, eager.ids), (r.weights, eager.weights), (r.tile_expert, eager.tile_expert), (r.tile_rows, eager.tile_rows)):
+            assert torch.equal(a, b)
