@@ -91,7 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-len", type=int, default=512)
     bench.add_argument("--gen-len", type=int, default=128)
     bench.add_argument("--concurrency", type=int, default=1)
+    bench.add_argument(
+        "--context-len",
+        type=int,
+        metavar="L",
+        help="decode at this context: positions before the prompt get random K/V instead of a prefill",
+    )
+    bench.add_argument("--compare-transformers", action="store_true", help="also time transformers on the same bf16 weights")
+    bench.add_argument("--compare-gen-len", type=int, default=8, metavar="M", help="decode steps timed on transformers")
     bench.add_argument("--json", dest="json_out", metavar="FILE", help="also write the report to FILE")
+    # the whole prompt in one chunk unless asked (up to ninfer.bench.MAX_BENCH_CHUNK)
+    bench.set_defaults(prefill_chunk=None)
 
     conv = sub.add_parser("convert", help="pack a checkpoint once into a quantized directory")
     conv.add_argument("--model", required=True, help="checkpoint directory or registered id")
@@ -155,19 +165,9 @@ def engine_config(args: argparse.Namespace, *, max_batch: int = 1, default_conte
 
 def sampling_params(args: argparse.Namespace, spec: Any, thinking: bool) -> Any:
     """Preset (the checkpoint's, for thinking or not) < flags < --greedy."""
-    from ninfer.config import DEFAULT_STOP_TOKEN_IDS, SamplingParams
+    from ninfer.config import DEFAULT_STOP_TOKEN_IDS, SamplingParams, preset_fields
 
-    fields: dict[str, Any] = {}
-    preset = spec.presets.get("thinking" if thinking else "non_thinking") if spec is not None else None
-    if preset is not None:
-        fields.update(
-            temperature=preset.temperature,
-            top_p=preset.top_p,
-            top_k=preset.top_k,
-            min_p=preset.min_p,
-            presence_penalty=preset.presence_penalty,
-            frequency_penalty=preset.frequency_penalty,
-        )
+    fields: dict[str, Any] = preset_fields(spec.presets, thinking) if spec is not None else {}
     for flag in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty"):
         value = getattr(args, flag)
         if value is not None:
@@ -355,15 +355,63 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ) or 0
 
 
+def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(EngineConfig, BenchOptions) of a parsed `ninfer bench` command line."""
+    from ninfer import bench
+
+    opts = bench.BenchOptions(
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+        context_len=args.context_len,
+        concurrency=args.concurrency,
+        compare_transformers=args.compare_transformers,
+        compare_gen_len=args.compare_gen_len,
+    )
+    opts.check()
+    context = args.context_len or args.prompt_len
+    if args.prefill_chunk is None:
+        args.prefill_chunk = min(args.prompt_len, bench.MAX_BENCH_CHUNK)
+    config = engine_config(args, max_batch=args.concurrency, default_context=context + args.gen_len)
+    return config, opts
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ninfer import bench
+
+    config, opts = bench_config(args)
+    result = bench.run(config, opts)
+    print(bench.table(result))
+    if args.json_out:
+        bench.write_json(result, args.json_out)
+    return 0
+
+
 def cmd_not_yet(args: argparse.Namespace) -> int:
     raise UserError(f"`ninfer {args.command}` is not built yet in this version.")
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Pack a checkpoint once (`ninfer_convert`); `--model OUT` then loads it by copying bytes."""
+    from ninfer.checkpoint import locate
+    from ninfer.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    found = locate(_resolve_model(args.model), args.weights, plugins=pm)
+    # the plugin refuses a non-empty --out before it reads any weight
+    written = pm.hook.ninfer_convert(
+        path=str(found.path), shape=found.shape, spec=found.spec, quant=args.quant, out=str(Path(args.out).expanduser())
+    )
+    if written is None:
+        raise UserError(f"{found.path}: no installed plugin converts a {getattr(found.shape, 'family', '?')} checkpoint.")
+    print(written)
+    return 0
 
 
 HANDLERS = {
     "run": cmd_run,
     "serve": cmd_serve,
-    "bench": cmd_not_yet,
-    "convert": cmd_not_yet,
+    "bench": cmd_bench,
+    "convert": cmd_convert,
     "plugins": cmd_plugins,
     "make-tiny": cmd_make_tiny,
 }

@@ -38,13 +38,21 @@ class LLMEngine:
         prefill_chunk: int = 1024,
         max_batch: int = 8,
         info: dict[str, Any] | None = None,
+        speculator: Any = None,
+        cuda_graph: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.slots = StateSlots(cache)
         self.scheduler = Scheduler(self.slots, prefill_chunk=prefill_chunk, max_batch=max_batch)
-        self.runner = Runner(model, cache, sampler)
+        self.runner = Runner(model, cache, sampler, cuda_graph=cuda_graph, max_batch=max_batch)
+        # a drafter (--spec): decode steps become speculative rounds
+        self.speculative = None
+        if speculator is not None:
+            from ninfer.speculative import SpeculativeRound
+
+            self.speculative = SpeculativeRound(model, cache, sampler, speculator)
         # what was loaded and chosen (model id, device, kernels): for logs, /v1/models, --json
         self.info = info or {}
         self._ids = itertools.count()
@@ -115,10 +123,36 @@ class LLMEngine:
             if r.prefill_start is None:
                 r.prefill_start = time.perf_counter()
             token = self.runner.prefill(batch)
+            if self.speculative is not None:
+                self.speculative.prefilled(r, batch.start, batch.end, self.runner.last_hidden, token)
             return [] if token is None else [self._append(r, token)]
         assert isinstance(batch, DecodeBatch)
+        if self.speculative is not None:
+            return self._speculative_step(batch)
         tokens = self.runner.decode(batch)
         return [self._append(r, t) for r, t in zip(batch.requests, tokens)]
+
+    def _speculative_step(self, batch: DecodeBatch) -> list[RequestOutput]:
+        """A round for each request that can run one, a plain step for the rest (spec 3.1)."""
+        spec = self.speculative
+        rounds, plain = spec.split(batch.requests)
+        outputs = []
+        if plain:
+            tokens = self.runner.decode(DecodeBatch(plain))
+            outputs += [self._append(r, t) for r, t in zip(plain, tokens)]
+        if rounds:
+            for r, tokens in zip(rounds, spec.run(rounds)):
+                slot = r.slot
+                outs = []
+                for t in tokens:
+                    outs.append(self._append(r, t))
+                    if outs[-1].finished:
+                        break
+                if len(outs) < len(tokens):
+                    # a stop or a limit inside the round: the slot keeps exactly the kept prefix
+                    spec.truncate(r, slot, len(outs))
+                outputs.append(_merge(outs))
+        return outputs
 
     def _append(self, r: Request, token: int) -> RequestOutput:
         now = time.perf_counter()
@@ -165,7 +199,7 @@ class LLMEngine:
             "prefill_tok_s": len(r.prompt_ids) / t["prefill_s"] if t["prefill_s"] > 0 else 0.0,
             # the first token comes from prefill: decode rate counts the tokens after it
             "decode_tok_s": (n_out - 1) / t["decode_s"] if n_out > 1 and t["decode_s"] > 0 else 0.0,
-            "spec": {"drafted": r.spec.drafted, "accepted": r.spec.accepted, "rounds": r.spec.rounds},
+            "spec": _spec_stats(r),
         }
 
     # --- convenience ------------------------------------------------------------------------------
@@ -185,6 +219,29 @@ class LLMEngine:
                     out.new_token_ids = ids
                     out.text_delta = "".join(text)
                     return out
+
+
+def _merge(outs: list[RequestOutput]) -> RequestOutput:
+    """One output for the tokens a speculative round appended one by one."""
+    last = outs[-1]
+    if len(outs) > 1:
+        last.new_token_ids = [t for o in outs for t in o.new_token_ids]
+        last.text_delta = "".join(o.text_delta for o in outs)
+    return last
+
+
+def _spec_stats(r: Request) -> dict[str, Any]:
+    """Spec 3.1's counters plus acceptance = accepted / drafted, tokens/round = 1 + accepted / rounds."""
+    s = r.spec
+    return {
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "rounds": s.rounds,
+        "accepted_per_position": list(s.accepted_per_position),
+        "fallback_steps": s.fallback_steps,
+        "acceptance": s.accepted / s.drafted if s.drafted else 0.0,
+        "tokens_per_round": 1 + s.accepted / s.rounds if s.rounds else 0.0,
+    }
 
 
 class AsyncEngine:

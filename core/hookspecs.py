@@ -68,8 +68,18 @@ def ninfer_load_weights(path: str, shape: Any, config: EngineConfig, device: Dev
     checkpoint (NVFP4 ModelOpt / compressed-tensors), or a `ninfer convert` directory.
 
     Return a `ninfer.checkpoint.WeightSource` (names -> tensors, lazily) or None if the layout is
-    not one this plugin reads.
+    not one this plugin reads. A source of pre-packed weights also has
+    `get_packed(hf_name) -> PackedWeight | list[PackedWeight] | None` (a list, one per expert, for
+    a fused experts name); the model then takes each linear's scheme from its weight.
     """
+
+
+@hookspec(firstresult=True)
+def ninfer_convert(path: str, shape: Any, spec: CheckpointSpec | None, quant: str, out: str) -> Any:
+    """`ninfer convert`: pack the checkpoint at `path` (`shape` from ninfer_parse_config, `spec` its
+    registered checkpoint or None) by `--quant quant`'s recipe into the directory `out` (absent or
+    empty), for ninfer_load_weights to read back. Return the directory written, or None if the
+    family is not yours."""
 
 
 # --- quantization and linear kernels ------------------------------------------------------------
@@ -91,6 +101,27 @@ def ninfer_quant_recipe(quant: str, shape: Any, spec: CheckpointSpec | None) -> 
 def ninfer_linear_kernel(scheme: str, device: DeviceInfo, n: int, k: int) -> Any:
     """The matmul for one weight of `scheme` shaped [n, k] on `device`: a `ninfer.linear.LinearKernel`,
     or None. Tuned kernels register with `tryfirst=True` and state their requirements."""
+
+
+@hookspec(firstresult=True)
+def ninfer_moe_kernel(
+    scheme_gate_up: str, scheme_down: str, device: DeviceInfo, num_experts: int, hidden: int, inner: int
+) -> Any:
+    """The routed experts of one sparse-MoE layer: `num_experts` experts, each a fused gate/up
+    weight [2 * inner, hidden] in `scheme_gate_up` and a down weight [hidden, inner] in
+    `scheme_down`; or None. The family's torch code is the default; tuned kernels use `tryfirst`.
+
+    The object has `name`, `requirements`, `fused_dtypes` (the activation dtypes it runs: other
+    activations take the family's reference code) and:
+
+    * `prepare(bank, gate_up, down) -> Any`: once per layer, when both halves are loaded (lists of
+      `PackedWeight`, one per expert); the family keeps the result as `bank.moe_prepared`;
+    * `experts(bank, x [N, H], ids [N, k], weights [N, k] fp32) -> [N, H]`:
+      sum_k weights * down_e(silu(gate_e x) * up_e x), in x's dtype;
+    * `forward_layer(moe, x [N, H]) -> [N, H]`: the whole layer (router softmax in fp32, top-k,
+      renormalise, routed experts, sigmoid-gated shared expert) without a host sync, so that a
+      decode step can be captured in a CUDA graph.
+    """
 
 
 # --- attention, sampling, speculation -----------------------------------------------------------

@@ -23,6 +23,8 @@ class SpecStats(msgspec.Struct, kw_only=True):
     accepted: int = 0
     rounds: int = 0
     accepted_per_position: list[int] = []
+    # plain one-token steps a speculating engine took (near the context or output limit)
+    fallback_steps: int = 0
 
 
 class RequestOutput(msgspec.Struct, kw_only=True):

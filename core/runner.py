@@ -14,11 +14,20 @@ from ninfer.scheduler import DecodeBatch, PrefillChunk
 
 
 class Runner:
-    def __init__(self, model: CausalLM, cache: ModelCache, sampler: Sampler) -> None:
+    def __init__(
+        self, model: CausalLM, cache: ModelCache, sampler: Sampler, *, cuda_graph: bool = False, max_batch: int = 8
+    ) -> None:
         self.model = model
         self.cache = cache
         self.sampler = sampler
         self.device = model.device
+        # decode steps replayed from CUDA graphs (ninfer.graphs), where the model allows it
+        self.graphs = None
+        from ninfer.graphs import GraphDecoder, graphs_supported
+
+        self.eager_reason = graphs_supported(model, cuda_graph)
+        if self.eager_reason is None:
+            self.graphs = GraphDecoder(model, cache, max_batch)
 
     @torch.inference_mode()
     def prefill(self, chunk: PrefillChunk) -> int | None:
@@ -26,6 +35,8 @@ class Runner:
         r = chunk.request
         ids = torch.tensor(r.prompt_ids[chunk.start : chunk.end], dtype=torch.long, device=self.device)
         hidden = self.model.forward(ids, self.cache, r.slot, chunk.start)
+        # the speculative round aligns its drafter over the chunk's hidden states
+        self.last_hidden = hidden
         r.num_computed = chunk.end
         if not chunk.last:
             return None
@@ -36,6 +47,12 @@ class Runner:
     def decode(self, batch: DecodeBatch) -> list[int]:
         """One token for every request in the batch: each feeds its last sampled token."""
         reqs = batch.requests
+        if self.graphs is not None:
+            tokens = self.graphs.decode(reqs)
+            if tokens is not None:
+                for r in reqs:
+                    r.num_computed += 1
+                return tokens
         ids = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.long, device=self.device)
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
         positions = torch.tensor([r.num_computed for r in reqs], dtype=torch.long, device=self.device)

@@ -17,6 +17,7 @@ import structlog
 from ninfer.config import CheckpointSpec, EngineConfig
 from ninfer.device import DeviceInfo, probe
 from ninfer.errors import DeviceError, UserError
+from ninfer.memory import MemoryPlan, plan_memory
 from ninfer.plugins import Choice, PluginManager, get_plugin_manager
 
 log = structlog.get_logger("ninfer.startup")
@@ -33,6 +34,7 @@ class Plan:
     choices: list[Choice] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    memory: MemoryPlan | None = None
 
     @property
     def generic(self) -> bool:
@@ -118,7 +120,12 @@ def plan(
     # (checkpoint.locate already warned when a directory's shape matches no registered checkpoint)
     spec = checkpoint.match_spec(shape, specs, path)
 
-    problems = [p for p in plugins.collect("ninfer_validate", device=device, config=config, shape=shape) if p]
+    # the memory plan first: its one sentence names the knobs (--max-context, --kv-dtype)
+    memory = plan_memory(shape, config, device, plugins, spec)
+    problems = [memory.problem(config)] if not memory.fits else []
+    if problems and strict:
+        raise DeviceError(problems[0])
+    problems += [p for p in plugins.collect("ninfer_validate", device=device, config=config, shape=shape) if p]
     if problems and strict:
         raise DeviceError(" ".join(problems))
 
@@ -126,7 +133,7 @@ def plan(
     choices += _kernel_choices(plugins, config, device, shape, spec)
     if config.spec != "none":
         choices.append(choose_speculator(plugins, config, device))
-    return Plan(config, device, path, hf_config, shape, spec, choices, notes, problems)
+    return Plan(config, device, path, hf_config, shape, spec, choices, notes, problems, memory)
 
 
 def _kernel_choices(
@@ -210,6 +217,7 @@ def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) 
         prefill_chunk=config.prefill_chunk,
         max_batch=config.max_batch,
         speculator=speculator,
+        cuda_graph=config.cuda_graph,
         info={
             "model": p.model_name,
             "registered": p.spec.id if p.spec else None,

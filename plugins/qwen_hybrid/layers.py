@@ -5,6 +5,11 @@ HF name without the `model.language_model.` prefix and `.weight`), so a quantiza
 tuned kernel applies without touching this file. Small parameters (norm weights, A_log, dt_bias,
 the conv taps) are buffers: norms and the GDN gates are computed in fp32 whatever the model dtype.
 The attention cores are backends chosen at startup (`ninfer_attention_backend`).
+
+Two optional seams let a GPU backend take over more than the core (plugins/qwen_hybrid/README.md):
+a backend whose `fused_dtypes` holds the model dtype runs a whole mixer step through
+`gated_attention(...)` (full) or `gdn_decode(...)` (linear), and the full backend's `ops` (see
+`TorchOps`) replaces the small ops between the projections: norms, the residual add, SwiGLU.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ninfer.linear import LinearFactory
+from ninfer.device import ANYWHERE
+from ninfer.linear import DENSE, LinearFactory
 from ninfer_plugins.qwen_hybrid.gdn import l2_normalize
 from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
 
@@ -23,6 +29,42 @@ def offset_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tenso
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * (1.0 + w.float())).to(x.dtype)
+
+
+class TorchOps:
+    """The small ops between projections, in plain torch: the reference every fused version
+    (`ops` of a tuned full-attention backend) must match."""
+
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        return offset_rms_norm(x, w, eps)
+
+    def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
+        """(residual + delta, its (1+w) norm): the pre-norm block's `x = x + f(h); h = norm(x)`.
+        A fused version may update `residual` in place and return it."""
+        x = residual + delta
+        return x, offset_rms_norm(x, w, eps)
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
+
+
+TORCH_OPS = TorchOps()
+
+
+def fused_for(backend, x: torch.Tensor) -> bool:
+    """Whether `backend` runs whole mixer steps for activations like `x` (GPU kernels are bf16/fp16;
+    the fp32 parity path stays on the reference cores)."""
+    return x.dtype in getattr(backend, "fused_dtypes", ())
+
+
+def kv_parts(cache, index: int):
+    """(K, V, K scales, V scales) of full-attention layer `index`; the scales are None for a 16-bit
+    cache (and for caches that only know `kv`, such as the MTP layer's)."""
+    k, v = cache.kv(index)
+    scales = cache.kv_scales(index) if hasattr(cache, "kv_scales") else None
+    return (k, v, *(scales or (None, None)))
 
 
 class OffsetRMSNorm(nn.Module):
@@ -77,6 +119,7 @@ class GatedAttention(nn.Module):
         self.o_proj = factory.make(f"{name}.o_proj", s.hidden_size, s.q_width)
         self.q_norm = OffsetRMSNorm(s.head_dim, s.rms_norm_eps, device)
         self.k_norm = OffsetRMSNorm(s.head_dim, s.rms_norm_eps, device)
+        self.eps = s.rms_norm_eps
         self.backend = backend
         self.rotary = rotary
         # the index of this layer's K/V in the cache
@@ -96,20 +139,40 @@ class GatedAttention(nn.Module):
         attn = attn.reshape(attn.shape[0], -1).to(gate.dtype)
         return self.o_proj(attn * torch.sigmoid(gate))
 
+    def _fused(self, x, cache, slots, positions, prefill: tuple[int, int] | None, meta=None) -> torch.Tensor:
+        """The backend's whole step from the raw projections: q/k norm, RoPE, KV append,
+        attention and the sigmoid gate -> o_proj. `prefill` is (slot, start_pos) for a chunk of
+        one sequence, None for a decode step of one token per row."""
+        n = x.shape[0]
+        qg = self.q_proj(x).view(n, self.heads, 2 * self.head_dim)
+        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        kv = kv_parts(cache, self.kv_index)
+        attn = self.backend.gated_attention(qg, k, v, self, kv, slots, positions, prefill=prefill, meta=meta)
+        return self.o_proj(attn)
+
     def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
         t_len = x.shape[0]
         positions = torch.arange(start_pos, start_pos + t_len, device=x.device)
-        q, k, v, gate = self._project(x, positions)
-        k_cache, v_cache = cache.kv(self.kv_index)
         slots = torch.full_like(positions, slot)
-        self.backend.write(k_cache, v_cache, slots, positions, k, v)
-        return self._output(self.backend.prefill(q, k_cache, v_cache, slot, start_pos, self.scale), gate)
-
-    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None):
+        if fused_for(self.backend, x):
+            return self._fused(x, cache, slots, positions, (slot, start_pos))
         q, k, v, gate = self._project(x, positions)
-        k_cache, v_cache = cache.kv(self.kv_index)
-        self.backend.write(k_cache, v_cache, slots, positions, k, v)
-        attn = self.backend.decode(q, k_cache, v_cache, slots, positions, self.scale, max_len=max_len)
+        k_cache, v_cache, k_scale, v_scale = kv_parts(cache, self.kv_index)
+        scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+        self.backend.write(k_cache, v_cache, slots, positions, k, v, **scales)
+        return self._output(self.backend.prefill(q, k_cache, v_cache, slot, start_pos, self.scale, **scales), gate)
+
+    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None, meta=None):
+        """`meta`: what a fused backend derived once per step from (slots, positions) for every
+        layer (its `decode_meta`), or None."""
+        if fused_for(self.backend, x):
+            return self._fused(x, cache, slots, positions, None, meta)
+        q, k, v, gate = self._project(x, positions)
+        k_cache, v_cache, k_scale, v_scale = kv_parts(cache, self.kv_index)
+        scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+        self.backend.write(k_cache, v_cache, slots, positions, k, v, **scales)
+        attn = self.backend.decode(q, k_cache, v_cache, slots, positions, self.scale, max_len=max_len, **scales)
         return self._output(attn, gate)
 
 
@@ -176,6 +239,9 @@ class GatedDeltaNet(nn.Module):
         g, beta = self._gates(x)
         columns = cache.columns(slot, self.state_index)
         if columns is None:
+            if fused_for(self.backend, x):
+                # a GPU core (fla's chunked kernels) takes 16-bit q/k/v; fp32 inputs mean "reference"
+                q, k, v = q.to(x.dtype), k.to(x.dtype), v.to(x.dtype)
             o, new_rec = self.backend.prefill(q, k, v, g, beta, rec_state[slot], self.dk**-0.5)
         else:
             o, new_rec = self._verify(qkv, q, k, v, g, beta, conv_state[slot], rec_state[slot], *columns)
@@ -196,8 +262,14 @@ class GatedDeltaNet(nn.Module):
             col_rec[t] = s[0]
         return torch.cat(outs), s[0]
 
-    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None):
+    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None, meta=None):
         conv_state, rec_state = cache.gdn(self.state_index)
+        if fused_for(self.backend, x):
+            # conv step, L2 norms, gates, state update in place and the gated norm: one launch
+            o = self.backend.gdn_decode(
+                self.in_proj_qkv(x), self.in_proj_a(x), self.in_proj_b(x), self.in_proj_z(x), self, conv_state, rec_state, slots
+            )
+            return self.out_proj(o.reshape(o.shape[0], -1))
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
         q, k, v = self._split(mixed[:, 0])
         g, beta = self._gates(x)
@@ -213,9 +285,37 @@ class SwiGLU(nn.Module):
         self.gate_proj = factory.make(f"{name}.gate_proj", inner, hidden)
         self.up_proj = factory.make(f"{name}.up_proj", inner, hidden)
         self.down_proj = factory.make(f"{name}.down_proj", hidden, inner)
+        self.ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class ReferenceMoe:
+    """The default `ninfer_moe_kernel`: the experts' own torch code below (ExpertBank, SparseMoe),
+    for every scheme and device. It fuses nothing, so those modules run their reference path."""
+
+    name = "torch.moe"
+    requirements = ANYWHERE
+    fused_dtypes: tuple[torch.dtype, ...] = ()
+
+    def prepare(self, bank, gate_up, down) -> None:
+        return None
+
+
+def moe_kernel_for(factory: LinearFactory, gate_up: list, down: list, num_experts: int, hidden: int, inner: int):
+    """The MoE kernel chosen once per (schemes, shape), kept with the factory's linear choices."""
+    schemes_gu, schemes_dn = {lin.scheme for lin in gate_up}, {lin.scheme for lin in down}
+    if len(schemes_gu) != 1 or len(schemes_dn) != 1:
+        return ReferenceMoe()  # experts quantized differently within a layer: no grouped kernel
+    gu, dn = schemes_gu.pop(), schemes_dn.pop()
+    key = (f"moe[{gu}/{dn} x{num_experts}]", hidden, inner)
+    if key not in factory.choices:
+        factory.choices[key] = factory.plugins.choose(
+            "ninfer_moe_kernel", factory.device, slot=f"moe[{gu}/{dn} {num_experts}x{hidden}x{inner}]",
+            scheme_gate_up=gu, scheme_down=dn, num_experts=num_experts, hidden=hidden, inner=inner,
+        )
+    return factory.choices[key].impl
 
 
 class ExpertBank(nn.Module):
@@ -223,7 +323,9 @@ class ExpertBank(nn.Module):
     `{name}.{e}.gate_up_proj` [2I, H] (rows 0..I-1 gate, I..2I-1 up) and `{name}.{e}.down_proj`
     [H, I]. Dense weights are views into the stacked [E, 2I, H] / [E, H, I] tensors.
 
-    `forward` is the seam for a grouped-GEMM MoE kernel: same inputs, same result.
+    `forward` is the seam for a grouped-GEMM MoE kernel: same inputs, same result. The kernel is
+    chosen through `ninfer_moe_kernel` (`self.kernel`); activations of a dtype it fuses go to it,
+    others run the code below.
     """
 
     # Up to this many (token, expert) pairs, dense experts run by gathering their weights: no
@@ -239,9 +341,26 @@ class ExpertBank(nn.Module):
         self.down = nn.ModuleList(factory.make(f"{name}.{e}.down_proj", hidden, inner) for e in experts)
         # the stacked [E, 2I, H] / [E, H, I] weights when every expert is dense (set by the loader)
         self.stacked: dict[str, torch.Tensor] = {}
+        self.kernel = moe_kernel_for(factory, list(self.gate_up), list(self.down), num_experts, hidden, inner)
+        self.moe_prepared = None
+        self._packed: dict[str, list] = {}
+
+    def load(self, attr: str, stacked: torch.Tensor, pack) -> None:
+        """One half ("gate_up" or "down") of every expert: [E, n, k] in the model's dtype, or one
+        PackedWeight per expert; `pack(linear, stacked[e])` gives an expert's QLinear its weight
+        and returns the PackedWeight. Once both halves are in, the MoE kernel prepares its own
+        form of them."""
+        linears = getattr(self, attr)
+        self._packed[attr] = [pack(linear, stacked[e]) for e, linear in enumerate(linears)]
+        if all(linear.scheme == DENSE for linear in linears):
+            self.stacked[attr] = stacked  # the QLinears hold views of it: no extra memory
+        if len(self._packed) == 2:
+            self.moe_prepared = self.kernel.prepare(self, self._packed.pop("gate_up"), self._packed.pop("down"))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, H], ids/weights [N, top_k] -> sum_k weights * expert_ids(x)."""
+        if fused_for(self.kernel, x):
+            return self.kernel.experts(self, x, ids, weights)
         if len(self.stacked) == 2 and ids.numel() <= self.GATHER_MAX_PAIRS:
             return self._gathered(x, ids, weights)
         out = torch.zeros_like(x, dtype=torch.float32)
@@ -283,6 +402,8 @@ class SparseMoe(nn.Module):
         self.shared_expert_gate = factory.make(f"{name}.shared_expert_gate", 1, s.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_for(self.experts.kernel, x):
+            return self.experts.kernel.forward_layer(self, x)
         probs = torch.softmax(self.gate(x).float(), dim=-1)
         top_w, top_ids = torch.topk(probs, self.top_k, dim=-1)
         top_w = top_w / top_w.sum(-1, keepdim=True)
@@ -298,11 +419,16 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = OffsetRMSNorm(shape.hidden_size, shape.rms_norm_eps, device)
         self.post_attention_layernorm = OffsetRMSNorm(shape.hidden_size, shape.rms_norm_eps, device)
+        self.eps = shape.rms_norm_eps
+        self.ops = TORCH_OPS
+
+    def _block(self, x, mix) -> torch.Tensor:
+        h = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps)
+        x, h = self.ops.add_rms_norm(mix(h), x.clone(), self.post_attention_layernorm.weight, self.eps)
+        return x + self.mlp(h)
 
     def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
-        x = x + self.mixer.prefill(self.input_layernorm(x), cache, slot, start_pos)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self._block(x, lambda h: self.mixer.prefill(h, cache, slot, start_pos))
 
     def decode(self, x, cache, slots, positions, max_len: int | None = None) -> torch.Tensor:
-        x = x + self.mixer.decode(self.input_layernorm(x), cache, slots, positions, max_len)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len))

@@ -22,10 +22,12 @@ from ninfer_plugins.qwen_hybrid.layers import (
     ExpertBank,
     GatedAttention,
     GatedDeltaNet,
+    TORCH_OPS,
     OffsetRMSNorm,
     Rotary,
     SparseMoe,
     SwiGLU,
+    moe_kernel_for,
 )
 from ninfer_plugins.qwen_hybrid.shape import FULL, QwenHybridShape
 from ninfer_plugins.qwen_hybrid.weights import init_tensor, load_text_weights, mtp_tensors, read_tensor, text_tensors
@@ -72,6 +74,13 @@ class QwenHybridModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = OffsetRMSNorm(s.hidden_size, s.rms_norm_eps, device)
         self.lm_head = None if s.tie_word_embeddings else factory.make("lm_head", s.vocab_size, s.hidden_size)
+        # fused small ops (norms, residual add, SwiGLU) come with a full backend that runs this dtype
+        fused = dtype in getattr(full_backend, "fused_dtypes", ())
+        self.ops = getattr(full_backend, "ops", None) if fused else None
+        self.ops = self.ops or TORCH_OPS
+        for module in self.modules():
+            if isinstance(module, (DecoderLayer, SwiGLU)):
+                module.ops = self.ops
         # MTP tensors stay in the checkpoint until a speculator asks for them (load_mtp_weights)
         self.weight_source: Any = None
         self.mtp_weights: dict[str, torch.Tensor] = {}
@@ -105,12 +114,27 @@ class QwenHybridModel(nn.Module):
                 targets[module.name + ".weight"] = module
         return targets
 
-    def _pack(self, linear: QLinear, w: torch.Tensor) -> None:
+    def _pack(self, linear: QLinear, w: torch.Tensor) -> PackedWeight:
         w = w.to(device=self.device, dtype=self.dtype)
-        if linear.scheme == DENSE:
-            linear.set_weight(dense_weight(w))
-        else:
-            linear.set_weight(self.quant_schemes[linear.scheme].quantize(w).to(self.device))
+        packed = dense_weight(w) if linear.scheme == DENSE else self.quant_schemes[linear.scheme].quantize(w).to(self.device)
+        linear.set_weight(packed)
+        return packed
+
+    def _adopt(self, linear: QLinear, scheme: str) -> None:
+        if linear.scheme != scheme:
+            linear.scheme = scheme
+            linear.kernel = self.factory.kernel_for(scheme, linear.n, linear.k)
+
+    def _set_packed(self, linear: QLinear, packed: PackedWeight) -> PackedWeight:
+        """A weight that arrived packed (a converted or pre-quantized checkpoint) decides its
+        linear's scheme, and so its kernel, whatever the recipe said; a dense one still takes
+        the model's dtype."""
+        self._adopt(linear, packed.scheme)
+        if packed.scheme == DENSE:
+            return self._pack(linear, packed.tensors["weight"])
+        packed = packed.to(self.device)
+        linear.set_weight(packed)
+        return packed
 
     @torch.no_grad()
     def assign(self, name: str, tensor: torch.Tensor | PackedWeight, targets: dict[str, Any] | None = None) -> None:
@@ -123,18 +147,24 @@ class QwenHybridModel(nn.Module):
         target = (targets or self._weight_targets())[name]
         if isinstance(target, QLinear):
             if isinstance(tensor, PackedWeight):
-                target.set_weight(tensor.to(self.device))
+                self._set_packed(target, tensor)
             else:
                 self._pack(target, tensor)
             return
         module, attr = target
         if isinstance(module, ExpertBank):
-            stacked = tensor.to(device=self.device, dtype=self.dtype)
-            linears = getattr(module, attr)
-            for e, linear in enumerate(linears):
-                self._pack(linear, stacked[e])
-            if all(linear.scheme == DENSE for linear in linears):
-                module.stacked[attr] = stacked  # the QLinears hold views of it: no extra memory
+            if isinstance(tensor, list):
+                # one PackedWeight per expert: the schemes they arrived in decide, MoE kernel included
+                for linear, p in zip(getattr(module, attr), tensor):
+                    self._adopt(linear, p.scheme)
+                module.kernel = moe_kernel_for(
+                    self.factory, list(module.gate_up), list(module.down), module.num_experts, module.gate_up[0].k, module.inner
+                )
+                if not all(p.scheme == DENSE for p in tensor):
+                    module.load(attr, tensor, self._set_packed)
+                    return
+                tensor = torch.stack([p.tensors["weight"] for p in tensor])  # dense experts stay stacked
+            module.load(attr, tensor.to(device=self.device, dtype=self.dtype), self._pack)
             return
         buf = getattr(module, attr)
         buf.copy_(tensor.reshape(buf.shape).to(device=buf.device, dtype=buf.dtype))
@@ -185,9 +215,28 @@ class QwenHybridModel(nn.Module):
                 "positions; raise --max-context."
             )
         x = self.embed(input_ids)
-        for layer in self.layers:
-            x = layer.prefill(x, cache, slot, start_pos)
-        return self.norm(x)
+        return self._run(x, lambda layer, h: layer.mixer.prefill(h, cache, slot, start_pos))
+
+    def _run(self, x: torch.Tensor, mix) -> torch.Tensor:
+        """The layer stack on the residual stream x: each residual add fused with the norm that
+        follows it (the next layer's input norm, and the final norm after the last layer)."""
+        ops, layers, eps = self.ops, self.layers, self.shape.rms_norm_eps
+        h = ops.rms_norm(x, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            x, h = ops.add_rms_norm(mix(layer, h), x, layer.post_attention_layernorm.weight, eps)
+            after = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            x, h = ops.add_rms_norm(layer.mlp(h), x, after.weight, eps)
+        return h
+
+    @property
+    def graph_decode(self) -> bool:
+        """Whether `decode` is fit for a CUDA graph as it is: no host sync without `max_len`, and
+        a slot of -1 (position -1) is a padding row that touches no state. True when both
+        attention backends run fused for this dtype and say so, and every MoE layer runs a
+        fused MoE kernel (the reference experts read routing counts on the host)."""
+        fused = lambda b: self.dtype in getattr(b, "fused_dtypes", ())  # noqa: E731
+        backends = all(fused(b) and getattr(b, "graph_decode", False) for b in (self.full_backend, self.linear_backend))
+        return backends and all(fused(m.experts.kernel) for m in self.modules() if isinstance(m, SparseMoe))
 
     @torch.no_grad()
     def decode(
@@ -208,9 +257,10 @@ class QwenHybridModel(nn.Module):
         slots = torch.as_tensor(slots, device=self.device, dtype=torch.long)
         positions = torch.as_tensor(positions, device=self.device, dtype=torch.long)
         x = self.embed(input_ids)
-        for layer in self.layers:
-            x = layer.decode(x, cache, slots, positions, max_len)
-        return self.norm(x)
+        meta = None
+        if self.dtype in getattr(self.full_backend, "fused_dtypes", ()):
+            meta = self.full_backend.decode_meta(cache, slots, positions)
+        return self._run(x, lambda layer, h: layer.mixer.decode(h, cache, slots, positions, max_len, meta=meta))
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

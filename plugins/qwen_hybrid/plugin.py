@@ -2,7 +2,8 @@
 
 Hookimpls: recognise the family's config.json, open its HF safetensors, build the model (torch
 reference layers, every projection a QLinear), offer the reference attention backends (full and
-linear), and say before anything loads when a request cannot fit the device.
+linear) and the reference MoE kernel, and say before anything loads when a request cannot fit
+the device.
 """
 
 from __future__ import annotations
@@ -128,6 +129,13 @@ def ninfer_attention_backend(kind, device, kv_dtype, head_dim):
 
         return ReferenceLinearAttention()
     return None
+
+
+@hookimpl
+def ninfer_moe_kernel(scheme_gate_up, scheme_down, device, num_experts, hidden, inner):
+    from ninfer_plugins.qwen_hybrid.layers import ReferenceMoe
+
+    return ReferenceMoe()
 
 
 def memory_estimate(shape: QwenHybridShape, config, device) -> dict[str, int]:

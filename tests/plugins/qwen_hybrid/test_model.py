@@ -80,8 +80,9 @@ def test_reset_forgets_the_previous_sequence(model):
 
 
 def test_kv_formats_not_on_reference_path(model):
+    # int8 (INT8-G64) is built: tests/plugins/cuda_fast/test_int8_kv.py
     with pytest.raises(UserError, match="kv-dtype bf16"):
-        model.allocate_cache(1, 32, "int8")
+        model.allocate_cache(1, 32, "fp8")
 
 
 def test_context_overflow_is_a_user_error(model):

@@ -1,0 +1,175 @@
+"""Dense 27B end-to-end campaign for the lent GPU, in one call (issue 4).
+
+    python3 bench/dense_27b.py [--budget-s 260] [--skip-tests] [--only NAME,...]
+
+1. the `-m gpu` tests of plugins/qwen_hybrid, plugins/cuda_fast and core/graphs (log: $OUT/pytest.log);
+2. `ninfer bench --model qwen3.6-27b --random-weights ...` for each entry of RUNS, in this process
+   (the exact command line of each is in its JSON; runs of one --quant share the weights built
+   for the first of them), JSON to $OUT/<name>.json;
+3. a table last. Runs that would start past the budget are skipped and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("OUT", ROOT / "bench_out"))
+MODEL = "qwen3.6-27b"
+
+# name -> flags after `ninfer bench --model qwen3.6-27b --random-weights`
+RUNS = {
+    "bf16_8k": "--quant bf16 --prompt-len 8192 --gen-len 48 --compare-transformers --compare-gen-len 6",
+    "int4_8k": "--quant int4 --prompt-len 8192 --gen-len 64",
+    "int4_131k_int8kv": "--quant int4 --kv-dtype int8 --prompt-len 512 --context-len 131072 --gen-len 64",
+    "nvfp4_8k": "--quant nvfp4 --prompt-len 8192 --gen-len 64",
+}
+TESTS = ["tests/plugins/qwen_hybrid/test_gpu.py", "tests/plugins/cuda_fast", "tests/core/test_graphs.py"]
+T0 = time.time()
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+def run_tests(timeout: float) -> str:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "150", *TESTS]
+    try:
+        import xdist  # noqa: F401
+
+        cmd[4:4] = ["-n", "4"]  # compiles in parallel: most of the tests' time is Triton compiling
+    except ImportError:
+        pass
+    print("$", " ".join(cmd), flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        log = proc.stdout + proc.stderr
+        status = f"rc={proc.returncode}"
+    except subprocess.TimeoutExpired as exc:
+        log = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        status = f"timeout after {timeout:.0f} s"
+    (OUT / "pytest.log").write_text(log)
+    tail = [line for line in log.splitlines() if line.strip()][-12:]
+    print("\n".join(tail), flush=True)
+    return f"{status}: {tail[-1] if tail else ''}"
+
+
+def floor() -> None:
+    """The arithmetic decode floor of each configuration (no GPU): bytes / 4.28 TB/s, the copy
+    bandwidth the device README measured on the H200."""
+    from ninfer.memory import weight_bytes
+    from ninfer.plugins import get_plugin_manager
+    from ninfer.startup import find_spec
+
+    pm = get_plugin_manager()
+    spec = find_spec(MODEL, pm.collect("ninfer_checkpoints"))
+    shape = pm.hook.ninfer_parse_config(hf_config={"family": spec.family, **spec.shape})
+    schemes = {x.name: x for x in pm.collect("ninfer_quant_schemes")}
+    bw = 4.28e12
+    print(f"{'recipe':6s} {'kv':5s} {'context':>8s} {'weights GB':>10s} {'KV GB':>6s} {'state GB':>8s} {'total GB':>8s} {'floor ms':>8s} {'tok/s':>6s}")
+    for quant, kv, ctx in (("bf16", "bf16", 8192), ("int4", "bf16", 8192), ("nvfp4", "bf16", 8192), ("int4", "int8", 131072)):
+        recipe = None if quant == "bf16" else pm.hook.ninfer_quant_recipe(quant=quant, shape=shape, spec=spec)
+        # a step reads one embedding row, not the table
+        w = weight_bytes(shape, recipe, schemes, 2) - shape.vocab_size * shape.hidden_size * 2 + shape.hidden_size * 2
+        kv_bytes = shape.kv_bytes_per_token(kv) * ctx
+        state = 2 * shape.state_bytes_per_sequence()
+        total = w + kv_bytes + state
+        print(f"{quant:6s} {kv:5s} {ctx:8d} {w / 1e9:10.2f} {kv_bytes / 1e9:6.2f} {state / 1e9:8.2f} {total / 1e9:8.2f} "
+              f"{1e3 * total / bw:8.2f} {bw / total:6.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=260)
+    ap.add_argument("--test-timeout", type=float, default=80)
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--smoke", action="store_true", help="tiny lengths on the CPU: checks this script, measures nothing")
+    ap.add_argument("--floor", action="store_true", help="print the arithmetic decode floors and stop (no GPU)")
+    args = ap.parse_args()
+    if args.floor:
+        floor()
+        return 0
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    tests = "skipped" if args.skip_tests or args.smoke else run_tests(args.test_timeout)
+
+    import torch
+
+    from ninfer import bench
+    from ninfer.cli import bench_config, build_parser
+    from ninfer.plugins import get_plugin_manager
+    from ninfer.startup import plan
+
+    pm = get_plugin_manager()
+    names = [n for n in RUNS if not args.only or n in args.only.split(",")]
+    results, skipped = {}, []
+    model, model_key = None, None
+    for name in names:
+        if elapsed() > args.budget_s:
+            skipped.append(name)
+            continue
+        flags = RUNS[name]
+        if args.smoke:
+            for flag, value in (("--prompt-len", 16), ("--context-len", 64), ("--gen-len", 5), ("--compare-gen-len", 2)):
+                flags = re.sub(rf"{flag} \d+", f"{flag} {value}", flags)
+            flags += " --device cpu"
+        argv = ["bench", "--model", args.model, "--random-weights", *flags.split(), "--json", str(OUT / f"{name}.json")]
+        print(f"\n$ ninfer {' '.join(argv[1:])}   [t={elapsed():.0f}s]", flush=True)
+        try:
+            cli_args = build_parser().parse_args(argv)
+            config, opts = bench_config(cli_args)
+            key = (config.quant, config.dtype)
+            if key != model_key:
+                model = None
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                model = bench.build(plan(config, plugins=pm), pm)
+                model_key = key
+            result = bench.run(config, opts, plugins=pm, model=model)
+            result["command"] = "ninfer " + " ".join(argv[1:])
+            bench.write_json(result, str(OUT / f"{name}.json"))
+            results[name] = result
+            print(bench.table(result), flush=True)
+        except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    (OUT / "dense_27b.json").write_text(json.dumps({"tests": tests, "skipped": skipped, "runs": results}, indent=2))
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"\n=== dense 27B campaign ({elapsed():.0f} s) on {gpu} ===")
+    print(f"tests: {tests}")
+    print(f"{'run':18s} {'prefill':>9s} {'decode':>8s} {'ms/step':>8s} {'replay':>7s} {'GB/step':>8s} {'roof ms':>8s} {'share':>6s} {'peak GiB':>8s} {'vs HF':>6s}")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:18s} ERROR {r['error'][:110]}")
+            continue
+        hf = r.get("transformers") or {}
+        print(
+            f"{name:18s} {r['prefill']['tok_s']:9.0f} {r['decode']['tok_s']:8.1f} {r['decode']['ms_per_step']:8.3f} "
+            f"{r['decode']['graph_replay_ms'] or 0:7.3f} "
+            f"{r['bytes_per_step']['total'] / 1e9:8.2f} {r['roofline_ms']:8.3f} {100 * r['roofline_share']:5.1f}% "
+            f"{r['memory']['peak_serving_gib']:8.2f} {hf.get('ratio', '-')!s:>6s}"
+        )
+    if skipped:
+        print(f"skipped (budget): {', '.join(skipped)}")
+    print(f"copy bandwidth: {', '.join(str(r.get('copy_bandwidth_gbs')) for r in results.values() if 'error' not in r)} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

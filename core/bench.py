@@ -1,0 +1,500 @@
+"""`ninfer bench`: prefill and decode speed of one configuration, against the memory roofline.
+
+    ninfer bench --model ID --quant Q [--random-weights] [--prompt-len N] [--gen-len M]
+                 [--context-len L] [--concurrency C] [--compare-transformers] [--json FILE]
+
+What it does, in one process:
+1. measures the device-to-device copy bandwidth (bytes read + written): the roofline's rate;
+2. builds the model through the plugin hooks (with --random-weights: full size, directly on the
+   device, in the --quant format) and its cache for C sequences of max_context positions;
+3. prefills C prompts of N random token ids with the engine's Runner (one warm-up prefill first,
+   so kernel compilation is not timed), in chunks of --prefill-chunk (default: the whole prompt,
+   up to 8192 tokens). With --context-len L > N the first L - N positions of each sequence get
+   random K/V instead of a prefill (`fill_random` of the cache): decode at a long context
+   without paying for its prefill; the step's time does not depend on the values;
+4. decodes M tokens (greedy, stop tokens ignored) with the Runner (CUDA graphs unless
+   --no-cuda-graph); the first steps capture graphs and are not timed;
+5. reports tok/s, ms per step, the bytes one step must read (every weight once, the K/V of every
+   full-attention layer up to each row's position, the recurrent and conv state read and
+   written), the roofline time (bytes / copy bandwidth) and the step's share of it, and the
+   peak device memory while serving (weights + cache + activations; the transient of building
+   random weights is reported apart).
+With --compare-transformers (bf16): transformers' own Qwen3_5ForCausalLM built on the same weight
+tensors (shared, not copied), its decode timed on the same prompt, and the ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import structlog
+import torch
+
+from ninfer.errors import UserError
+
+log = structlog.get_logger("ninfer.bench")
+
+GIB = 2**30
+# a bigger prefill chunk than this only raises the activation peak; measured throughput is flat
+MAX_BENCH_CHUNK = 8192
+WARMUP_STEPS = 2
+
+
+@dataclasses.dataclass
+class BenchOptions:
+    prompt_len: int = 512
+    gen_len: int = 128
+    context_len: int | None = None
+    concurrency: int = 1
+    compare_transformers: bool = False
+    compare_gen_len: int = 8
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.prompt_len < 1:
+            raise UserError(f"--prompt-len must be at least 1, got {self.prompt_len}.")
+        if self.gen_len < WARMUP_STEPS + 2:
+            raise UserError(f"--gen-len must be at least {WARMUP_STEPS + 2} (the first steps warm up), got {self.gen_len}.")
+        if self.concurrency < 1:
+            raise UserError(f"--concurrency must be at least 1, got {self.concurrency}.")
+        if self.context_len is not None and self.context_len < self.prompt_len:
+            raise UserError(f"--context-len {self.context_len} is shorter than --prompt-len {self.prompt_len}.")
+
+
+# --- measurements --------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large device-to-device copy, counting bytes read plus written."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+        n = int(min(2 * GIB, free // 4))
+        src = torch.empty(n, dtype=torch.uint8, device=device).random_()
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        times = []
+        for _ in range(10):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            dst.copy_(src)
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) / 1000)
+        del src, dst
+        torch.cuda.empty_cache()
+        return 2 * n / statistics.median(times)
+    n = 256 * 2**20
+    src = torch.ones(n, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * n / statistics.median(times)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(x) for x in obj)
+    if dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__"):
+        return sum(_tensor_bytes(v) for v in vars(obj).values() if isinstance(v, (torch.Tensor, list, tuple)))
+    return 0
+
+
+def weight_bytes_read(model: Any, rows: int) -> int:
+    """Bytes of weights one decode step of `rows` sequences reads: every linear once, in the layout
+    its kernel reads, every small buffer (norms, conv taps, gates), and the embedding rows (the
+    whole table when the head is tied to it)."""
+    from ninfer.linear import QLinear
+
+    total = 0
+    for m in model.modules():
+        if isinstance(m, QLinear) and m.prepared is not None:
+            total += _tensor_bytes(m.prepared)
+    for name, buf in model.named_buffers():
+        if name == "embed_tokens" or name.endswith(".embed_tokens"):
+            tied = getattr(model, "lm_head", 0) is None
+            total += _tensor_bytes(buf) if tied else rows * buf.shape[1] * buf.element_size()
+        else:
+            total += _tensor_bytes(buf)
+    return total
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
+    except Exception:  # noqa: BLE001 - not a number we can read here
+        return None
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def build(p: Any, plugins: Any) -> Any:
+    """The model of plan `p` (from `ninfer.startup.plan`): its weights, or random ones."""
+    weights = None
+    if p.path is not None:
+        weights = plugins.hook.ninfer_load_weights(path=str(p.path), shape=p.shape, config=p.config, device=p.device)
+    model = plugins.hook.ninfer_model(shape=p.shape, config=p.config, device=p.device, weights=weights)
+    if model is None:
+        raise UserError(f"No installed plugin builds the {p.shape.family} family.")
+    return model
+
+
+def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None) -> dict[str, Any]:
+    """One benchmark. `model`: one built earlier in this process for the same --model, --quant and
+    --dtype (a campaign that times several contexts builds the weights once); None builds it."""
+    from ninfer.cache import StateSlots
+    from ninfer.config import SamplingParams
+    from ninfer.plugins import get_plugin_manager
+    from ninfer.request import Request
+    from ninfer.runner import Runner
+    from ninfer.scheduler import DecodeBatch, PrefillChunk
+    from ninfer.startup import plan
+
+    opts.check()
+    plugins = plugins or get_plugin_manager()
+    p = plan(config, plugins=plugins)
+    device = torch.device(p.device.torch_device)
+    context = opts.context_len or opts.prompt_len
+    prefix = context - opts.prompt_len
+    if context + opts.gen_len > config.max_context:
+        raise UserError(
+            f"--context-len {context} plus --gen-len {opts.gen_len} needs --max-context {context + opts.gen_len}, "
+            f"got {config.max_context}."
+        )
+
+    bandwidth = copy_bandwidth(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    reused = model is not None
+    if model is None:
+        model = build(p, plugins)
+    cache = model.allocate_cache(opts.concurrency, config.max_context, config.kv_dtype)
+    if prefix and not hasattr(cache, "fill_random"):
+        raise UserError("--context-len longer than --prompt-len needs a cache that can fill random K/V; drop --context-len.")
+    _sync(device)
+    build_s = time.perf_counter() - t0
+    peak_build = _peak_gib(device)
+    resident = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    runner = Runner(model, cache, p.choices[0].impl, cuda_graph=config.cuda_graph, max_batch=opts.concurrency)
+    slots = StateSlots(cache)
+
+    gen = torch.Generator().manual_seed(opts.seed)
+    vocab = p.shape.vocab_size
+    params = SamplingParams(temperature=0.0, max_new_tokens=opts.gen_len, ignore_eos=True)
+    requests = []
+    for i in range(opts.concurrency):
+        r = Request(f"bench-{i}", torch.randint(0, vocab, (context,), generator=gen).tolist(), params)
+        r.slot = slots.allocate(r.id)
+        requests.append(r)
+
+    def prefill(r: Request) -> int:
+        r.num_computed = prefix
+        token = None
+        for start in range(prefix, context, config.prefill_chunk):
+            token = runner.prefill(PrefillChunk(r, start, min(start + config.prefill_chunk, context)))
+        return token
+
+    # warm-up: compiles every prefill kernel at these shapes; then the slot starts over
+    for r in requests:
+        if prefix:
+            cache.fill_random(r.slot, prefix, seed=opts.seed)
+    prefill(requests[0])
+    cache.reset(requests[0].slot)
+    _sync(device)
+    t0 = time.perf_counter()
+    for r in requests:
+        r.output_ids.append(prefill(r))
+    _sync(device)
+    prefill_s = time.perf_counter() - t0
+    first_token = requests[0].output_ids[0]
+
+    batch = DecodeBatch(requests)
+
+    def step() -> None:
+        for r, t in zip(requests, runner.decode(batch)):
+            r.output_ids.append(t)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    start_ctx = requests[0].num_computed
+    steps = opts.gen_len - 1 - WARMUP_STEPS
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    decode_s = time.perf_counter() - t0
+    end_ctx = requests[0].num_computed
+    replay_ms = _replay_ms(runner, opts.concurrency)
+
+    ms_step = 1000 * decode_s / steps
+    shape = p.shape
+    avg_ctx = (start_ctx + end_ctx + 1) / 2  # keys read per row per step, averaged over the timed steps
+    kv_elem = shape.kv_bytes_per_token(config.kv_dtype) * (2 if model.dtype == torch.float32 and config.kv_dtype == "bf16" else 1)
+    try:
+        state = shape.state_bytes_per_sequence(conv_bytes=torch.finfo(model.dtype).bits // 8)
+    except TypeError:
+        state = shape.state_bytes_per_sequence()
+    nbytes = {
+        "weights": weight_bytes_read(model, opts.concurrency),
+        "kv": int(kv_elem * avg_ctx * opts.concurrency),
+        "state": 2 * state * opts.concurrency,  # read and written back
+    }
+    nbytes["total"] = sum(nbytes.values())
+    roofline_ms = 1000 * nbytes["total"] / bandwidth
+    result: dict[str, Any] = {
+        "command": "ninfer bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": p.device.describe(),
+        "versions": {"torch": torch.__version__, "python": platform.python_version(), **_versions()},
+        "config": {
+            "model": p.model_name,
+            "quant": config.quant,
+            "kv_dtype": config.kv_dtype,
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "prompt_len": opts.prompt_len,
+            "context_len": context,
+            "random_kv_prefix": prefix,
+            "gen_len": opts.gen_len,
+            "concurrency": opts.concurrency,
+            "max_context": config.max_context,
+            "prefill_chunk": config.prefill_chunk,
+            "random_weights": config.random_weights,
+            "cuda_graph": runner.graphs is not None,
+            "eager_reason": runner.eager_reason,
+        },
+        "kernels": {c.slot: c.name for c in p.choices},
+        "copy_bandwidth_gbs": round(bandwidth / 1e9, 1),
+        "build_s": None if reused else round(build_s, 2),
+        "prefill": {
+            "tokens": opts.prompt_len * opts.concurrency,
+            "seconds": round(prefill_s, 4),
+            "tok_s": round(opts.prompt_len * opts.concurrency / prefill_s, 1),
+        },
+        "decode": {
+            "timed_steps": steps,
+            "seconds": round(decode_s, 4),
+            "tok_s": round(steps * opts.concurrency / decode_s, 2),
+            "ms_per_step": round(ms_step, 3),
+            "context_from": start_ctx,
+            "context_to": end_ctx,
+            # device time of the captured step alone (the rest of ms_per_step is the host's part)
+            "graph_replay_ms": replay_ms,
+        },
+        "bytes_per_step": nbytes,
+        "roofline_ms": round(roofline_ms, 3),
+        "roofline_share": round(roofline_ms / ms_step, 3),
+        "memory": {
+            "resident_after_build_gib": None if resident is None else round(resident, 2),
+            "peak_serving_gib": _round(_peak_gib(device)),
+            "peak_build_gib": _round(peak_build),
+            "plan": p.memory.as_dict() if p.memory is not None else None,
+        },
+    }
+    if opts.compare_transformers:
+        prompt = torch.tensor(requests[0].prompt_ids[-opts.prompt_len :])
+        del runner, cache, requests, batch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        hf = compare_transformers(model, prompt, opts.compare_gen_len)
+        hf["ratio"] = round(result["decode"]["tok_s"] / opts.concurrency / hf["decode_tok_s"], 2)
+        # the same weights and prompt: both greedy first tokens should agree (bf16 may flip a near tie)
+        hf["first_token_match"] = (hf.pop("first_token") == first_token) if prefix == 0 else None
+        result["transformers"] = hf
+    return result
+
+
+def _replay_ms(runner: Any, rows: int) -> float | None:
+    """Median of CUDA-event-timed replays of the last captured step, after the timed loop (a
+    replay re-runs that step on its inputs: the cache is scratch by then)."""
+    graphs = getattr(runner, "graphs", None)
+    graph = graphs.graphs.get(graphs.bucket(rows)) if graphs is not None else None
+    if graph is None:
+        return None
+    times = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return round(statistics.median(times), 3)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for mod in ("triton", "fla", "transformers"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent: not reported
+            pass
+    return out
+
+
+# --- transformers on the same weights ----------------------------------------------------------------
+
+
+def hf_text_config(shape: Any) -> dict[str, Any]:
+    """transformers' Qwen3_5TextConfig fields for a qwen_hybrid shape."""
+    fields = dict(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        layer_types=list(shape.layer_types),
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        linear_num_key_heads=shape.linear_num_key_heads,
+        linear_num_value_heads=shape.linear_num_value_heads,
+        linear_key_head_dim=shape.linear_key_head_dim,
+        linear_value_head_dim=shape.linear_value_head_dim,
+        linear_conv_kernel_dim=shape.linear_conv_kernel_dim,
+        rms_norm_eps=shape.rms_norm_eps,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": shape.rope_theta,
+            "partial_rotary_factor": shape.rotary_dim / shape.head_dim,
+        },
+    )
+    if shape.is_moe:
+        fields.update(
+            num_experts=shape.num_experts,
+            num_experts_per_tok=shape.num_experts_per_tok,
+            moe_intermediate_size=shape.moe_intermediate_size,
+            shared_expert_intermediate_size=shape.shared_expert_intermediate_size,
+        )
+    else:
+        fields["intermediate_size"] = shape.intermediate_size
+    return fields
+
+
+def build_transformers(model: Any) -> Any:
+    """transformers' own CausalLM for `model`'s shape whose parameters ARE model's weight tensors
+    (views, cast only where dtypes differ: the small fp32 norm and gate vectors), so both run the
+    same numbers without a second copy of the weights."""
+    import transformers
+    from torch import nn
+
+    from ninfer.linear import DENSE, QLinear
+
+    shape = model.shape
+    if shape.is_moe:
+        raise UserError("--compare-transformers runs the dense models only; use qwen3.6-27b or qwen3.8-27b.")
+    cfg = transformers.Qwen3_5TextConfig(**hf_text_config(shape))
+    with torch.device("meta"):
+        hf = transformers.Qwen3_5ForCausalLM(cfg)
+    targets = model._weight_targets()
+    for name, param in list(hf.named_parameters()):
+        target = targets[name.removeprefix("model.")]
+        if isinstance(target, QLinear):
+            if target.scheme != DENSE:
+                raise UserError("--compare-transformers needs the weights in bf16: use --quant bf16.")
+            src = target.prepared
+        else:
+            module, attr = target
+            src = getattr(module, attr)
+        owner, _, leaf = name.rpartition(".")
+        value = src.reshape(param.shape).to(model.dtype)
+        hf.get_submodule(owner)._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    for owner_name, module in list(hf.named_modules()):
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            parent, _, leaf = owner_name.rpartition(".")
+            # rotary tables: rebuilt from the config (on the CPU, then moved)
+            setattr(hf.get_submodule(parent), leaf, type(module)(config=cfg).to(model.device))
+    return hf.eval()
+
+
+@torch.no_grad()
+def compare_transformers(model: Any, prompt: torch.Tensor, gen: int) -> dict[str, Any]:
+    hf = build_transformers(model)
+    device = model.device
+    ids = prompt.to(device)[None]
+    _sync(device)
+    t0 = time.perf_counter()
+    out = hf(ids, use_cache=True, logits_to_keep=1)
+    _sync(device)
+    prefill_s = time.perf_counter() - t0
+    past = out.past_key_values
+    token = out.logits[:, -1:].argmax(-1)
+    first = int(token[0, 0])
+    for _ in range(WARMUP_STEPS):
+        out = hf(token, past_key_values=past, use_cache=True)
+        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        out = hf(token, past_key_values=past, use_cache=True)
+        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    _sync(device)
+    decode_s = time.perf_counter() - t0
+    del hf, past, out
+    return {
+        "class": "transformers.Qwen3_5ForCausalLM",
+        "prompt_len": int(prompt.numel()),
+        "prefill_tok_s": round(prompt.numel() / prefill_s, 1),
+        "decode_steps": gen,
+        "decode_tok_s": round(gen / decode_s, 3),
+        "ms_per_step": round(1000 * decode_s / gen, 2),
+        "first_token": first,
+    }
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+def table(result: dict[str, Any]) -> str:
+    c, d, pf = result["config"], result["decode"], result["prefill"]
+    lines = [
+        f"{c['model']} {c['quant']} kv={c['kv_dtype']} on {result['device']}",
+        f"  copy bandwidth     {result['copy_bandwidth_gbs']:,.1f} GB/s (read + written)",
+        f"  prefill            {pf['tok_s']:,.1f} tok/s ({pf['tokens']} tokens in {pf['seconds']:.3f} s)",
+        f"  decode             {d['tok_s']:,.2f} tok/s, {d['ms_per_step']:.3f} ms/step at context "
+        f"{d['context_from']}..{d['context_to']} x {c['concurrency']} ({'CUDA graph' if c['cuda_graph'] else 'eager: ' + str(c['eager_reason'])}"
+        + (f", replay {d['graph_replay_ms']:.3f} ms)" if d.get("graph_replay_ms") else ")"),
+        f"  bytes per step     {result['bytes_per_step']['total'] / 1e9:.3f} GB (weights {result['bytes_per_step']['weights'] / 1e9:.3f}, "
+        f"KV {result['bytes_per_step']['kv'] / 1e9:.3f}, state {result['bytes_per_step']['state'] / 1e9:.3f})",
+        f"  roofline           {result['roofline_ms']:.3f} ms/step -> share {100 * result['roofline_share']:.1f}%",
+        f"  peak memory        {result['memory']['peak_serving_gib']} GiB serving, {result['memory']['peak_build_gib']} GiB while building",
+    ]
+    hf = result.get("transformers")
+    if hf:
+        lines.append(f"  transformers       {hf['decode_tok_s']:.2f} tok/s decode ({hf['ms_per_step']} ms/step): ours {hf['ratio']}x")
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")

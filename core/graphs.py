@@ -1,0 +1,178 @@
+"""The decode step captured in CUDA graphs: one graph per batch-size bucket, replayed per step.
+
+A step is the model's `decode` (one token for each row), its logits and the sampler's whole
+pipeline (`ninfer.kernels.sampling`: penalties, top-k, temperature, min-p, top-p, the counter-based
+uniform, the inverse-CDF draw), all tensor ops on static buffers: no host sync inside, no
+allocation outside the graph's pool. The host writes each step's inputs (ids, slots, positions,
+sampling parameters) into the buffers with one copy, replays, and reads the tokens back (the one
+sync per step, which the engine needs anyway to detokenize).
+
+Buckets are the exact batch sizes up to EXACT_UP_TO (the same shapes as the eager path, so the
+same kernels and bit-identical greedy tokens; at most 16 small graphs), then multiples of 16,
+where a batch is padded with rows of slot -1 / position -1: the model then touches no state for
+them (`graph_decode` models promise that) and their tokens are dropped. Each bucket is captured on
+first use, after a warm-up run on padding rows only, so capturing never changes a sequence.
+
+History counts for the penalties live on the device ([slots + 1, vocab], the last row for padding):
+each replay adds the sampled token of each row, and the host rebuilds a slot's row from the
+request's output ids whenever its bookkeeping says they diverged (a new request, a speculative
+round, a step taken on the eager path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+import torch
+
+from ninfer.kernels.sampling import _by_probability, _i64, _inverse_cdf, counter_uniform, process
+from ninfer.sampling import Purpose
+
+log = structlog.get_logger("ninfer.graphs")
+
+EXACT_UP_TO = 16
+# int64 rows of the input buffer, then float32 rows of the parameter buffer
+_IDS, _SLOTS, _POS, _SEEDS, _SAMPLE_POS, _TOP_K = range(6)
+_TEMP, _TOP_P, _MIN_P, _PRESENCE, _FREQUENCY = range(5)
+
+
+def buckets_for(max_batch: int) -> list[int]:
+    exact = list(range(1, min(max_batch, EXACT_UP_TO) + 1))
+    return exact + list(range(2 * EXACT_UP_TO, max_batch + EXACT_UP_TO, EXACT_UP_TO))
+
+
+def graphs_supported(model: Any, cuda_graph: bool) -> str | None:
+    """Why decode steps will not be captured (None: they will)."""
+    if not cuda_graph:
+        return "--no-cuda-graph"
+    if getattr(model, "device", torch.device("cpu")).type != "cuda":
+        return "not on a CUDA device"
+    if not getattr(model, "graph_decode", False):
+        return "the model's attention backends cannot run a decode step without a host sync"
+    return None
+
+
+class GraphDecoder:
+    def __init__(self, model: Any, cache: Any, max_batch: int) -> None:
+        self.model, self.cache = model, cache
+        self.device = model.device
+        self.vocab = model.shape.vocab_size
+        self.buckets = buckets_for(max_batch)
+        top = self.buckets[-1]
+        self.ints = torch.zeros(6, top, dtype=torch.int64, device=self.device)
+        self.floats = torch.zeros(5, top, dtype=torch.float32, device=self.device)
+        self.pad_row = cache.num_slots
+        self.counts = torch.zeros(cache.num_slots + 1, self.vocab, dtype=torch.float32, device=self.device)
+        self.tokens = torch.zeros(top, dtype=torch.int64, device=self.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.failed: set[int] = set()
+        self.pool = None
+        # slot -> (request id, number of its output tokens the counts row holds)
+        self._counted: dict[int, tuple[str, int]] = {}
+
+    # --- the captured step --------------------------------------------------------------------
+
+    def _step(self, b: int) -> None:
+        i, f = self.ints[:, :b], self.floats[:, :b]
+        slots = i[_SLOTS]
+        hidden = self.model.decode(i[_IDS], self.cache, slots, i[_POS])
+        logits = self.model.compute_logits(hidden)
+        rows = torch.where(slots >= 0, slots, self.pad_row)
+        counts = self.counts.index_select(0, rows)
+        ids, probs = process(logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY], counts)
+        ids, probs = _by_probability(ids, probs, self.vocab)
+        token = _inverse_cdf(ids, probs, counter_uniform(i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE)))
+        # atomic adds: no sort, no host sync (padding rows all land in the last row)
+        self.counts.view(-1).scatter_add_(0, rows * self.vocab + token, torch.ones_like(token, dtype=torch.float32))
+        self.tokens[:b].copy_(token)
+
+    def _pad(self, start: int, end: int) -> None:
+        self.ints[:, start:end] = 0
+        self.ints[_SLOTS, start:end] = -1
+        self.ints[_POS, start:end] = -1
+        self.ints[_TOP_K, start:end] = 1
+        self.floats[:, start:end] = 0.0
+        self.floats[_TEMP, start:end] = 1.0
+        self.floats[_TOP_P, start:end] = 1.0
+
+    def _graph(self, b: int) -> torch.cuda.CUDAGraph | None:
+        if b in self.graphs or b in self.failed:
+            return self.graphs.get(b)
+        self._pad(0, b)  # warm-up and capture see padding rows only: no sequence's state moves
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compiles kernels, makes cuBLAS handles and the kernels' workspaces
+                    self._step(b)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._step(b)
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be captured still decodes eagerly
+            log.warning("decode step could not be captured; this batch size stays eager", batch=b, error=str(exc))
+            self.failed.add(b)
+            return None
+        self.graphs[b] = graph
+        log.debug("captured decode step", batch=b, graphs=len(self.graphs))
+        return graph
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def bucket(self, b: int) -> int | None:
+        return next((x for x in self.buckets if x >= b), None)
+
+    def _sync_counts(self, requests: Sequence[Any]) -> None:
+        for r in requests:
+            want = (r.id, len(r.output_ids))
+            if self._counted.get(r.slot) == want:
+                continue
+            row = self.counts[r.slot]
+            row.zero_()
+            if r.output_ids:
+                ids = torch.tensor(r.output_ids, dtype=torch.int64, device=self.device)
+                row.index_put_((ids,), torch.ones(len(r.output_ids), device=self.device), accumulate=True)
+
+    def decode(self, requests: Sequence[Any]) -> list[int] | None:
+        """The next token of each request (each feeds its last sampled token at position
+        num_computed), or None when no graph serves this batch size (the caller runs eagerly)."""
+        b = len(requests)
+        size = self.bucket(b)
+        if size is None or size in self.failed:
+            return None
+        graph = self._graph(size)
+        if graph is None:
+            return None
+        self._sync_counts(requests)
+        ints = [[0] * size for _ in range(6)]
+        floats = [[0.0] * size for _ in range(5)]
+        for j, r in enumerate(requests):
+            p = r.params
+            sampled = not p.greedy
+            ints[_IDS][j] = r.output_ids[-1]
+            ints[_SLOTS][j] = r.slot
+            ints[_POS][j] = r.num_computed
+            ints[_SEEDS][j] = _i64(p.seed)
+            ints[_SAMPLE_POS][j] = r.num_tokens
+            ints[_TOP_K][j] = p.effective_top_k if sampled else 1
+            floats[_TEMP][j] = p.temperature if sampled else 1.0
+            floats[_TOP_P][j] = p.top_p if sampled else 1.0
+            floats[_MIN_P][j] = p.min_p if sampled else 0.0
+            floats[_PRESENCE][j] = p.presence_penalty if sampled else 0.0
+            floats[_FREQUENCY][j] = p.frequency_penalty if sampled else 0.0
+        for j in range(b, size):
+            ints[_SLOTS][j] = ints[_POS][j] = -1
+            ints[_TOP_K][j] = 1
+            floats[_TEMP][j] = floats[_TOP_P][j] = 1.0
+        self.ints[:, :size].copy_(torch.tensor(ints, dtype=torch.int64))
+        self.floats[:, :size].copy_(torch.tensor(floats, dtype=torch.float32))
+        graph.replay()
+        tokens = self.tokens[:b].tolist()
+        for r in requests:
+            # the engine appends the sampled token: the counts row already holds it
+            self._counted[r.slot] = (r.id, len(r.output_ids) + 1)
+        return tokens

@@ -1,0 +1,143 @@
+"""The memory plan: what a configuration will hold on the device, checked before weights load.
+
+    weights    every linear in its recipe's scheme (bits per weight of the chosen QuantScheme),
+               the embedding table and small tensors in the model dtype
+    kv         K and V of every full-attention layer for --max-context tokens x --max-batch slots
+    state      the recurrent (fp32) and conv state of every linear-attention layer, per slot
+    workspace  the activations of one --prefill-chunk, the decode step's logits and sampler rows,
+               the CUDA-graph history counts, and a fixed allowance for the CUDA context and
+               library workspaces (cuBLAS, Triton)
+
+Everything is read from the shape's contract (`param_count`, `kv_bytes_per_token`,
+`state_bytes_per_sequence`, and `linear_shapes` where the family offers it) and the plugins'
+quantization recipe, so it costs no weight I/O. A configuration that does not fit raises one
+sentence naming --max-context and --kv-dtype (the knobs that decide the KV), with the figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer.errors import DeviceError
+from ninfer.linear import DENSE
+
+GIB = 2**30
+# CUDA context, cuBLAS and Triton workspaces, allocator slack: measured torch processes on an H200
+# hold 0.5-1 GiB beyond their tensors.
+FIXED_RESERVE = 1 * GIB
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights: int
+    kv: int
+    state: int
+    workspace: int
+    available: int  # bytes the device can give this process
+    device: str
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.state + self.workspace
+
+    @property
+    def fits(self) -> bool:
+        return self.available <= 0 or self.total <= self.available
+
+    def as_dict(self) -> dict[str, float]:
+        gib = lambda b: round(b / GIB, 3)  # noqa: E731
+        return {
+            "weights_gib": gib(self.weights),
+            "kv_gib": gib(self.kv),
+            "state_gib": gib(self.state),
+            "workspace_gib": gib(self.workspace),
+            "total_gib": gib(self.total),
+            "available_gib": gib(self.available),
+        }
+
+    def problem(self, config: Any) -> str | None:
+        if self.fits:
+            return None
+        g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+        return (
+            f"This configuration needs about {g(self.total)} (weights {g(self.weights)} at --quant {config.quant}, "
+            f"KV {g(self.kv)} for --max-context {config.max_context} x {config.max_batch} sequences at "
+            f"--kv-dtype {config.kv_dtype}, state {g(self.state)}, workspace {g(self.workspace)}) but {self.device} "
+            f"has {g(self.available)} free: lower --max-context, use --kv-dtype int8, or lower --max-batch or --quant."
+        )
+
+
+def _act_bytes(config: Any, device: Any) -> int:
+    if config.dtype == "float32" or (config.dtype == "auto" and device.kind == "cpu"):
+        return 4
+    return 2
+
+
+def weight_bytes(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: int) -> int:
+    """Bytes of the text decoder's weights: each linear in its recipe scheme, the rest (embedding
+    table, norms, conv taps, gates) in the model dtype."""
+    linears = getattr(shape, "linear_shapes", None)
+    if linears is None:
+        return shape.param_count() * act_bytes
+    total, linear_params = 0, 0
+    for name, n, k in linears():
+        scheme = recipe.scheme_for(name, n, k) if recipe is not None else DENSE
+        bits = schemes[scheme].bits_per_weight if scheme in schemes else 8 * act_bytes
+        total += int(n * k * bits / 8)
+        linear_params += n * k
+    return total + (shape.param_count() - linear_params) * act_bytes
+
+
+def workspace_bytes(shape: Any, config: Any, act_bytes: int) -> int:
+    """Peak activations of one prefill chunk (the widest tensors live at once, with a factor 2 for
+    the allocator's rounding), the decode step's vocabulary-wide rows, graph history counts."""
+    h = shape.hidden_size
+    inner = getattr(shape, "intermediate_size", 0) or getattr(shape, "moe_intermediate_size", 0) or 4 * h
+    conv = getattr(shape, "conv_dim", 2 * h)
+    q_width = getattr(shape, "q_width", h)
+    tokens = min(config.prefill_chunk, config.max_context)
+    # residual, normed and projected hidden states; gate, up and their product; the GDN's fp32
+    # conv output, q/k/v and gates; q, gate, and the chunk's K/V expanded per query head
+    per_token = act_bytes * (6 * h + 3 * inner + 4 * q_width) + 4 * 4 * conv
+    prefill = 2 * tokens * per_token
+    # logits (fp32), sort keys (int64) and the penalties' copy, per decode row; history counts
+    rows = config.max_batch
+    decode = rows * shape.vocab_size * (4 + 8 + 4) + (config.max_batch + 1) * shape.vocab_size * 4
+    return prefill + decode + FIXED_RESERVE
+
+
+def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec: Any = None) -> MemoryPlan:
+    act = _act_bytes(config, device)
+    recipe, schemes = None, {}
+    if plugins is not None and config.quant not in ("auto", "bf16"):
+        recipe = plugins.hook.ninfer_quant_recipe(quant=config.quant, shape=shape, spec=spec)
+        schemes = {s.name: s for s in plugins.collect("ninfer_quant_schemes")}
+    kv_per_token = shape.kv_bytes_per_token(config.kv_dtype)
+    if config.kv_dtype == "bf16" and act == 4:
+        kv_per_token *= 2  # "bf16" KV is kept in the model dtype: fp32 on the CPU parity path
+    try:
+        state = shape.state_bytes_per_sequence(conv_bytes=act)
+    except TypeError:
+        state = shape.state_bytes_per_sequence()
+    available = device.free_memory if device.kind == "cuda" else device.total_memory
+    weights = weight_bytes(shape, recipe, schemes, act)
+    if config.spec == "mtp" and hasattr(shape, "mtp_param_count"):
+        # the MTP layer: q8_g32 (8.5 bits) in every quantized recipe, the model dtype otherwise
+        weights += int(shape.mtp_param_count() * (1.0625 if recipe is not None else act))
+        # a verify keeps the recurrent state after each of its K+1 tokens (ninfer.speculative)
+        state *= config.draft_tokens + 2
+    return MemoryPlan(
+        weights=weights,
+        kv=kv_per_token * config.max_context * config.max_batch,
+        state=state * config.max_batch,
+        workspace=workspace_bytes(shape, config, act),
+        available=available,
+        device=device.describe(),
+    )
+
+
+def check_memory(plan: MemoryPlan, config: Any) -> None:
+    problem = plan.problem(config)
+    if problem:
+        raise DeviceError(problem)

@@ -1,0 +1,110 @@
+"""Gated DeltaNet for the fast path: fla's chunked kernels for prefill, one fused Triton launch
+per layer for decode.
+
+Prefill takes the reference's inputs (L2-normed q, k; v; log-decay g; beta; the fp32 state
+[Hv, Dk, Dv]) and returns the same (o, final state): fla-core's `chunk_gated_delta_rule` reads the
+q/k head of value head j as j // (Hv / Hk) (its GVA), our convention, and the state in the same
+[Hv, Dk, Dv] layout, so nothing is repeated or transposed. fla is an optional dependency (the
+`gpu` extra): without it, or if its one-time check against the torch chunked form fails, the
+torch form serves. Chunks shorter than `FLA_MIN_TOKENS` (a 64-token fla chunk would be mostly
+padding) and fp32 inputs (the parity path) take the reference.
+
+Decode is `gdn_decode_step`: conv step + SiLU, L2 norms, g and beta, the delta-rule update of
+the fp32 state in place, the readout and the gated RMSNorm; a row with slot -1 is padding.
+"""
+
+from __future__ import annotations
+
+import structlog
+import torch
+
+from ninfer_plugins.cuda_fast.plugin import GPU
+from ninfer_plugins.qwen_hybrid.gdn import ReferenceLinearAttention, chunked_gated_delta_rule
+
+log = structlog.get_logger("ninfer.cuda_fast")
+
+FLA_MIN_TOKENS = 64
+
+
+def _fla_kernel():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:  # noqa: BLE001 - not installed, or built for another torch: the torch form serves
+        return None
+    return chunk_gated_delta_rule
+
+
+class TritonLinearAttention(ReferenceLinearAttention):
+    name = "cuda_fast.fla+triton"
+    requirements = GPU
+    fused_dtypes = (torch.bfloat16, torch.float16)
+    graph_decode = True
+
+    def __init__(self) -> None:
+        self._fla = None
+        self._checked = False
+
+    def prefill(self, q, k, v, g, beta, state, scale):
+        if q.dtype == torch.float32 or v.shape[0] < FLA_MIN_TOKENS:
+            return super().prefill(q, k, v, g, beta, state, scale)
+        fla = self._fla_checked(q)
+        if fla is None:
+            return chunked_gated_delta_rule(q, k, v, g, beta, state, scale)
+        return self._run_fla(fla, q, k, v, g, beta, state, scale)
+
+    @staticmethod
+    def _run_fla(fla, q, k, v, g, beta, state, scale):
+        o, s = fla(
+            q[None], k[None], v[None].to(q.dtype), g[None].float(), beta[None].float(),
+            scale=scale, initial_state=state[None].float().contiguous(), output_final_state=True,
+        )  # fmt: skip
+        return o[0], s[0]
+
+    def _fla_checked(self, like: torch.Tensor):
+        """fla's kernel, once it has matched the torch chunked form on a small random problem of
+        this layer's head counts on this device; None when absent or off."""
+        if self._checked:
+            return self._fla
+        self._checked = True
+        fla = _fla_kernel() if like.is_cuda else None
+        if fla is None:
+            return None
+        hk, dk = like.shape[1], like.shape[2]
+        gen = torch.Generator(device=like.device).manual_seed(0)
+        t_len, hv, dv = 100, hk * 3, dk  # any GVA ratio exercises the head mapping
+
+        def rand(*s):
+            return torch.randn(s, generator=gen, device=like.device)
+
+        q = torch.nn.functional.normalize(rand(t_len, hk, dk), dim=-1).to(like.dtype)
+        k = torch.nn.functional.normalize(rand(t_len, hk, dk), dim=-1).to(like.dtype)
+        v = rand(t_len, hv, dv).to(like.dtype)
+        g = -torch.rand(t_len, hv, generator=gen, device=like.device)
+        beta = torch.rand(t_len, hv, generator=gen, device=like.device)
+        s0 = rand(hv, dk, dv) * 0.1
+        try:
+            o, s = self._run_fla(fla, q, k, v, g, beta, s0, dk**-0.5)
+            o_ref, s_ref = chunked_gated_delta_rule(q, k, v, g, beta, s0, dk**-0.5)
+            err = max(float((o.float() - o_ref).norm() / o_ref.norm()), float((s - s_ref).norm() / s_ref.norm()))
+        except Exception as exc:  # noqa: BLE001 - fla broken on this device/torch: keep serving
+            log.warning("fla chunk_gated_delta_rule failed its check; GDN prefill uses the torch form", error=str(exc))
+            return None
+        if err > 2e-2:
+            log.warning("fla chunk_gated_delta_rule disagrees with the torch form; GDN prefill uses the torch form", err=err)
+            return None
+        self._fla = fla
+        return fla
+
+    def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots) -> torch.Tensor:
+        """mixed_qkv [B, conv_dim] (pre-conv), a, b [B, Hv], z [B, Hv*Dv] raw projections; the
+        layer's conv taps, A_log, dt_bias, norm weight and dims; the cache's conv and recurrent
+        state, updated in place for rows slots[b] -> gated-normed o [B, Hv, Dv]."""
+        from ninfer.kernels.triton import gdn_decode_step
+
+        if layer.kernel != 4:
+            raise ValueError(f"the fused GDN step keeps 3 conv columns (kernel 4), this layer has kernel {layer.kernel}")
+        return gdn_decode_step(
+            mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state,
+            num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, state_indices=slots,
+            z=z, norm_weight=layer.norm_weight, eps=layer.eps,
+        )  # fmt: skip

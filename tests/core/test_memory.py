@@ -1,0 +1,77 @@
+"""The memory plan: sizes from the shape and the quantization recipe, and the refusal before load."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.config import EngineConfig
+from ninfer.device import DeviceInfo
+from ninfer.errors import DeviceError
+from ninfer.memory import GIB, check_memory, plan_memory
+from ninfer.plugins import get_plugin_manager
+from ninfer_plugins.qwen36_27b.plugin import SHAPE
+from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
+
+BIG = QwenHybridShape(**SHAPE)
+
+
+def _gpu(gib: float) -> DeviceInfo:
+    return DeviceInfo("cuda", 0, "Fake GPU", (9, 0), int(gib * GIB), int(gib * GIB), 132, frozenset({"cuda", "bf16", "triton"}))
+
+
+def _plan(gib: float, **cfg):
+    cfg.setdefault("model", "qwen3.6-27b")
+    return plan_memory(BIG, EngineConfig(**cfg), _gpu(gib), get_plugin_manager(), None)
+
+
+def test_weights_follow_the_recipe():
+    bf16 = _plan(141, quant="bf16", max_context=8192, max_batch=1)
+    int4 = _plan(141, quant="int4", max_context=8192, max_batch=1)
+    int8 = _plan(141, quant="int8", max_context=8192, max_batch=1)
+    # 26.9 B parameters: bf16 2 bytes each; int4 mixes q4/q5/q6 (4.25-6.25 bits) and keeps the
+    # embedding table and a/b projections in bf16; int8 is q8_g32 (8.5 bits)
+    assert 49 < bf16.weights / GIB < 51
+    assert 15 < int4.weights / GIB < 18.5
+    assert 26 < int8.weights / GIB < 29
+    assert int4.kv == bf16.kv == 8192 * BIG.kv_bytes_per_token("bf16")
+
+
+def test_kv_and_state_scale_with_context_and_slots():
+    one = _plan(141, quant="int4", max_context=131072, max_batch=1, kv_dtype="int8")
+    four = _plan(141, quant="int4", max_context=131072, max_batch=4, kv_dtype="int8")
+    assert four.kv == 4 * one.kv and four.state == 4 * one.state
+    # INT8-G64: 1 byte + a 2-byte scale per 64 elements, 16 layers x 4 heads x 256 x (K, V)
+    assert one.kv == 131072 * 16 * 2 * 4 * (256 + 8)
+    # the issue's bar: the 27B at int4 with a 131,072-token INT8 context fits 32 GiB
+    assert one.total < 32 * GIB and one.fits
+    assert _plan(32, quant="int4", max_context=131072, max_batch=1, kv_dtype="int8").fits
+
+
+def test_refusal_names_the_knobs():
+    cfg = EngineConfig(model="qwen3.6-27b", quant="int4", max_context=262144, max_batch=4)
+    plan = plan_memory(BIG, cfg, _gpu(32), get_plugin_manager(), None)
+    assert not plan.fits
+    with pytest.raises(DeviceError) as err:
+        check_memory(plan, cfg)
+    msg = err.value.message
+    assert "--max-context" in msg and "--kv-dtype" in msg and "32.0 GiB" in msg
+    assert msg.count(". ") == 0  # one sentence
+
+
+def test_startup_plan_refuses_before_loading(monkeypatch):
+    import ninfer.startup as startup
+
+    monkeypatch.setattr(startup, "probe", lambda spec: _gpu(24))
+    cfg = EngineConfig(model="qwen3.6-27b", quant="bf16", max_context=8192, max_batch=1, random_weights=True)
+    with pytest.raises(DeviceError, match="--max-context"):
+        startup.plan(cfg)
+    ok = startup.plan(cfg, strict=False)
+    assert ok.memory is not None and not ok.memory.fits and ok.problems[0] == ok.memory.problem(cfg)
+
+
+def test_cpu_parity_path_counts_fp32():
+    cpu = DeviceInfo("cpu", None, "cpu", None, 64 * GIB, 64 * GIB, 8, frozenset({"fp32", "bf16"}))
+    cfg = EngineConfig(model="x", quant="bf16", max_context=4096, max_batch=1)
+    plan = plan_memory(BIG, cfg, cpu, get_plugin_manager(), None)
+    assert plan.kv == 2 * 4096 * BIG.kv_bytes_per_token("bf16")  # "bf16" KV is fp32 on the CPU path
+    assert plan.weights > 99 * GIB
