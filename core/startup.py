@@ -74,6 +74,25 @@ def _registered(plugins: PluginManager) -> list[CheckpointSpec]:
     return plugins.collect("ninfer_checkpoints")
 
 
+def _packed_quant(path: Path, config: EngineConfig) -> EngineConfig:
+    """A `ninfer convert` directory was packed by one --quant recipe: plan memory and kernels for
+    it, not for bf16 (the loader checks the directory itself)."""
+    import json
+
+    import msgspec
+
+    manifest = path / "ninfer.json"
+    if not manifest.is_file():
+        return config
+    try:
+        recipe = json.loads(manifest.read_text(encoding="utf-8")).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        return config  # the loader reports a damaged manifest with its own message
+    if recipe in ("bf16", "int4", "int8", "nvfp4"):
+        return msgspec.structs.replace(config, quant=recipe)
+    return config
+
+
 def find_spec(model: str, specs: list[CheckpointSpec]) -> CheckpointSpec | None:
     key = model.strip().lower()
     for spec in specs:
@@ -109,6 +128,8 @@ def plan(
                 raise
             notes.append(f"weights for {spec.id} not found; choices shown for its registered shape")
         hf_config = checkpoint.load_hf_config(path) if path is not None else _hf_config_from_spec(spec)
+        if path is not None and config.quant == "auto":
+            config = _packed_quant(path, config)
 
     shape = plugins.hook.ninfer_parse_config(hf_config=hf_config)
     if shape is None:
@@ -193,6 +214,7 @@ def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) 
 
     plugins = plugins or get_plugin_manager()
     p = plan(config, plugins=plugins)
+    config = p.config  # --quant auto resolved for a `ninfer convert` directory
     weights = None
     if p.path is not None:
         weights = plugins.hook.ninfer_load_weights(path=str(p.path), shape=p.shape, config=config, device=p.device)

@@ -215,3 +215,14 @@ def test_damaged_directories_fail_clearly(capsys, tmp_path, converted):
     m["tensors"]["norm.weight"]["shape"] = [32]
     (bad / MANIFEST).write_text(json.dumps(m))
     _fails(capsys, bad, "tensor norm.weight is [32] but the model expects [64]")
+
+
+def test_plan_reads_the_recipe_of_a_convert_directory(converted):
+    """--quant auto on a convert directory plans memory and kernels for its recipe, not bf16."""
+    from ninfer.config import EngineConfig
+    from ninfer.startup import plan
+
+    out = converted("dense", "int4")
+    p = plan(EngineConfig(model=str(out), device="cpu"))
+    assert p.config.quant == "int4"
+    assert any(c.slot.startswith("linear[q4_g64") for c in p.choices)
