@@ -79,7 +79,8 @@ def ninfer_model(shape, config, device, weights):
     pm = get_plugin_manager()
     recipe, schemes = None, {}
     if config.quant not in ("auto", "bf16"):
-        spec = match_spec(shape, pm.collect("ninfer_checkpoints"))
+        # the weights' directory tells Qwen3.6-27B from Qwen3.8-27B (same shape, different recipes)
+        spec = match_spec(shape, pm.collect("ninfer_checkpoints"), getattr(weights, "path", None))
         recipe = pm.hook.ninfer_quant_recipe(quant=config.quant, shape=shape, spec=spec)
         if recipe is None:
             raise UserError(
