@@ -13,7 +13,13 @@ import torch
 
 
 class ModelCache(Protocol):
-    """Per-slot state: KV for full attention, conv and recurrent state for linear attention."""
+    """Per-slot state: KV for full attention, conv and recurrent state for linear attention.
+
+    Optional, for speculative rollback in one target pass (ninfer.speculative, "columns"):
+    `keep_columns(slot, count)` makes the next forward of `slot` keep the recurrent state after
+    each of its tokens, `stop_keeping(slot)` ends that, `use_column(slot, i)` makes the state
+    after token i the slot's state. Without them a round snapshots, restores and replays.
+    """
 
     num_slots: int
     max_context: int
