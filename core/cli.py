@@ -106,8 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="pack a checkpoint once into a quantized directory")
     conv.add_argument("--model", required=True, help="checkpoint directory or registered id")
     conv.add_argument("--weights")
-    conv.add_argument("--quant", required=True, choices=("bf16", "int4", "int8", "nvfp4"))
-    conv.add_argument("--out", required=True, help="output directory")
+    conv.add_argument("--quant", choices=("bf16", "int4", "int8", "nvfp4"), help="the recipe to pack by")
+    conv.add_argument("--out", help="output directory (with --shortlist: default the checkpoint itself)")
+    conv.add_argument(
+        "--shortlist", type=int, metavar="N", help="write the N-row proposal head list for --lm-head-draft instead"
+    )
+    conv.add_argument("--corpus", metavar="FILE", help="text the shortlist ranking runs the model over")
     conv.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
     plug = sub.add_parser("plugins", help="what was chosen for this device, and why")
@@ -397,6 +401,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     pm = get_plugin_manager()
     found = locate(_resolve_model(args.model), args.weights, plugins=pm)
+    if args.shortlist is not None:
+        drafter = next((s for s in pm.collect("ninfer_speculators") if hasattr(s, "convert_shortlist")), None)
+        if drafter is None:
+            raise UserError("--shortlist needs a speculator plugin that builds shortlists (spec_mtp).")
+        print(drafter.convert_shortlist(str(found.path), args.out or str(found.path), args.shortlist, args.corpus))
+        return 0
+    if args.quant is None or args.out is None:
+        raise UserError("ninfer convert needs --quant and --out (or --shortlist N).")
     # the plugin refuses a non-empty --out before it reads any weight
     written = pm.hook.ninfer_convert(
         path=str(found.path), shape=found.shape, spec=found.spec, quant=args.quant, out=str(Path(args.out).expanduser())

@@ -23,6 +23,12 @@ class MtpSpeculator:
     max_draft_tokens = 5
     description = "the checkpoint's MTP layer (mtp.*), K = 1..5 drafts per round"
 
+    def convert_shortlist(self, model: str, out_dir: str, rows: int, corpus: str | None = None) -> Any:
+        """`ninfer convert --shortlist N [--corpus FILE]`: the head rows this drafter proposes from."""
+        from ninfer_plugins.spec_mtp.shortlist import convert_shortlist
+
+        return convert_shortlist(model, out_dir, rows, corpus)
+
     def build(self, model: Any, cache: Any, config: Any) -> Any:
         from ninfer_plugins.spec_mtp.mtp import MtpDrafter
 

@@ -51,3 +51,18 @@ def test_draft_tokens_outside_1_to_5_is_a_user_error(ckpt, capsys):
 def test_lm_head_draft_without_a_speculator_is_refused(ckpt, capsys):
     assert main([*BASE, "--model", str(ckpt), "--lm-head-draft"]) == 2
     assert "--spec mtp" in capsys.readouterr().err
+
+
+def test_convert_shortlist_through_the_cli(tmp_path, capsys):
+    from ninfer.cli import main
+    from ninfer.testing import make_tiny
+
+    ckpt = make_tiny("qwen3.6-27b", tmp_path / "ck", seed=2, vocab=512)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 20)
+    rc = main(["convert", "--model", str(ckpt), "--shortlist", "40", "--corpus", str(corpus)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert (ckpt / "shortlist.safetensors").is_file()
+    rc = main(["convert", "--model", str(ckpt)])
+    assert rc == 2 and "--quant and --out" in capsys.readouterr().err
