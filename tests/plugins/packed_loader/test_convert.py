@@ -78,7 +78,9 @@ def test_converted_runs_like_quantizing_at_load(capsys, monkeypatch, sources, co
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["recipe"] == quant and manifest["source_digest"] == source_digest(src)
     assert (out / "config.json").read_bytes() == (src / "config.json").read_bytes()
-    assert (out / "chat_template.jinja").is_file() and (out / "mtp.safetensors").is_file()
+    assert (out / "mtp.safetensors").is_file()
+    # make_tiny copies the published template only when ../shared is present
+    assert (out / "chat_template.jinja").is_file() == (src / "chat_template.jinja").is_file()
     if quant != "bf16":
         assert manifest["schemes"] and all(v == 1 for v in manifest["schemes"].values())
 
