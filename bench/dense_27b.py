@@ -68,7 +68,7 @@ def floor() -> None:
     bandwidth the device README measured on the H200."""
     from ninfer.memory import weight_bytes
     from ninfer.plugins import get_plugin_manager
-    from ninfer.startup import find_spec
+    from ninfer.checkpoint import find_spec
 
     pm = get_plugin_manager()
     spec = find_spec(MODEL, pm.collect("ninfer_checkpoints"))

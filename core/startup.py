@@ -93,14 +93,6 @@ def _packed_quant(path: Path, config: EngineConfig) -> EngineConfig:
     return config
 
 
-def find_spec(model: str, specs: list[CheckpointSpec]) -> CheckpointSpec | None:
-    key = model.strip().lower()
-    for spec in specs:
-        if key in (n.lower() for n in spec.names()) or key in (r.lower() for r in spec.hf_repo_ids):
-            return spec
-    return None
-
-
 def plan(
     config: EngineConfig, *, plugins: PluginManager | None = None, need_weights: bool = True, strict: bool = True
 ) -> Plan:
@@ -114,7 +106,7 @@ def plan(
     notes: list[str] = []
 
     path: Path | None = None
-    spec = find_spec(config.model, specs)
+    spec = checkpoint.find_spec(config.model, specs)
     if config.random_weights:
         if spec is None and not Path(config.model).is_dir():
             ids = ", ".join(s.id for s in specs)
