@@ -46,7 +46,7 @@ def run_tests(timeout: float) -> str:
     try:
         import xdist  # noqa: F401
 
-        cmd[4:4] = ["-n", "4"]  # compiles in parallel: most of the tests' time is Triton compiling
+        cmd[3:3] = ["-n", "4"]  # compiles in parallel: most of the tests' time is Triton compiling
     except ImportError:
         pass
     print("$", " ".join(cmd), flush=True)

@@ -529,6 +529,12 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     if p.device.type != "cuda":
         return
     ws = Workspace.get(p.device)
+    for m in (1, 4):
+        gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
+        if gcfg is not None:
+            from ninfer_plugins.quant_int import gemv
+
+            ws.reserve(*gemv.workspace_need(gcfg, p.n, p.k))
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)
@@ -547,9 +553,34 @@ def resolve_split(cfg: Config, k: int) -> tuple[int, int, int]:
     return -(-n_kb // kb_per_split), kb_step, kb_per_split
 
 
+# Formats whose untuned shapes take the CUDA-core GEMV at M <= 4 (gemv.py); set from measurements
+GEMV_DEFAULT_FORMATS: frozenset[int] = frozenset()
+
+
+def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
+    """The GEMV config for an M <= 4 launch, or None where the MMA kernel is the faster one."""
+    if m > 4:
+        return None
+    from ninfer_plugins.quant_int import gemv
+    from ninfer_plugins.quant_int.tuned import TUNED_GEMV
+
+    hit = TUNED_GEMV.get((fmt, n, k, "m1" if m == 1 else "m4"))
+    if hit is not None:
+        return gemv.GemvConfig(*hit) if hit else None
+    if fmt in GEMV_DEFAULT_FORMATS:
+        return gemv.default_config(fmt, n, k, sm_count)
+    return None
+
+
 def launch(x2: torch.Tensor, p: Prepared, cfg: Config | None = None, fast: bool | None = None) -> torch.Tensor:
     """y [M, n] = x2 [M, k] @ W.T for a prepared weight; x2 must be contiguous in its last dim."""
     m = x2.shape[0]
+    if cfg is None:
+        gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
+        if gcfg is not None:
+            from ninfer_plugins.quant_int import gemv
+
+            return gemv.launch(x2, p, gcfg, fast)
     cfg = cfg or pick_config(p.fmt, m, p.n, p.k, p.sm_count)
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:

@@ -238,3 +238,9 @@ TUNED: dict[tuple[int, int, int, str], tuple[int, int, int, int, int, int, bool,
     (16, 248320, 5120, 'prefill'): (128, 256, 1, 8, 3, 1, True, 0),
     (16, 248320, 5120, 'small'): (64, 16, 1, 4, 3, 1, False, 0),
 }
+
+
+# The CUDA-core GEMV (gemv.py) for M <= 4: (fmt id, n, k, "m1" | "m4") -> (block_n, kb, split_k,
+# num_warps, num_stages), or () where the MMA kernel measured faster. Filled from
+# `python bench/gemv_tune.py` (BENCHMARKS.md).
+TUNED_GEMV: dict[tuple[int, int, int, str], tuple[int, ...]] = {}

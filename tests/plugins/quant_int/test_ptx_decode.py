@@ -27,6 +27,8 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
         tok = tok.strip()
         if tok in regs:
             return regs[tok]
+        if tok.startswith("0f"):  # PTX's hex spelling of an fp32 constant
+            return int(tok[2:], 16)
         return int(tok, 0) & 0xFFFFFFFF
 
     for line in asm.splitlines():
@@ -66,6 +68,9 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
             for h in range(2):
                 x, y, z = (bf16_value(v >> (16 * h)) for v in (a, b, c))
                 r |= bf16_bits(x * y + z) << (16 * h)
+        elif op == "sub.f32":
+            a, b = (float(torch.tensor([v], dtype=torch.int64).to(torch.int32).view(torch.float32)) for v in src)
+            r = int(torch.tensor([a - b], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
         else:
             raise AssertionError(f"the emulator lacks {op}")
         assert re.fullmatch(r"\$\d+|\w+", d), d
@@ -128,3 +133,20 @@ def test_q8_decode_every_byte_pair():
         out = run_ptx(K.ASM_Q8.value, {1: b0 | (b1 << 8)})
         s0, s1 = (b0 ^ 0x80) - 0x80, (b1 ^ 0x80) - 0x80
         assert halves(out["$0"]) == (s0, s1), (b0, b1)
+
+
+def f32_value(bits: int) -> float:
+    return float(torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32))
+
+
+def test_q4_f32_decode_every_byte():
+    """The GEMV's q4 decode: four bytes -> four low codes and four 16 x high codes, as fp32."""
+    from ninfer_plugins.quant_int import gemv
+
+    for v in range(256):
+        word = v | (((v + 37) % 256) << 8) | (((v * 7) % 256) << 16) | (((255 - v) % 256) << 24)
+        out = run_ptx(gemv.ASM_Q4_F32.value, {8: word})
+        for i in range(4):
+            b = (word >> (8 * i)) & 0xFF
+            assert f32_value(out[f"${i}"]) == signed_nibble(b & 0xF), (v, i)
+            assert f32_value(out[f"${4 + i}"]) == 16 * signed_nibble(b >> 4), (v, i)
