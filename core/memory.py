@@ -5,8 +5,9 @@
     kv         K and V of every full-attention layer for --max-context tokens x --max-batch slots
     state      the recurrent (fp32) and conv state of every linear-attention layer, per slot
     workspace  the activations of one --prefill-chunk, the decode step's logits and sampler rows,
-               the CUDA-graph history counts, and a fixed allowance for the CUDA context and
-               library workspaces (cuBLAS, Triton)
+               the CUDA-graph history counts, a fixed allowance for the CUDA context and
+               library workspaces (cuBLAS, Triton), and with a quantized recipe the bf16 scratch
+               of the prefill's dequantize + GEMM
 
 Everything is read from the shape's contract (`param_count`, `kv_bytes_per_token`,
 `state_bytes_per_sequence`, and `linear_shapes` where the family offers it) and the plugins'
@@ -26,6 +27,9 @@ GIB = 2**30
 # CUDA context, cuBLAS and Triton workspaces, allocator slack: measured torch processes on an H200
 # hold 0.5-1 GiB beyond their tensors.
 FIXED_RESERVE = 1 * GIB
+# Quantized recipes: the bf16 scratch prefill dequantizes weights into before cuBLAS, one row chunk
+# at a time (ninfer_plugins.quant_int.dequant.CHUNK_BYTES, which a test keeps within this).
+DEQUANT_SCRATCH = 192 * 2**20
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
         weights=weights,
         kv=kv_per_token * config.max_context * config.max_batch,
         state=state * config.max_batch,
-        workspace=workspace_bytes(shape, config, act),
+        workspace=workspace_bytes(shape, config, act) + (DEQUANT_SCRATCH if recipe is not None else 0),
         available=available,
         device=device.describe(),
     )

@@ -25,14 +25,22 @@ def _kernels():
 
     return kernels
 
+
+def _dequant():
+    from ninfer_plugins.quant_int import dequant
+
+    return dequant
+
 # Any CUDA GPU Triton compiles tl.dot in bf16 for (Ampere and later); no feature past that.
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
 
 
 class TritonQuantLinear:
-    """y = x @ W.T with W decoded in registers by the fused Triton kernel (kernels.py).
+    """y = x @ W.T with W decoded in registers by the fused Triton kernel (kernels.py), or, from
+    `dequant.DEQUANT_MIN_M` activation rows on (prefill), dequantized to a bf16 scratch in row
+    chunks and multiplied by cuBLAS (dequant.py).
 
-    bf16 activations take the kernel; other dtypes (a float32 parity run on a GPU) fall back to
+    bf16 activations take the kernels; other dtypes (a float32 parity run on a GPU) fall back to
     dequantizing the weight for that call, which is correct and slow.
     """
 
@@ -57,9 +65,11 @@ class TritonQuantLinear:
             raise ValueError(f"{self.name} got a {weight.scheme} weight")
         p = self._to_prepared(weight)
         _kernels().reserve_workspace(p)
+        _dequant().reserve(p)
         return p
 
-    def apply(self, x: torch.Tensor, prepared: K.Prepared) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
+        """dequant_min_m: rows from which to dequantize + cuBLAS (default dequant.DEQUANT_MIN_M)."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if x2.dtype != torch.bfloat16 or x2.device.type != "cuda":
@@ -67,7 +77,11 @@ class TritonQuantLinear:
         else:
             if x2.stride(-1) != 1 or x2.data_ptr() % 16:
                 x2 = x2.contiguous()
-            y = _kernels().launch(x2, prepared)
+            D = _dequant()
+            if x2.shape[0] >= (D.DEQUANT_MIN_M if dequant_min_m is None else dequant_min_m):
+                y = D.matmul(x2, prepared)
+            else:
+                y = _kernels().launch(x2, prepared)
         return y.reshape(*lead, prepared.n)
 
 

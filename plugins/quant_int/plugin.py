@@ -4,8 +4,8 @@ Hookimpls: the four schemes (exact spec encoder, fp32 dequantize oracle), the `-
 `--quant int8` recipes, and two linear kernels per scheme: the fused Triton kernel (CUDA sm_80+,
 tried first) and the dequantize-then-matmul reference (anywhere; CPU CI and tiny models).
 Files: formats.py (encoder, layout), recipes.py, kernels.py (Triton), tuned.py (block sizes
-measured per registered shape), linear.py (the LinearKernel objects), artifact.py (packed weights
-on disk for `ninfer convert`).
+measured per registered shape), dequant.py (prefill: dequantize to bf16, then cuBLAS), linear.py
+(the LinearKernel objects), artifact.py (packed weights on disk for `ninfer convert`).
 """
 
 from __future__ import annotations
