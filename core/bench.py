@@ -1,7 +1,8 @@
 """`ninfer bench`: prefill and decode speed of one configuration, against the memory roofline.
 
     ninfer bench --model ID --quant Q [--random-weights] [--prompt-len N] [--gen-len M]
-                 [--context-len L] [--concurrency C] [--compare-transformers] [--json FILE]
+                 [--context-len L] [--concurrency C] [--spec mtp --draft-tokens K]
+                 [--compare-transformers] [--json FILE]
 
 What it does, in one process:
 1. measures the device-to-device copy bandwidth (bytes read + written): the roofline's rate;
@@ -14,11 +15,18 @@ What it does, in one process:
    without paying for its prefill; the step's time does not depend on the values;
 4. decodes M tokens (greedy, stop tokens ignored) with the Runner (CUDA graphs unless
    --no-cuda-graph); the first steps capture graphs and are not timed;
-5. reports tok/s, ms per step, the bytes one step must read (every weight once, the K/V of every
-   full-attention layer up to each row's position, the recurrent and conv state read and
-   written), the roofline time (bytes / copy bandwidth) and the step's share of it, and the
-   peak device memory while serving (weights + cache + activations; the transient of building
-   random weights is reported apart).
+5. reports tok/s, ms per step, the bytes one step must read (every weight once, of an MoE
+   layer's routed experts only those the step selects, the K/V of every full-attention layer up
+   to each row's position, the recurrent and conv state read and written), the roofline time
+   (bytes / copy bandwidth) and the step's share of it, and the peak device memory while
+   serving (weights + cache + activations; the transient of building random weights is reported
+   apart).
+6. with --spec (mtp): prefills the same prompts again with the drafter aligned, then times as many
+   speculative rounds (CUDA graphs unless --no-cuda-graph) as plain steps were timed: ms per round
+   against ms per plain step of step 4, rounds/s, the captured round's and its verify pass's
+   device time, acceptance per draft position, and the projected tok/s at the peer's published
+   per-position acceptance (73% long reasoning, 88% structured): rounds/s x concurrency x
+   sum_{i=0..K} a^i, a projection, since random weights accept next to nothing.
 With --compare-transformers (bf16): transformers' own Qwen3_5ForCausalLM built on the same weight
 tensors (shared, not copied), its decode timed on the same prompt, and the ratio.
 """
@@ -118,15 +126,60 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
+def experts_read(num_experts: int, top_k: int, rows: int) -> float:
+    """Distinct experts `rows` tokens route to in one MoE layer: exactly top_k for one row; for
+    more, the expectation when each row picks top_k of num_experts uniformly (random weights)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** rows)
+
+
+def moe_banks(model: Any) -> list[tuple[Any, int]]:
+    """(expert bank, top_k) of each sparse-MoE layer: a bank is the module holding `moe_prepared`
+    (hookspecs' ninfer_moe_kernel) with its experts' QLinears in `gate_up` / `down`."""
+    return [
+        (m.experts, int(m.top_k))
+        for m in model.modules()
+        if hasattr(getattr(m, "experts", None), "moe_prepared") and getattr(m, "top_k", 0)
+    ]
+
+
+def moe_read(model: Any, rows: int) -> dict[str, Any] | None:
+    """What one decode step of `rows` sequences reads of the routed experts (None: no MoE layer).
+    A step reads each expert it selects once, whatever number of rows chose it, and no other."""
+    banks = moe_banks(model)
+    if not banks:
+        return None
+    all_bytes = read = 0.0
+    per_layer = []
+    for bank, top_k in banks:
+        held = sum(_tensor_bytes(q.prepared) for q in (*bank.gate_up, *bank.down) if q.prepared is not None)
+        if not held:  # the MoE kernel keeps the only copy
+            held = getattr(bank.moe_prepared, "bytes_per_expert", 0) * bank.num_experts
+        used = experts_read(bank.num_experts, top_k, rows)
+        per_layer.append(used)
+        all_bytes += held
+        read += held * used / bank.num_experts
+    return {
+        "layers": len(banks),
+        "experts": banks[0][0].num_experts,
+        "top_k": banks[0][1],
+        "experts_read_per_layer": round(statistics.mean(per_layer), 2),
+        "routed_bytes_read": int(read),
+        "routed_bytes_all": int(all_bytes),
+    }
+
+
 def weight_bytes_read(model: Any, rows: int) -> int:
     """Bytes of weights one decode step of `rows` sequences reads: every linear once, in the layout
-    its kernel reads, every small buffer (norms, conv taps, gates), and the embedding rows (the
-    whole table when the head is tied to it)."""
+    its kernel reads, except the routed experts of MoE layers, of which only those the step
+    selects (`moe_read`); every small buffer (norms, conv taps, gates), and the embedding rows
+    (the whole table when the head is tied to it)."""
     from ninfer.linear import QLinear
 
-    total = 0
+    experts = {id(q) for bank, _ in moe_banks(model) for q in (*bank.gate_up, *bank.down)}
+    routed = moe_read(model, rows)
+    total = routed["routed_bytes_read"] if routed else 0
     for m in model.modules():
-        if isinstance(m, QLinear) and m.prepared is not None:
+        if isinstance(m, QLinear) and m.prepared is not None and id(m) not in experts:
             total += _tensor_bytes(m.prepared)
     for name, buf in model.named_buffers():
         if name == "embed_tokens" or name.endswith(".embed_tokens"):
@@ -267,6 +320,7 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
         "state": 2 * state * opts.concurrency,  # read and written back
     }
     nbytes["total"] = sum(nbytes.values())
+    routed = moe_read(model, opts.concurrency)
     roofline_ms = 1000 * nbytes["total"] / bandwidth
     result: dict[str, Any] = {
         "command": "ninfer bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
@@ -308,6 +362,8 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
             "graph_replay_ms": replay_ms,
         },
         "bytes_per_step": nbytes,
+        # MoE: the routed experts in "weights" are those a step selects (see moe_read), not all
+        "moe": routed,
         "roofline_ms": round(roofline_ms, 3),
         "roofline_share": round(roofline_ms / ms_step, 3),
         "memory": {
@@ -317,6 +373,8 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
             "plan": p.memory.as_dict() if p.memory is not None else None,
         },
     }
+    if config.spec != "none":
+        result["spec"] = spec_run(p, config, model, cache, runner, requests, prefix, result["decode"])
     if opts.compare_transformers:
         prompt = torch.tensor(requests[0].prompt_ids[-opts.prompt_len :])
         del runner, cache, requests, batch
@@ -334,7 +392,126 @@ def _replay_ms(runner: Any, rows: int) -> float | None:
     """Median of CUDA-event-timed replays of the last captured step, after the timed loop (a
     replay re-runs that step on its inputs: the cache is scratch by then)."""
     graphs = getattr(runner, "graphs", None)
-    graph = graphs.graphs.get(graphs.bucket(rows)) if graphs is not None else None
+    return _graph_ms(graphs.graphs.get(graphs.bucket(rows)) if graphs is not None else None)
+
+
+# --- speculative rounds (--spec) --------------------------------------------------------------------
+
+# Per-position acceptance published for the peer's MTP drafts: long reasoning, structured output.
+PEER_ACCEPTANCE = (0.73, 0.88)
+
+
+def tokens_per_round(a: float, k: int) -> float:
+    """Expected tokens a round yields when each draft is accepted with probability `a` given the
+    ones before it: draft i survives with a^i, and the correction or bonus always comes,
+    so E = sum_{i=0..K} a^i."""
+    return sum(a**i for i in range(k + 1))
+
+
+def spec_run(
+    p: Any, config: Any, model: Any, cache: Any, runner: Any, plain: list[Any], prefix: int, decode: dict[str, Any]
+) -> dict[str, Any]:
+    """The plain run's prompts again, decoded by speculative rounds (all of them in each round),
+    timed in the same process as the plain steps in `decode`: ms per round against ms per step,
+    rounds/s, acceptance, and the tok/s a round's cost gives at the peer's published acceptance
+    (a projection: random weights accept almost nothing, so measured tok/s says little)."""
+    from ninfer.config import SamplingParams
+    from ninfer.request import Request
+    from ninfer.scheduler import PrefillChunk
+    from ninfer.speculative import SpeculativeRound
+
+    device = model.device
+    choice = next(c for c in p.choices if c.slot == "speculator")
+    drafter = choice.impl.build(model=model, cache=cache, config=config)
+    spec = SpeculativeRound(model, cache, runner.sampler, drafter, graphs=runner.graphs)
+    k, rows = spec.k, len(plain)
+    params = SamplingParams(temperature=0.0, max_new_tokens=decode["timed_steps"] + WARMUP_STEPS + 1, ignore_eos=True)
+    requests = []
+    for i, old in enumerate(plain):
+        r = Request(f"bench-spec-{i}", old.prompt_ids, params)
+        r.slot, r.num_computed = old.slot, prefix
+        cache.reset(r.slot)  # the K/V prefix stays; the prompt is prefilled again, the drafter aligned over it
+        for start in range(prefix, len(r.prompt_ids), config.prefill_chunk):
+            end = min(start + config.prefill_chunk, len(r.prompt_ids))
+            token = runner.prefill(PrefillChunk(r, start, end))
+            spec.prefilled(r, start, end, runner.last_hidden, token)
+        r.output_ids.append(token)
+        requests.append(r)
+
+    def round_() -> int:
+        new = spec.run(requests)
+        for r, toks in zip(requests, new):
+            r.output_ids += toks
+        return sum(len(t) for t in new)
+
+    def room() -> bool:
+        return all(r.num_tokens + k <= cache.max_context for r in requests)
+
+    for _ in range(WARMUP_STEPS):  # the first round captures its graph
+        if room():
+            round_()
+    for r in requests:
+        r.spec = type(r.spec)()
+    # as many rounds as the plain run timed steps, while the context has room for one
+    rounds = tokens = 0
+    _sync(device)
+    t0 = time.perf_counter()
+    while rounds < decode["timed_steps"] and room():
+        tokens += round_()
+        rounds += 1
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    if rounds == 0:
+        raise UserError(f"no room for a speculative round of {k} drafts: raise --gen-len or --max-context.")
+    ms_round = 1000 * seconds / rounds
+    drafted = sum(r.spec.drafted for r in requests)
+    accepted = sum(r.spec.accepted for r in requests)
+    per_position = [sum(r.spec.accepted_per_position[i] for r in requests if len(r.spec.accepted_per_position) > i) for i in range(k)]
+    rounds_s = rounds / seconds
+    graph = runner.graphs.graphs.get(("spec", rows)) if runner.graphs is not None else None
+    replay = _graph_ms(graph)
+    verify = _verify_ms(spec, runner.graphs, rows) if graph is not None else None
+    plain_replay = decode.get("graph_replay_ms")
+    return {
+        "method": config.spec,
+        "draft_tokens": k,
+        "cuda_graph": graph is not None,
+        "eager_reason": None if graph is not None else (runner.eager_reason or spec.eager_reason),
+        "timed_rounds": rounds,
+        "seconds": round(seconds, 4),
+        "ms_per_round": round(ms_round, 3),
+        "plain_ms_per_step": decode["ms_per_step"],
+        "round_vs_plain_step": round(ms_round / decode["ms_per_step"], 3),
+        "rounds_per_s": round(rounds_s, 2),
+        # device time of the captured round alone, and of its verify pass (target over K+1 rows per
+        # sequence, with the logits): the rest is acceptance, GDN commit, MTP alignment and drafting
+        "graph_replay_ms": replay,
+        "verify_replay_ms": verify,
+        "round_replay_vs_plain_replay": round(replay / plain_replay, 3) if replay and plain_replay else None,
+        "measured_tok_s": round(tokens / seconds, 2),
+        "stats": {
+            "drafted": drafted,
+            "accepted": accepted,
+            "rounds": rounds * rows,
+            "accepted_per_position": per_position,
+            "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
+            "tokens_per_round": round(1 + accepted / (rounds * rows), 3),
+        },
+        "projection": {
+            "formula": "tok/s = rounds/s x concurrency x sum_{i=0..K} a^i, a = per-position acceptance",
+            **{
+                f"a={a}": {
+                    "tokens_per_round": round(tokens_per_round(a, k), 3),
+                    "tok_s": round(rounds_s * rows * tokens_per_round(a, k), 2),
+                }
+                for a in PEER_ACCEPTANCE
+            },
+        },
+    }
+
+
+def _graph_ms(graph: Any) -> float | None:
+    """Median device time of 10 replays of `graph` (None: no graph)."""
     if graph is None:
         return None
     times = []
@@ -346,6 +523,40 @@ def _replay_ms(runner: Any, rows: int) -> float | None:
         e1.synchronize()
         times.append(e0.elapsed_time(e1))
     return round(statistics.median(times), 3)
+
+
+def _verify_ms(spec: Any, graphs: Any, rows: int) -> float | None:
+    """The verify pass of the last round's inputs captured on its own and replayed (it rewrites
+    K/V and the GDN columns only: scratch once the timed rounds are done)."""
+    try:
+        with torch.inference_mode():
+            graph = graphs.capture(("spec-verify", rows), lambda: spec._verify(rows, None))
+    except Exception as exc:  # noqa: BLE001 - a breakdown only: the bench goes on without it
+        log.warning("verify pass not captured for timing", error=str(exc))
+        return None
+    return _graph_ms(graph)
+
+
+def spec_table(s: dict[str, Any]) -> list[str]:
+    st, proj = s["stats"], s["projection"]
+    how = "CUDA graph" if s["cuda_graph"] else f"eager: {s['eager_reason']}"
+    lines = [
+        f"  spec {s['method']} K={s['draft_tokens']}  {s['ms_per_round']:.3f} ms/round = {s['round_vs_plain_step']:.3f}x the plain "
+        f"step ({s['plain_ms_per_step']:.3f} ms), {s['rounds_per_s']:.2f} rounds/s ({how})",
+    ]
+    if s.get("graph_replay_ms"):
+        verify = f", verify {s['verify_replay_ms']:.3f} ms" if s.get("verify_replay_ms") else ""
+        vs = f" ({s['round_replay_vs_plain_replay']}x the plain replay)" if s.get("round_replay_vs_plain_replay") else ""
+        lines.append(f"  round replay       {s['graph_replay_ms']:.3f} ms{vs}{verify}")
+    lines.append(
+        f"  acceptance         {st['acceptance']:.3f} ({st['accepted']}/{st['drafted']}, per position {st['accepted_per_position']}), "
+        f"{st['tokens_per_round']:.3f} tokens/round, measured {s['measured_tok_s']:.2f} tok/s"
+    )
+    for key, v in proj.items():
+        if key != "formula":
+            lines.append(f"  projection {key:<8} {v['tok_s']:,.2f} tok/s ({v['tokens_per_round']:.3f} tokens/round)")
+    lines.append(f"  ({proj['formula']})")
+    return lines
 
 
 def _round(x: float | None) -> float | None:
@@ -486,8 +697,18 @@ def table(result: dict[str, Any]) -> str:
         f"  bytes per step     {result['bytes_per_step']['total'] / 1e9:.3f} GB (weights {result['bytes_per_step']['weights'] / 1e9:.3f}, "
         f"KV {result['bytes_per_step']['kv'] / 1e9:.3f}, state {result['bytes_per_step']['state'] / 1e9:.3f})",
         f"  roofline           {result['roofline_ms']:.3f} ms/step -> share {100 * result['roofline_share']:.1f}%",
+    ]
+    moe = result.get("moe")
+    if moe:
+        lines.append(
+            f"  routed experts     {moe['experts_read_per_layer']:g} of {moe['experts']} read per layer: "
+            f"{moe['routed_bytes_read'] / 1e9:.3f} GB of {moe['routed_bytes_all'] / 1e9:.3f} GB in the weights above"
+        )
+    lines += [
         f"  peak memory        {result['memory']['peak_serving_gib']} GiB serving, {result['memory']['peak_build_gib']} GiB while building",
     ]
+    if result.get("spec"):
+        lines += spec_table(result["spec"])
     hf = result.get("transformers")
     if hf:
         lines.append(f"  transformers       {hf['decode_tok_s']:.2f} tok/s decode ({hf['ms_per_step']} ms/step): ours {hf['ratio']}x")

@@ -52,7 +52,7 @@ class LLMEngine:
         if speculator is not None:
             from ninfer.speculative import SpeculativeRound
 
-            self.speculative = SpeculativeRound(model, cache, sampler, speculator)
+            self.speculative = SpeculativeRound(model, cache, sampler, speculator, graphs=self.runner.graphs)
         # what was loaded and chosen (model id, device, kernels): for logs, /v1/models, --json
         self.info = info or {}
         self._ids = itertools.count()

@@ -13,15 +13,19 @@ where a batch is padded with rows of slot -1 / position -1: the model then touch
 them (`graph_decode` models promise that) and their tokens are dropped. Each bucket is captured on
 first use, after a warm-up run on padding rows only, so capturing never changes a sequence.
 
-History counts for the penalties live on the device ([slots + 1, vocab], the last row for padding):
-each replay adds the sampled token of each row, and the host rebuilds a slot's row from the
-request's output ids whenever its bookkeeping says they diverged (a new request, a speculative
-round, a step taken on the eager path).
+History counts for the penalties live on the device (`HistoryCounts`, [slots + 1, vocab], the last
+row for padding): each replay adds the sampled token of each row, and the host rebuilds a slot's
+row from the request's output ids whenever its bookkeeping says they diverged (a new request, a
+step taken on the eager path).
+
+Speculative rounds (ninfer.speculative) reuse this machinery: `capture(key, step, warm_up)` for
+their own step (keys ("spec", b)), the same pool, and the same history counts, which a round
+updates on the device with the tokens it keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import structlog
@@ -38,6 +42,15 @@ _IDS, _SLOTS, _POS, _SEEDS, _SAMPLE_POS, _TOP_K = range(6)
 _TEMP, _TOP_P, _MIN_P, _PRESENCE, _FREQUENCY = range(5)
 
 
+def sampling_columns(p: Any) -> tuple[int, int, list[float]]:
+    """One request's sampler inputs for a captured step: (seed as int64, top_k, the float rows
+    [temperature, top_p, min_p, presence, frequency]); a greedy row is the same pipeline with
+    top_k 1 and no penalties."""
+    if p.greedy:
+        return _i64(p.seed), 1, [1.0, 1.0, 0.0, 0.0, 0.0]
+    return _i64(p.seed), p.effective_top_k, [p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty]
+
+
 def buckets_for(max_batch: int) -> list[int]:
     exact = list(range(1, min(max_batch, EXACT_UP_TO) + 1))
     return exact + list(range(2 * EXACT_UP_TO, max_batch + EXACT_UP_TO, EXACT_UP_TO))
@@ -49,6 +62,12 @@ def graphs_supported(model: Any, cuda_graph: bool) -> str | None:
         return "--no-cuda-graph"
     if getattr(model, "device", torch.device("cpu")).type != "cuda":
         return "not on a CUDA device"
+    # an MoE layer (a module holding `moe_prepared`, hookspecs' ninfer_moe_kernel) is capturable
+    # only through a kernel that says `graph_safe` and runs this dtype; the reference routes on the host
+    for bank in (m for m in getattr(model, "modules", tuple)() if hasattr(m, "moe_prepared")):
+        k = getattr(bank, "kernel", None)
+        if not getattr(k, "graph_safe", False) or getattr(model, "dtype", None) not in getattr(k, "fused_dtypes", ()):
+            return f"the MoE kernel {getattr(k, 'name', k)} is not graph-safe here (a host sync per layer)"
     if not getattr(model, "graph_decode", False):
         return "the model's attention backends cannot run a decode step without a host sync"
     return None
@@ -63,14 +82,14 @@ class GraphDecoder:
         top = self.buckets[-1]
         self.ints = torch.zeros(6, top, dtype=torch.int64, device=self.device)
         self.floats = torch.zeros(5, top, dtype=torch.float32, device=self.device)
-        self.pad_row = cache.num_slots
-        self.counts = torch.zeros(cache.num_slots + 1, self.vocab, dtype=torch.float32, device=self.device)
+        self.history = HistoryCounts(cache.num_slots, self.vocab, self.device)
+        self.pad_row, self.counts = self.history.pad_row, self.history.counts
         self.tokens = torch.zeros(top, dtype=torch.int64, device=self.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.failed: set[int] = set()
+        # keys: a batch bucket (the decode step) or another captured step's own key (a speculative
+        # round: ("spec", b)); every graph allocates from one pool, since none runs while another does
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.failed: set[Hashable] = set()
         self.pool = None
-        # slot -> (request id, number of its output tokens the counts row holds)
-        self._counted: dict[int, tuple[str, int]] = {}
 
     # --- the captured step --------------------------------------------------------------------
 
@@ -101,41 +120,44 @@ class GraphDecoder:
         if b in self.graphs or b in self.failed:
             return self.graphs.get(b)
         self._pad(0, b)  # warm-up and capture see padding rows only: no sequence's state moves
+        return self.capture(b, lambda: self._step(b))
+
+    def capture(
+        self, key: Hashable, step: Callable[[], None], warm_up: Callable[[], None] | None = None
+    ) -> torch.cuda.CUDAGraph | None:
+        """Graph `key` of `step` (tensor ops on static buffers, no host sync), captured in the shared
+        pool on the first call, after `warm_up` (default: `step` twice) on a side stream: that
+        compiles kernels and makes cuBLAS handles and the kernels' workspaces before capture.
+        None when it cannot be captured: the key stays eager from then on."""
+        if key in self.graphs or key in self.failed:
+            return self.graphs.get(key)
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                for _ in range(2):  # compiles kernels, makes cuBLAS handles and the kernels' workspaces
-                    self._step(b)
+                if warm_up is None:
+                    step()
+                    step()
+                else:
+                    warm_up()
             torch.cuda.current_stream(self.device).wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self._step(b)
-        except Exception as exc:  # noqa: BLE001 - a model that cannot be captured still decodes eagerly
-            log.warning("decode step could not be captured; this batch size stays eager", batch=b, error=str(exc))
-            self.failed.add(b)
+                step()
+        except Exception as exc:  # noqa: BLE001 - a step that cannot be captured still runs eagerly
+            log.warning("step could not be captured; it stays eager", key=str(key), error=str(exc))
+            self.failed.add(key)
             return None
-        self.graphs[b] = graph
-        log.debug("captured decode step", batch=b, graphs=len(self.graphs))
+        self.graphs[key] = graph
+        log.debug("captured", key=str(key), graphs=len(self.graphs))
         return graph
 
     # --- one step -----------------------------------------------------------------------------
 
     def bucket(self, b: int) -> int | None:
         return next((x for x in self.buckets if x >= b), None)
-
-    def _sync_counts(self, requests: Sequence[Any]) -> None:
-        for r in requests:
-            want = (r.id, len(r.output_ids))
-            if self._counted.get(r.slot) == want:
-                continue
-            row = self.counts[r.slot]
-            row.zero_()
-            if r.output_ids:
-                ids = torch.tensor(r.output_ids, dtype=torch.int64, device=self.device)
-                row.index_put_((ids,), torch.ones(len(r.output_ids), device=self.device), accumulate=True)
 
     def decode(self, requests: Sequence[Any]) -> list[int] | None:
         """The next token of each request (each feeds its last sampled token at position
@@ -147,23 +169,17 @@ class GraphDecoder:
         graph = self._graph(size)
         if graph is None:
             return None
-        self._sync_counts(requests)
+        self.history.sync(requests)
         ints = [[0] * size for _ in range(6)]
         floats = [[0.0] * size for _ in range(5)]
         for j, r in enumerate(requests):
-            p = r.params
-            sampled = not p.greedy
             ints[_IDS][j] = r.output_ids[-1]
             ints[_SLOTS][j] = r.slot
             ints[_POS][j] = r.num_computed
-            ints[_SEEDS][j] = _i64(p.seed)
             ints[_SAMPLE_POS][j] = r.num_tokens
-            ints[_TOP_K][j] = p.effective_top_k if sampled else 1
-            floats[_TEMP][j] = p.temperature if sampled else 1.0
-            floats[_TOP_P][j] = p.top_p if sampled else 1.0
-            floats[_MIN_P][j] = p.min_p if sampled else 0.0
-            floats[_PRESENCE][j] = p.presence_penalty if sampled else 0.0
-            floats[_FREQUENCY][j] = p.frequency_penalty if sampled else 0.0
+            ints[_SEEDS][j], ints[_TOP_K][j], row = sampling_columns(r.params)
+            for i, v in enumerate(row):
+                floats[i][j] = v
         for j in range(b, size):
             ints[_SLOTS][j] = ints[_POS][j] = -1
             ints[_TOP_K][j] = 1
@@ -174,5 +190,41 @@ class GraphDecoder:
         tokens = self.tokens[:b].tolist()
         for r in requests:
             # the engine appends the sampled token: the counts row already holds it
-            self._counted[r.slot] = (r.id, len(r.output_ids) + 1)
+            self.history.counted(r, len(r.output_ids) + 1)
         return tokens
+
+
+class HistoryCounts:
+    """Each slot's counts of its request's output tokens, on the device ([slots + 1, vocab]; the
+    last row is where padding rows add): the history the penalties read inside a captured step.
+
+    A step that adds its tokens on the device says so (`counted`); `sync` rebuilds a slot's row
+    from the request's output ids whenever the bookkeeping says they diverged (a new request, a
+    step taken on a path that does not count)."""
+
+    def __init__(self, num_slots: int, vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
+        self.device = device
+        self.pad_row = num_slots
+        self.counts = torch.zeros(num_slots + 1, vocab, dtype=torch.float32, device=device)
+        # slot -> (request id, number of its output tokens the counts row holds)
+        self._counted: dict[int, tuple[str, int]] = {}
+
+    def sync(self, requests: Sequence[Any]) -> None:
+        for r in requests:
+            want = (r.id, len(r.output_ids))
+            if self._counted.get(r.slot) == want:
+                continue
+            row = self.counts[r.slot]
+            row.zero_()
+            if r.output_ids:
+                ids = torch.tensor(r.output_ids, dtype=torch.int64, device=self.device)
+                row.index_put_((ids,), torch.ones(len(r.output_ids), device=self.device), accumulate=True)
+            self._counted[r.slot] = want
+
+    def counted(self, r: Any, n: int) -> None:
+        """The row of `r.slot` now holds the first `n` output tokens of `r`."""
+        self._counted[r.slot] = (r.id, n)
+
+    def forget(self, slot: int) -> None:
+        self._counted.pop(slot, None)

@@ -18,15 +18,25 @@ The engine feeds the A+1 tokens through `_append` one by one; when a stop or a l
 the request inside the round it calls `truncate`, which rolls the slot back to the kept prefix.
 
 ROLLBACK of the recurrent state, measured in BENCHMARKS.md ("Speculative decoding"):
-* "columns": the verify keeps the GDN state after each of its K+1 tokens (the cache's
-  `keep_columns`); the accepted count picks one. One pass, K+1 state copies.
+* "columns": the verify keeps the GDN state after each of its K+1 tokens (the verifier's
+  columns, or the cache's `keep_columns`); the accepted count picks one. One pass, K+1 states.
 * "replay": snapshot once, verify, restore and re-run the target over the kept tokens whenever a
   draft was rejected. Works with any cache that has snapshot/restore; costs a second forward.
 
-For CUDA graphs the shapes are fixed per K: the verify is K+1 tokens, the drafter aligns K+1
-columns and drafts K-1 single steps, and the accepted count can stay a device tensor (the
-column is picked with `index_select`). The eager path here syncs the host three times a round:
-the drafts (the sampler's histories count them), the accepted count and the new tokens.
+BATCHED ROUNDS (a drafter with a `verifier`, the MTP speculator's, and "columns"): one round of
+every sequence of the batch is one step of tensor ops with no host sync: the verify of B*(K+1)
+rows (`verifier.forward`), the sampler's processed distributions with each column's history
+(the slot's device-side counts plus the drafts before it), acceptance, correction and bonus
+with counter-based uniforms, the GDN commit (`verifier.commit`, the accepted count a device
+tensor), the history update, the drafter's alignment over all columns (`drafter.align_rows`)
+and the next K drafts, left on the device for the next round. The host writes the inputs with
+one copy and reads the kept tokens and accepted counts back: one sync per round. With the
+runner's CUDA graphs (`graphs`, ninfer.graphs) the step is captured per batch size (exact sizes
+up to EXACT_UP_TO, so no padding row ever runs it) and replayed; otherwise (`--no-cuda-graph`,
+the CPU, other sizes) the very same step runs eagerly, so both give the same tokens.
+
+Other drafters (a scripted one in tests, or "replay") take the per-sequence path below, which
+syncs three times a round: the drafts, the accepted count and the new tokens.
 """
 
 from __future__ import annotations
@@ -37,9 +47,22 @@ from typing import Any
 import structlog
 import torch
 
-from ninfer.kernels.sampling import draw, point_mass_accepts, residual_without, uniforms
+from ninfer.kernels.sampling import (
+    counter_uniform,
+    draw,
+    point_mass_accepts,
+    process,
+    residual_without,
+    scatter_probs,
+    uniforms,
+)
 from ninfer.request import Request
 from ninfer.sampling import Purpose
+
+# rows of the int64 and float32 input buffers of a batched round (one column per sequence); the
+# float rows are ninfer.graphs.sampling_columns' order
+_ANCHOR, _SLOTS, _START, _SEEDS, _TOP_K = range(5)
+_TEMP, _TOP_P, _MIN_P, _PRESENCE, _FREQUENCY = range(5)
 
 log = structlog.get_logger("ninfer.speculative")
 
@@ -49,16 +72,21 @@ DEFAULT_ROLLBACK = "columns"
 
 
 class SpeculativeRound:
-    def __init__(self, model: Any, cache: Any, sampler: Any, drafter: Any, *, rollback: str | None = None) -> None:
+    def __init__(
+        self, model: Any, cache: Any, sampler: Any, drafter: Any, *, rollback: str | None = None, graphs: Any = None
+    ) -> None:
         self.model = model
         self.cache = cache
         self.sampler = sampler
         self.drafter = drafter
         self.k = int(drafter.k)
-        rollback = rollback or (DEFAULT_ROLLBACK if hasattr(cache, "keep_columns") else "replay")
+        # the target's batched verify pass (batched rounds); None: the per-sequence path
+        self.verifier = getattr(drafter, "verifier", None)
+        can_keep = hasattr(cache, "keep_columns") or self.verifier is not None
+        rollback = rollback or (DEFAULT_ROLLBACK if can_keep else "replay")
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback {rollback!r}: use one of {ROLLBACKS}")
-        if rollback == "columns" and not hasattr(cache, "keep_columns"):
+        if rollback == "columns" and not can_keep:
             raise ValueError("this model's cache keeps no per-token state: use rollback='replay'")
         self.rollback = rollback
         self.device = model.device
@@ -66,8 +94,30 @@ class SpeculativeRound:
         # per slot: the next round's drafts, and whether they are valid (False after a plain step)
         self.drafts = torch.zeros(n, self.k, dtype=torch.long, device=self.device)
         self.ready = [False] * n
-        # per slot, what `truncate` needs: the round's start E, verify ids, replay snapshot
-        self._last: list[tuple[int, torch.Tensor, Any] | None] = [None] * n
+        # per slot, what `truncate` needs: the round's start E, verify ids (None: a batched round),
+        # replay snapshot
+        self._last: list[tuple[int, torch.Tensor | None, Any] | None] = [None] * n
+        if self.verifier is not None:
+            self._init_batched(graphs)
+
+    def _init_batched(self, graphs: Any) -> None:
+        from ninfer.graphs import HistoryCounts
+
+        n, dev = self.cache.num_slots, self.device
+        self.vocab = self.model.shape.vocab_size
+        self.ints = torch.zeros(5, n, dtype=torch.int64, device=dev)
+        self.floats = torch.zeros(5, n, dtype=torch.float32, device=dev)
+        # per sequence: the K+1 tokens the round keeps from (the first `accepted + 1`), then `accepted`
+        self.out = torch.zeros(n, self.k + 2, dtype=torch.int64, device=dev)
+        # the runner's graphs share their pool and history counts with the rounds
+        self.graphs = graphs
+        self.history = graphs.history if graphs is not None else HistoryCounts(n, self.vocab, dev)
+        reason = "the runner decodes eagerly (its reason: --no-cuda-graph, the device, or the model)"
+        if graphs is not None:
+            drafter_reason = getattr(self.drafter, "graph_reason", lambda: "the drafter cannot be captured")
+            reason = drafter_reason()
+        # why rounds run eagerly (None: captured per batch size up to EXACT_UP_TO)
+        self.eager_reason: str | None = reason
 
     # --- prompt --------------------------------------------------------------------------------
 
@@ -104,10 +154,16 @@ class SpeculativeRound:
                 plain.append(r)
         return rounds, plain
 
+    @property
+    def batched(self) -> bool:
+        return self.verifier is not None and self.rollback == "columns"
+
     @torch.inference_mode()
     def run(self, requests: Sequence[Request]) -> list[list[int]]:
         """One round for each request: its A+1 new tokens (A accepted drafts, then the correction
         or bonus). Leaves each slot committed to all of them and the next drafts ready."""
+        if self.batched:
+            return self._run_batched(requests)
         tokens, seeds, positions = [], [], []
         for r in requests:
             toks, seed, pos = self._round(r)
@@ -153,14 +209,7 @@ class SpeculativeRound:
 
         self._commit(r, e, ids, snap, accepted + 1)
         self._last[slot] = (e, ids, snap)
-        st = r.spec
-        st.rounds += 1
-        st.drafted += k
-        st.accepted += accepted
-        if len(st.accepted_per_position) < k:
-            st.accepted_per_position.extend([0] * (k - len(st.accepted_per_position)))
-        for i in range(accepted):
-            st.accepted_per_position[i] += 1
+        self._count(r, accepted)
 
         # the drafter's columns are the verify columns, each with its next token: the verify ids
         # shifted left, the correction or bonus at index `accepted`; all K+1 run (fixed shape), the
@@ -192,7 +241,12 @@ class SpeculativeRound:
         roll `slot` back to them, so the slot holds exactly the committed prefix."""
         e, ids, snap = self._last[slot]
         r.num_computed = e + kept
-        if self.rollback == "columns":
+        if ids is None:
+            # a batched round: its columns still hold every verified token's state
+            one = torch.tensor([slot], dtype=torch.long, device=self.device)
+            self.verifier.commit(one, torch.tensor([kept - 1], dtype=torch.long, device=self.device))
+            self.history.forget(slot)
+        elif self.rollback == "columns":
             self.cache.use_column(slot, kept - 1)
         else:
             self.cache.restore(slot, snap)
@@ -203,3 +257,139 @@ class SpeculativeRound:
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         slot_t = torch.tensor(slots, dtype=torch.long, device=self.device)
         return self.drafter.draft(slot_t, seeds, pos, max(positions) + self.k)
+
+    def _count(self, r: Request, accepted: int) -> None:
+        st, k = r.spec, self.k
+        st.rounds += 1
+        st.drafted += k
+        st.accepted += accepted
+        if len(st.accepted_per_position) < k:
+            st.accepted_per_position.extend([0] * (k - len(st.accepted_per_position)))
+        for i in range(accepted):
+            st.accepted_per_position[i] += 1
+
+    # --- batched rounds -------------------------------------------------------------------------
+
+    def _run_batched(self, requests: Sequence[Request]) -> list[list[int]]:
+        from ninfer.graphs import EXACT_UP_TO, sampling_columns
+
+        b, k = len(requests), self.k
+        self.history.sync(requests)
+        ints = [[0] * b for _ in range(5)]
+        floats = [[0.0] * b for _ in range(5)]
+        for j, r in enumerate(requests):
+            ints[_ANCHOR][j] = r.output_ids[-1]
+            ints[_SLOTS][j] = r.slot
+            ints[_START][j] = r.num_computed
+            ints[_SEEDS][j], ints[_TOP_K][j], row = sampling_columns(r.params)
+            for n, v in enumerate(row):
+                floats[n][j] = v
+        self.ints[:, :b].copy_(torch.tensor(ints, dtype=torch.int64))
+        self.floats[:, :b].copy_(torch.tensor(floats, dtype=torch.float32))
+        graph = self._graph(b) if self.eager_reason is None and b <= EXACT_UP_TO else None
+        if graph is not None:
+            graph.replay()
+        else:
+            e = max(r.num_computed for r in requests)
+            # bounds of the reference attention's reads: the verify and alignment reach E+K, the
+            # drafts E+A+K-1 <= E+2K-1
+            self._round_step(b, e + k + 1, e + 2 * k)
+        rows = self.out[:b].tolist()
+        tokens = []
+        for r, row in zip(requests, rows):
+            accepted = row[k + 1]
+            e = r.num_computed
+            r.num_computed = e + accepted + 1
+            self._last[r.slot] = (e, None, None)
+            self._count(r, accepted)
+            # the engine appends the kept tokens: the counts row already holds them
+            self.history.counted(r, len(r.output_ids) + accepted + 1)
+            tokens.append(row[: accepted + 1])
+        return tokens
+
+    def _graph(self, b: int) -> Any:
+        """The round of b sequences as a CUDA graph, captured on first use from the inputs just
+        written: the warm-up runs two real rounds, so it puts back what a round moves that the
+        replay does not rewrite first (the slots' GDN state, their drafts and history counts;
+        K/V columns are rewritten before they are read)."""
+        key = ("spec", b)
+        if key in self.graphs.graphs or key in self.graphs.failed:
+            return self.graphs.graphs.get(key)
+        slots = self.ints[_SLOTS, :b].clone()
+
+        def warm_up() -> None:
+            state = self.verifier.snapshot(slots)
+            drafts, counts = self.drafts.index_select(0, slots), self.history.counts.index_select(0, slots)
+            try:
+                self._round_step(b, None, None)
+                self._round_step(b, None, None)
+            finally:
+                self.verifier.restore(slots, state)
+                self.drafts.index_copy_(0, slots, drafts)
+                self.history.counts.index_copy_(0, slots, counts)
+
+        return self.graphs.capture(key, lambda: self._round_step(b, None, None), warm_up)
+
+    def _verify(self, b: int, verify_len: int | None) -> tuple[torch.Tensor, ...]:
+        """The target's pass over each sequence's anchor and drafts: (drafts [b, K], ids [b, M],
+        positions [b, M], row slots [b*M], hidden [b*M, H], logits [b*M, V]); rows are
+        sequence-major (b * M + column)."""
+        m = self.k + 1
+        slots, starts = self.ints[_SLOTS, :b], self.ints[_START, :b]
+        drafts = self.drafts.index_select(0, slots)
+        ids = torch.cat((self.ints[_ANCHOR, :b, None], drafts), 1)
+        pos = starts[:, None] + torch.arange(m, device=self.device)
+        rows = slots[:, None].expand(b, m).reshape(-1)
+        hidden = self.verifier.forward(ids.reshape(-1), rows, pos.reshape(-1), slots, verify_len)
+        return drafts, ids, pos, rows, hidden, self.model.compute_logits(hidden)
+
+    def _round_step(self, b: int, verify_len: int | None, draft_len: int | None) -> None:
+        """One round of the first b sequences of the input buffers, tensor ops only (see BATCHED
+        ROUNDS above); the reference attention's bounds are None when captured (fused kernels
+        read lengths on the device)."""
+        k, m, vocab, dev = self.k, self.k + 1, self.vocab, self.device
+        i, f = self.ints[:, :b], self.floats[:, :b]
+        slots, starts, seeds = i[_SLOTS], i[_START], i[_SEEDS]
+        col = torch.arange(m, device=dev)
+        drafts, ids, pos, rows, hidden, logits = self._verify(b, verify_len)
+
+        # column i judges d_{i+1} with the drafts before it in the history (spec 3.1)
+        # (expand + reshape, not repeat_interleave: no host sync to size the result)
+        counts = self.history.counts.index_select(0, slots)[:, None, :].expand(b, m, vocab).contiguous()
+        before = (torch.arange(k, device=dev)[None, :] < col[:, None]).float()  # [M, K]: d_j counts in column i > j
+        counts.scatter_add_(2, drafts[:, None, :].expand(b, m, k), before.expand(b, m, k))
+
+        def per_column(t: torch.Tensor) -> torch.Tensor:
+            return t[:, None].expand(b, m).reshape(-1)
+
+        cand, p = process(
+            logits, per_column(f[_TEMP]), per_column(i[_TOP_K]), per_column(f[_TOP_P]), per_column(f[_MIN_P]),
+            per_column(f[_PRESENCE]), per_column(f[_FREQUENCY]), counts.view(b * m, vocab),
+        )  # fmt: skip
+        probs = scatter_probs(cand, p, vocab).view(b, m, vocab)
+        u = counter_uniform(seeds[:, None], pos[:, 1:], int(Purpose.SPEC_ACCEPT))  # positions E+1..E+K
+        ok = point_mass_accepts(probs[:, :k].reshape(b * k, vocab), drafts.reshape(-1), u.reshape(-1)).view(b, k)
+        accepted = torch.cumprod(ok.to(torch.int64), 1).sum(1)  # [b]
+        at = accepted[:, None]
+        dist = probs.gather(1, at[:, :, None].expand(b, 1, vocab))[:, 0]  # column `accepted`
+        rejected = torch.cat((drafts, drafts[:, :1]), 1).gather(1, at)[:, 0]  # (any id when all passed)
+        corrected = accepted < k
+        dist = torch.where(corrected[:, None], residual_without(dist, rejected), dist)
+        purpose = torch.where(corrected, int(Purpose.SPEC_CORRECTION), int(Purpose.SPEC_BONUS))
+        last = draw(dist, counter_uniform(seeds, starts + 1 + accepted, purpose))
+        kept = torch.cat((drafts, last[:, None]), 1).scatter(1, at, last[:, None])  # A drafts, then `last`
+
+        self.verifier.commit(slots, accepted)
+        keep = (col[None, :] <= at).to(torch.float32)
+        self.history.counts.view(-1).scatter_add_(0, (slots[:, None] * vocab + kept).reshape(-1), keep.reshape(-1))
+
+        # the drafter's columns are the verify columns, each with the token after it (`kept`: the
+        # verify ids shifted left, `last` at `accepted`); the ones past `accepted` are overwritten
+        # before anything reads them
+        tokens, seen = self._mtp_inputs(ids.reshape(-1), kept.reshape(-1), hidden)
+        out = self.drafter.align_rows(rows, tokens, seen, pos.reshape(-1), verify_len)
+        seed_rows = out.view(b, m, -1).gather(1, at[:, :, None].expand(b, 1, out.shape[-1]))[:, 0]
+        new = self.drafter.draft(slots, seed_rows, starts + accepted, draft_len)
+        self.drafts.index_copy_(0, slots, new.to(device=dev, dtype=self.drafts.dtype))
+        self.out[:b, :m].copy_(kept)
+        self.out[:b, m].copy_(accepted)

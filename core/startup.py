@@ -174,9 +174,34 @@ def _kernel_choices(
         if recipe is None:
             raise UserError(f"--quant {config.quant}: no installed plugin provides it; use --quant bf16.", param="quant")
     factory = LinearFactory(plugins, device, recipe)
+    # routed experts, by layer (`{layer}.experts.{e}.gate_up_proj` / `.down_proj`): [schemes of
+    # gate_up, schemes of down, experts, hidden, inner]
+    banks: dict[str, list] = {}
     for name, n, k in getattr(shape, "linear_shapes", list)():
-        factory.kernel_for(factory.scheme_for(name, n, k), n, k)
-    return out + list(factory.choices.values())
+        scheme = factory.scheme_for(name, n, k)
+        factory.kernel_for(scheme, n, k)
+        layer, _, rest = name.partition(".experts.")
+        leaf = rest.rpartition(".")[2]
+        if leaf in ("gate_up_proj", "down_proj"):
+            bank = banks.setdefault(layer, [set(), set(), 0, 0, 0])
+            if leaf == "gate_up_proj":
+                bank[0].add(scheme)
+                bank[2:] = [bank[2] + 1, k, n // 2]
+            else:
+                bank[1].add(scheme)
+    # one MoE kernel per (schemes, shape), with the slot the family's model asks it for; a layer
+    # whose experts mix schemes runs the family's reference MoE without asking
+    moe: dict[str, Choice] = {}
+    for gu, dn, experts, hidden, inner in banks.values():
+        if len(gu) != 1 or len(dn) != 1:
+            continue
+        slot = f"moe[{next(iter(gu))}/{next(iter(dn))} {experts}x{hidden}x{inner}]"
+        if slot not in moe:
+            moe[slot] = plugins.choose(
+                "ninfer_moe_kernel", device, slot=slot, scheme_gate_up=next(iter(gu)), scheme_down=next(iter(dn)),
+                num_experts=experts, hidden=hidden, inner=inner,
+            )
+    return out + list(factory.choices.values()) + list(moe.values())
 
 
 def choose_speculator(plugins: PluginManager, config: EngineConfig, device: DeviceInfo) -> Choice:

@@ -9,7 +9,8 @@ checked (spec section 8.3). Thinking follows the server default unless `thinking
 Streaming events: message_start, ping, then per block content_block_start, content_block_delta
 (thinking_delta | text_delta | input_json_delta), content_block_stop; then message_delta (stop
 reason, usage) and message_stop. Stop reasons: a stop token -> end_turn, a stop sequence ->
-stop_sequence (with the sequence), the budget -> max_tokens, tool calls -> tool_use.
+stop_sequence (with the sequence), the budget -> max_tokens, tool calls -> tool_use. With `--spec`,
+the final usage (message, message_delta) also carries the vendor field `ninfer_spec`.
 """
 
 from __future__ import annotations
@@ -291,8 +292,16 @@ def _message(run: Run, model: str, content: list[dict[str, Any]], stop: tuple[st
         "content": content,
         "stop_reason": stop[0],
         "stop_sequence": stop[1],
-        "usage": {"input_tokens": len(run.prep.prompt_ids), "output_tokens": output_tokens},
+        "usage": _usage(run, len(run.prep.prompt_ids), output_tokens),
     }
+
+
+def _usage(run: Run, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    usage: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+    spec = run.spec_usage()
+    if spec is not None:
+        usage["ninfer_spec"] = spec  # a vendor field: the SDKs keep unknown usage fields as extras
+    return usage
 
 
 async def _complete(run: Run, model: str) -> dict[str, Any]:
@@ -388,7 +397,7 @@ async def _stream(run: Run, model: str) -> AsyncIterator[bytes]:
         {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": seq},
-            "usage": {"input_tokens": final.prompt_tokens, "output_tokens": final.completion_tokens},
+            "usage": _usage(run, final.prompt_tokens, final.completion_tokens),
         },
     ) + _event("message_stop", {"type": "message_stop"})
 

@@ -250,6 +250,19 @@ class Run:
     def text(self) -> str:
         return "".join(self.text_parts)
 
+    def spec_usage(self) -> dict[str, Any] | None:
+        """The request's speculative counters for the usage object (`ninfer_spec`, a vendor field
+        next to the standard ones), when the engine speculates (--spec) and the request is done."""
+        if getattr(self.state.llm, "speculative", None) is None or self.final is None:
+            return None
+        s = (self.final.stats or {}).get("spec") or {}
+        return {
+            "drafted": s.get("drafted", 0),
+            "accepted": s.get("accepted", 0),
+            "rounds": s.get("rounds", 0),
+            "accepted_per_position": list(s.get("accepted_per_position", [])),
+        }
+
     def stop_string(self) -> str | None:
         """The stop string that ended the text, if one did (rather than a stop token or the budget)."""
         f = self.final

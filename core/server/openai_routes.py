@@ -3,7 +3,9 @@
 Output: `message.reasoning_content` (text before `</think>`), `content`, `tool_calls` parsed from
 Qwen's `<tool_call>` blocks. Streaming: a role chunk, reasoning and content as separate deltas,
 each tool call as one delta when its block closes, a finish chunk, the usage chunk (empty
-`choices`) when `stream_options.include_usage`, then `data: [DONE]`.
+`choices`) when `stream_options.include_usage`, then `data: [DONE]`. With `--spec`, `usage` also
+carries `ninfer_spec` {drafted, accepted, rounds, accepted_per_position} (a vendor field; the SDKs
+keep it as an extra of their usage object).
 """
 
 from __future__ import annotations
@@ -275,14 +277,18 @@ async def chat_completions(request: Request) -> Response | SSEResponse:
     return json_response(body_out, headers=headers)
 
 
-def _usage(run: Run) -> dict[str, int]:
+def _usage(run: Run) -> dict[str, Any]:
     f = run.final
     assert f is not None
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": f.prompt_tokens,
         "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
     }
+    spec = run.spec_usage()
+    if spec is not None:
+        usage["ninfer_spec"] = spec
+    return usage
 
 
 def _engine_failure(exc: BaseException, record: RequestRecord) -> ApiError:

@@ -118,6 +118,38 @@ def _acc_rows(acc, W, WH, WS, rows, sw, swh, sws, x_rows, m_ok, K,
 
 
 @triton.jit
+def _acc_pair(g, u, GW, GWH, GWS, UW, UWH, UWS, g_rows, u_rows, sgw, sgwh, sgws, suw, suwh, suws, x_rows, m_ok, K,
+              FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              FAST: tl.constexpr, DOT_F32: tl.constexpr, SCALE_W: tl.constexpr):
+    """_acc_rows for the gate and the up rows in one K loop: each trip has both weight tiles in
+    flight (a decode program is latency-bound, so bytes in flight per trip set its speed); the
+    dense path loads the activation tile once for both dots."""
+    g64 = g_rows.to(tl.int64)
+    u64 = u_rows.to(tl.int64)
+    gw_rows = GW + g64[:, None] * sgw
+    uw_rows = UW + u64[:, None] * suw
+    if FMT == 0:
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            wg = tl.load(gw_rows + k[None, :], mask=(k < K)[None, :], other=0.0)
+            wu = tl.load(uw_rows + k[None, :], mask=(k < K)[None, :], other=0.0)
+            x = tl.load(x_rows + k[:, None], mask=m_ok[None, :] & (k < K)[:, None], other=0.0)
+            g += _dense_dot(wg, x, DOT_F32)
+            u += _dense_dot(wu, x, DOT_F32)
+    else:
+        gh_rows = GWH + g64[:, None] * sgwh
+        uh_rows = UWH + u64[:, None] * suwh
+        gs_rows = GWS + g64 * sgws
+        us_rows = UWS + u64 * suws
+        for kb in range(0, tl.cdiv(K, 128)):
+            g = _kb_step(g, kb, gw_rows, gh_rows, gs_rows, x_rows, m_ok, K, g,
+                         FMT, BLOCK_N, FAST, DOT_F32, SCALE_W, False)
+            u = _kb_step(u, kb, uw_rows, uh_rows, us_rows, x_rows, m_ok, K, u,
+                         FMT, BLOCK_N, FAST, DOT_F32, SCALE_W, False)
+    return g, u
+
+
+@triton.jit
 def _tile(TILE_EXPERT, TILE_ROWS, BLOCK_M: tl.constexpr):
     tile = tl.program_id(0)
     e = tl.load(TILE_EXPERT + tile)
@@ -143,14 +175,16 @@ def _gate_up_kernel(
         g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if e == E:
-            # rows past the end are clamped (their results are masked at the store): no row masks
-            r = tl.minimum(n, S_INNER - 1)
-            g = _acc_rows(g, GW, GWH, GWS, r, sgw, sgwh, sgws, x_rows, m_ok, K, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
-            u = _acc_rows(u, UW, UWH, UWS, r, suw, suwh, suws, x_rows, m_ok, K, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            # rows past the end are clamped (their results are masked at the store): no row masks.
+            # (Names differ per branch: the GPU compiler merges a name bound in both branches of a
+            # runtime `if`, and rejects it when the types differ; the interpreter never checks.)
+            rows_s = tl.minimum(n, S_INNER - 1)
+            g, u = _acc_pair(g, u, GW, GWH, GWS, UW, UWH, UWS, rows_s, rows_s, sgw, sgwh, sgws, suw, suwh, suws,
+                             x_rows, m_ok, K, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
         else:
-            r = e.to(tl.int64) * 2 * INNER + tl.minimum(n, INNER - 1)
-            g = _acc_rows(g, W, WH, WS, r, sw, swh, sws, x_rows, m_ok, K, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
-            u = _acc_rows(u, W, WH, WS, r + INNER, sw, swh, sws, x_rows, m_ok, K, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            rows_e = e.to(tl.int64) * 2 * INNER + tl.minimum(n, INNER - 1)
+            g, u = _acc_pair(g, u, W, WH, WS, W, WH, WS, rows_e, rows_e + INNER, sw, swh, sws, sw, swh, sws,
+                             x_rows, m_ok, K, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
         h = g * tl.sigmoid(g) * u
         out = HOUT + pairs[None, :].to(tl.int64) * sh + n[:, None]
         tl.store(out, h.to(HOUT.dtype.element_ty), mask=(n < n_lim)[:, None] & m_ok[None, :])
@@ -246,6 +280,8 @@ def down(
     fast: bool | None = None,
 ) -> torch.Tensor:
     """y [T * slots, H] fp32 = weight_p * down_e h_p for every pair of the plan."""
+    if r.block_m != cfg.block_m:
+        raise ValueError(f"plan tiles hold {r.block_m} pairs, the config {cfg.block_m}")
     y = torch.empty(h.shape[0], hidden, dtype=torch.float32, device=h.device)
     if r.n_tiles == 0:
         return y

@@ -106,6 +106,10 @@ class TritonMoe:
     arguments so a test can run it interpreted on the CPU in a float32 model."""
 
     name = "triton.moe"
+    # A decode step (T <= decode_max) routes, plans and runs on the GPU with grids fixed by shapes,
+    # and prefill plans with torch ops that never read a value on the host: a CUDA graph may
+    # capture either (core/graphs.py asks this before capturing an MoE model's decode step).
+    graph_safe = True
 
     def __init__(
         self,

@@ -127,14 +127,20 @@ class MtpDrafter:
     """Proposes K point-mass drafts per sequence from the MTP layer (spec 3.3).
 
     The speculative round (ninfer.speculative) calls `align` with the target's hidden states of
-    every column it keeps (prompt chunks, then each round's verify columns) and `draft` with the
-    MTP output row of the last kept column. Shapes are fixed per K: `align` always runs the
-    round's K+1 columns and `draft` K-1 single-column steps, so both can be captured per K.
+    a prompt chunk, `align_rows` with each round's verify columns (all sequences of the batch at
+    once) and `draft` with the MTP output row of the last kept column. Shapes are fixed per K:
+    `align_rows` always runs the round's K+1 columns and `draft` K-1 single-column steps, both
+    without a host sync, so a whole round can be captured in a CUDA graph per batch size.
+
+    `verifier` (given the target's cache) is the target's batched verify pass with per-token GDN
+    state columns (verify.py), which the round runs before drafting.
     """
 
     name = "mtp"
 
-    def __init__(self, model: Any, num_slots: int, max_context: int, k: int, head: Any = None) -> None:
+    def __init__(
+        self, model: Any, num_slots: int, max_context: int, k: int, head: Any = None, target_cache: Any = None
+    ) -> None:
         self.model = model
         self.k = k
         self.layer = MtpLayer(model)
@@ -144,6 +150,25 @@ class MtpDrafter:
         self.cache = MtpCache(model.shape, num_slots, max_context + 2 * k, model.dtype, model.device)
         # the shortlist proposal head (--lm-head-draft); None: the target's full head
         self.head = head
+        self.verifier = None
+        if target_cache is not None:
+            from ninfer_plugins.spec_mtp.verify import HybridVerifier
+
+            self.verifier = HybridVerifier(model, target_cache, k + 1)
+
+    def graph_reason(self) -> str | None:
+        """Why a round cannot be captured beyond what stops the target's decode step (None: it can):
+        the MTP layer's own MoE kernel (the 35B's) must be graph-safe too."""
+        from types import SimpleNamespace
+
+        from ninfer.graphs import graphs_supported
+
+        dtype = self.model.dtype
+        for moe in (m for m in self.layer.modules() if isinstance(m, SparseMoe)):
+            if dtype not in getattr(moe.experts.kernel, "fused_dtypes", ()):
+                return f"the MTP layer's MoE kernel {moe.experts.kernel.name} routes on the host"
+        probe = SimpleNamespace(device=self.model.device, dtype=dtype, modules=self.layer.modules, graph_decode=True)
+        return graphs_supported(probe, cuda_graph=True)
 
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft ids [B] from MTP outputs [B, H]: argmax over the head (or shortlist) rows."""
@@ -156,7 +181,15 @@ class MtpDrafter:
         position after each hidden [T, H]. Returns the MTP outputs [T, H]."""
         return self.layer(self.model, next_ids, hidden, self.cache, slot, start_pos)
 
-    def draft(self, slots: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, max_len: int) -> torch.Tensor:
+    def align_rows(
+        self, slots: torch.Tensor, next_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, max_len: int | None
+    ) -> torch.Tensor:
+        """The MTP over N columns of any slots at once: slots, next_ids, positions [N], hidden
+        [N, H] -> MTP outputs [N, H]. All K/V is written before any column attends, so columns of
+        one slot see each other; `max_len` bounds every position (None on the fused path)."""
+        return self.layer.decode(self.model, next_ids, hidden, self.cache, slots, positions, max_len)
+
+    def draft(self, slots: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, max_len: int | None) -> torch.Tensor:
         """K drafts [B, K] for B sequences: seeds [B, H] are the MTP outputs of each sequence's last
         kept column, at `positions` [B]; `max_len` bounds every position the K-1 extra steps write."""
         d = self.propose(seeds)

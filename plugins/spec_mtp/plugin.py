@@ -39,7 +39,7 @@ class MtpSpeculator:
 
             schemes = {s.name: s for s in get_plugin_manager().collect("ninfer_quant_schemes")}
             head = ShortlistHead(model, shortlist_for(model, config), schemes)
-        return MtpDrafter(model, cache.num_slots, cache.max_context, config.draft_tokens, head=head)
+        return MtpDrafter(model, cache.num_slots, cache.max_context, config.draft_tokens, head=head, target_cache=cache)
 
 
 @hookimpl

@@ -5,8 +5,9 @@ and without a shared expert (in its own format and width).
 CPU (CI): interpreted; E 8, H 136 (a K tail past one 128 block), I 40 (a row tail in every
 block size), decode tiles (T = 1, 5, 16) and prefill tiles (T = 40); routings that pick experts
 0 and E-1 and put two tokens in one tile.
-GPU (`-m gpu`): 256 experts, H 2048, I 512, top 8, the 35B recipes, T = 1..16 and prefill sizes,
-PTX and plain decode, determinism, and the decode layer replayed in a CUDA graph.
+GPU (`-m gpu`): 256 experts, H 2048, I 512, top 8, the 35B recipes plus q6 gate_up with a dense
+shared expert, decode T = 1..16 (PTX decode; plain Triton at T = 1) and the grouped GEMM of
+prefill (T = 17 and 1,024), determinism, and the decode layer replayed in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -129,13 +130,16 @@ def test_interpreted_empty_batch():
 # --- GPU: the real shapes ---------------------------------------------------------------------------
 
 E, H, I, TOP_K = 256, 2048, 512, 8
+# in order of importance: bench/moe.py gives the GPU tests a time budget and skips the tail
 RECIPES = [
     # int4 (spec 4.4): routed gate_up q4, down q5 (q6 in 3 layers), shared expert q8
     ("q4_g64", "q5_g64", "q8_g32"),
     ("q4_g64", "q6_g64", "q8_g32"),
+    ("bf16", "bf16", "bf16"),
+    # the wider codes on the gate_up side (K = 2048 through the high-bit planes), a dense shared expert
+    ("q6_g64", "q5_g64", "bf16"),
     # int8: q8 everywhere
     ("q8_g32", "q8_g32", "q8_g32"),
-    ("bf16", "bf16", "bf16"),
 ]
 
 
@@ -156,13 +160,15 @@ def test_gpu_decode_real_shapes(real_bank, T):
     bank, shared = real_bank
     out, ref = _layer(bank, T, TOP_K, shared, seed=T)
     _close(out, ref)
-    plain, _ = _layer(bank, T, TOP_K, shared, seed=T, moe=_moe(fast=False))
-    _close(plain, ref)
+    if T == 1:
+        # the plain-Triton decode (what CI interprets) compiles too and agrees: once is enough
+        plain, _ = _layer(bank, T, TOP_K, shared, seed=T, moe=_moe(fast=False))
+        _close(plain, ref)
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("T", [17, 300, 2048])
+@pytest.mark.parametrize("T", [17, 1024])
 def test_gpu_prefill_real_shapes(real_bank, T):
     bank, shared = real_bank
     out, ref = _layer(bank, T, TOP_K, shared, seed=T)
@@ -173,15 +179,20 @@ def test_gpu_prefill_real_shapes(real_bank, T):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("T", [1, 16, 32])
 def test_gpu_decode_layer_replays_in_a_cuda_graph(real_bank, T):
+    # T = 32: a graph bucket past 16 rows takes the prefill plan (torch sort and scans), which
+    # must be capturable too (TritonMoe.graph_safe says so)
     (w, _, _), (sw, _, sg) = real_bank
     moe = _moe()
     x = torch.randn(T, H, device="cuda").bfloat16()
     router = (torch.randn(E, H, device="cuda") / 45).bfloat16()
 
     def step():
-        r = route(torch.nn.functional.linear(x, router), TOP_K, x=x, shared_gate_weight=sg, plan=True)
+        decode = T <= moe.decode_max
+        r = route(torch.nn.functional.linear(x, router), TOP_K, x=x, shared_gate_weight=sg, plan=decode)
+        if not decode:
+            GM.plan(r, E, moe.configs["prefill_gate_up"].block_m)
         return moe.run(x, r, w, sw)
 
     s = torch.cuda.Stream()

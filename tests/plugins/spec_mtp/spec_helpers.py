@@ -27,6 +27,11 @@ def make_engine(model, tok, *, k: int | None = None, drafter=None, rollback=None
     if drafter is None and k is not None:
         cfg = EngineConfig(model="tiny", spec="mtp", draft_tokens=k, lm_head_draft=lm_head_draft)
         drafter = MtpSpeculator().build(model, cache, cfg)
+    elif drafter is not None and getattr(drafter, "verifier", None) is None:
+        # the target's batched verify, as the MTP speculator gives its drafter
+        from ninfer_plugins.spec_mtp.verify import HybridVerifier
+
+        drafter.verifier = HybridVerifier(model, cache, drafter.k + 1)
     eng = LLMEngine(
         model, cache, ReferenceSampler(), tok, max_context=max_context, prefill_chunk=prefill_chunk,
         max_batch=max_batch, speculator=drafter,
@@ -51,8 +56,13 @@ class ScriptedDrafter:
         self.right = right or (lambda p: zlib.crc32(p.to_bytes(4, "little")) % (k + 1))
         self.log: list[int] = []  # scripted accepted count of each draft, in order
 
+    verifier = None
+
     def align(self, slot, next_ids, hidden, start):
         return torch.arange(start, start + len(next_ids), dtype=torch.float32)[:, None]
+
+    def align_rows(self, slots, next_ids, hidden, positions, max_len):
+        return positions.to(torch.float32)[:, None]
 
     def draft(self, slots, seeds, positions, max_len):
         rows = []

@@ -1,0 +1,105 @@
+"""The target's verify pass of a speculative round, for B sequences at once and fit for a CUDA graph.
+
+Each sequence b runs M = K+1 tokens (its anchor and K drafts) at positions starts[b] + 0..K; rows
+are sequence-major (row b*M + t). Everything but the Gated DeltaNet layers is the model's decode
+step over the B*M rows: projections and MLPs read each weight once for all rows, and full
+attention writes every row's K/V before any row attends, so row t of a sequence sees its own
+earlier rows through the cache (the fused kernels and the reference alike), with no host sync.
+
+A GDN layer is a recurrence: its projections still run once over all rows, then its core runs
+token by token on per-token state COLUMNS ([slots, M, ...] per layer, spec 3.2): column t of a
+slot starts as a copy of column t-1 (column 0: of the slot's state) and the decode step (the
+fused kernel, or the layer's own reference decode) advances it in place by token t. The slot's
+own state is untouched until `commit(slots, accepted)` copies column `accepted` into it: the
+rollback to the kept length is one indexed copy, with the accepted counts as a device tensor.
+
+This reads the qwen_hybrid model's parts (its layer stack `_run`, the GDN layer's projections and
+backend): the MTP speculator is the family's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ninfer_plugins.qwen_hybrid.layers import GatedDeltaNet, fused_for
+
+
+class _Columns:
+    """What a GDN layer's reference decode reads through `cache.gdn(index)`: the column buffers
+    flattened to [slots * M, ...], so that a row's "slot" is slot * M + t."""
+
+    def __init__(self, conv: torch.Tensor, rec: torch.Tensor) -> None:
+        self.conv, self.rec = conv, rec
+
+    def gdn(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv, self.rec
+
+
+class HybridVerifier:
+    def __init__(self, model: Any, cache: Any, m: int) -> None:
+        self.model, self.cache, self.m = model, cache, m
+        self.gdn = [layer.mixer for layer in model.layers if isinstance(layer.mixer, GatedDeltaNet)]
+        # the state after each verified token, per slot and GDN layer (the memory plan counts
+        # M extra copies of the state for --spec mtp)
+        self.col_conv = [c.new_zeros(c.shape[0], m, *c.shape[1:]) for c in cache.conv]
+        self.col_rec = [r.new_zeros(r.shape[0], m, *r.shape[1:]) for r in cache.recurrent]
+
+    def forward(
+        self, ids: torch.Tensor, row_slots: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor, max_len: int | None
+    ) -> torch.Tensor:
+        """ids, row_slots, row_pos [B*M] (sequence-major), slots [B] -> final-normed hidden [B*M, H].
+        Writes K/V at every row's position and the GDN columns; `max_len` (> every position, or None
+        on the fused path) bounds the reference attention's reads without a host sync."""
+        model, cache = self.model, self.cache
+        x = model.embed(ids)
+        meta = None
+        if model.dtype in getattr(model.full_backend, "fused_dtypes", ()):
+            meta = model.full_backend.decode_meta(cache, row_slots, row_pos)
+
+        def mix(layer: Any, h: torch.Tensor) -> torch.Tensor:
+            if isinstance(layer.mixer, GatedDeltaNet):
+                return self._gdn(layer.mixer, h, slots)
+            return layer.mixer.decode(h, cache, row_slots, row_pos, max_len, meta=meta)
+
+        return model._run(x, mix)
+
+    def _gdn(self, layer: GatedDeltaNet, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        m, b = self.m, slots.shape[0]
+        conv, rec = self.cache.gdn(layer.state_index)
+        cc = self.col_conv[layer.state_index].view(-1, *conv.shape[1:])
+        cr = self.col_rec[layer.state_index].view(-1, *rec.shape[1:])
+        fused = fused_for(layer.backend, x)
+        if fused:
+            qkv, a, beta, z = layer.in_proj_qkv(x), layer.in_proj_a(x), layer.in_proj_b(x), layer.in_proj_z(x)
+        outs = []
+        for t in range(m):
+            idx = slots * m + t
+            cc.index_copy_(0, idx, conv.index_select(0, slots) if t == 0 else cc.index_select(0, idx - 1))
+            cr.index_copy_(0, idx, rec.index_select(0, slots) if t == 0 else cr.index_select(0, idx - 1))
+            rows = slice(t, None, m)  # token t of every sequence (strided rows; the kernel takes row strides)
+            if fused:
+                outs.append(layer.backend.gdn_decode(qkv[rows], a[rows], beta[rows], z[rows], layer, cc, cr, idx))
+            else:
+                outs.append(layer.decode(x[rows], _Columns(cc, cr), idx, None))
+        out = torch.stack(outs, 1)  # [B, M, ...]
+        if fused:
+            return layer.out_proj(out.reshape(b * m, -1))
+        return out.reshape(b * m, -1)
+
+    def commit(self, slots: torch.Tensor, column: torch.Tensor) -> None:
+        """Make the state after verified token column[b] (0-based, a device tensor) the state of
+        slot slots[b]."""
+        idx = slots * self.m + column
+        for conv, rec, cc, cr in zip(self.cache.conv, self.cache.recurrent, self.col_conv, self.col_rec):
+            conv.index_copy_(0, slots, cc.view(-1, *conv.shape[1:]).index_select(0, idx))
+            rec.index_copy_(0, slots, cr.view(-1, *rec.shape[1:]).index_select(0, idx))
+
+    def snapshot(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """Copies of the slots' GDN state (a capture's warm-up runs real rounds, then puts it back)."""
+        return [t.index_select(0, slots) for t in self.cache.conv + self.cache.recurrent]
+
+    def restore(self, slots: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        for t, s in zip(self.cache.conv + self.cache.recurrent, saved):
+            t.index_copy_(0, slots, s)

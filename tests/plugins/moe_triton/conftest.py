@@ -1,0 +1,16 @@
+"""A time budget for the GPU campaign (bench/moe.py): past NINFER_TEST_DEADLINE (Unix seconds)
+every test not yet started is skipped, so pytest still ends on its own and prints its summary
+(a subprocess killed by a timeout would print none). Unset: no budget."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+
+def pytest_runtest_setup(item):
+    deadline = float(os.environ.get("NINFER_TEST_DEADLINE") or 0)
+    if deadline and time.time() > deadline:
+        pytest.skip("out of the campaign's time budget (NINFER_TEST_DEADLINE)")

@@ -1,0 +1,141 @@
+"""Batched rounds (one tensor step per round for the whole batch, ninfer.speculative) on the CPU:
+the verify pass against plain decode steps (the torch reference and, interpreted, the fused
+Triton kernels the GPU runs), the graph path's capture warm-up (a stand-in "graph" that runs
+the warm-up and then the step eagerly), and the engine's use of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from spec_helpers import VOCAB, make_engine, params, prompt_ids
+
+from ninfer.checkpoint import WeightSource, load_hf_config
+from ninfer.device import probe
+from ninfer.graphs import HistoryCounts
+from ninfer.linear import LinearFactory
+from ninfer.plugins import get_plugin_manager
+from ninfer.testing import greedy_generate, make_tiny
+from ninfer_plugins.spec_mtp.verify import HybridVerifier
+
+CUDA = torch.cuda.is_available()
+PROMPT = prompt_ids(30, seed=7)
+
+
+def _model(path, device: str, dtype: torch.dtype, fused: bool):
+    """The tiny checkpoint with the fast path's backends (fused: the Triton kernels, interpreted
+    without CUDA) or the torch references."""
+    from ninfer_plugins.cuda_fast.attention import FlashFullAttention
+    from ninfer_plugins.cuda_fast.gdn import TritonLinearAttention
+    from ninfer_plugins.qwen_hybrid.attention import ReferenceFullAttention
+    from ninfer_plugins.qwen_hybrid.gdn import ReferenceLinearAttention
+    from ninfer_plugins.qwen_hybrid.model import QwenHybridModel
+
+    pm = get_plugin_manager()
+    shape = pm.hook.ninfer_parse_config(hf_config=load_hf_config(path))
+    backends = (FlashFullAttention(), TritonLinearAttention()) if fused else (ReferenceFullAttention(), ReferenceLinearAttention())
+    m = QwenHybridModel(shape, LinearFactory(pm, probe(device), None), torch.device(device), dtype, *backends)
+    m.load_weights(WeightSource(path))
+    return m
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+
+
+@pytest.mark.parametrize("kind", ["reference fp32", "fused bf16"])
+def test_verify_rows_match_decode_steps_and_commit_picks_the_column(tmp_path, kind):
+    """B=2 sequences (slots 0 and 2 of 3) x M=3 verify rows against three plain decode steps from
+    the same prefilled state; committing column A leaves the slot's GDN state after token A."""
+    device = "cuda" if CUDA and kind == "fused bf16" else "cpu"
+    fused = kind == "fused bf16"
+    model = _model(make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4), device, torch.bfloat16 if fused else torch.float32, fused)
+    assert model.graph_decode == fused
+    dev = model.device
+    caches = [model.allocate_cache(3, 64, "bf16") for _ in range(2)]
+    lens = {0: 9, 2: 5}
+    for cache in caches:
+        for slot, n in lens.items():
+            model.forward(torch.tensor(PROMPT[:n], device=dev), cache, slot, 0)
+    slots = torch.tensor(list(lens), device=dev)
+    starts = torch.tensor(list(lens.values()), device=dev)
+    ids = torch.tensor([[11, 40, 7], [3, 99, 250]], device=dev)
+    m = ids.shape[1]
+    verifier = HybridVerifier(model, caches[0], m)
+    pos = starts[:, None] + torch.arange(m, device=dev)
+    hidden = verifier.forward(ids.reshape(-1), slots.repeat_interleave(m), pos.reshape(-1), slots, None if fused else 64)
+    hidden = hidden.view(2, m, -1)
+
+    accepted = [1, 2]
+    want_state = {}
+    for t in range(m):
+        h = model.decode(ids[:, t], caches[1], slots, starts + t, None if fused else 64)
+        tol = 3e-2 if fused else 1e-4
+        assert _rel(hidden[:, t], h) < tol, t
+        for j, slot in enumerate(lens):
+            if accepted[j] == t:
+                want_state[slot] = [x[slot].clone() for x in caches[1].conv + caches[1].recurrent]
+    before = [x[1].clone() for x in caches[0].conv + caches[0].recurrent]
+    verifier.commit(slots, torch.tensor(accepted, device=dev))
+    for slot, want in want_state.items():
+        for got, w in zip([x[slot] for x in caches[0].conv + caches[0].recurrent], want):
+            assert _rel(got, w) < (3e-2 if fused else 1e-4)
+    # the slot between them is untouched
+    for got, w in zip([x[1] for x in caches[0].conv + caches[0].recurrent], before):
+        assert torch.equal(got, w)
+
+
+class StandInGraphs:
+    """What SpeculativeRound asks of the runner's GraphDecoder, with "capture" = run the warm-up,
+    then hand back a replay that runs the step eagerly: the warm-up's two real rounds and its
+    put-back are then exactly what the tokens see."""
+
+    def __init__(self, num_slots: int, vocab: int) -> None:
+        self.history = HistoryCounts(num_slots, vocab, torch.device("cpu"))
+        self.graphs: dict = {}
+        self.failed: set = set()
+
+    def capture(self, key, step, warm_up=None):
+        warm_up() if warm_up is not None else (step(), step())
+
+        class Replay:
+            def replay(self) -> None:
+                step()
+
+        self.graphs[key] = Replay()
+        return self.graphs[key]
+
+
+def _graph_engine(model, tok, k: int, **kw):
+    eng = make_engine(model, tok, k=k, **kw)
+    spec = eng.speculative
+    fake = StandInGraphs(spec.cache.num_slots, spec.vocab)
+    spec.graphs, spec.history, spec.eager_reason = fake, fake.history, None
+    return eng, fake
+
+
+def test_the_capture_warm_up_puts_back_what_it_moved(dense, tok):
+    k = 3
+    ref = greedy_generate(dense, PROMPT, 40)
+    eng, fake = _graph_engine(dense, tok, k, max_batch=3)
+    sampled = params(max_new_tokens=30, temperature=0.9, top_k=8, presence_penalty=0.8, frequency_penalty=0.3, seed=3)
+    rids = [eng.add_request(PROMPT, params(max_new_tokens=40)), eng.add_request(prompt_ids(12, seed=1), sampled)]
+    got = {r: [] for r in rids}
+    while eng.has_unfinished():
+        for o in eng.step():
+            got[o.request_id] += o.new_token_ids
+    assert got[rids[0]] == ref
+    assert any(key[0] == "spec" for key in fake.graphs)
+    # the sampled request with penalties: the same tokens as the eager batched path
+    eager = make_engine(dense, tok, k=k, max_batch=3)
+    assert eager.speculative.batched and eager.speculative.eager_reason is not None
+    eager.add_request(PROMPT, params(max_new_tokens=40))
+    assert eager.generate(prompt_ids(12, seed=1), sampled).new_token_ids == got[rids[1]]
+
+
+def test_engine_rounds_are_batched_and_counted(dense, tok):
+    eng = make_engine(dense, tok, k=3, max_batch=2)
+    spec = eng.speculative
+    assert spec.batched and spec.graphs is None and spec.verifier is not None
+    out = eng.generate(PROMPT, params(max_new_tokens=20))
+    s = out.stats["spec"]
+    assert s["rounds"] > 0 and s["drafted"] == 3 * s["rounds"] and sum(s["accepted_per_position"]) == s["accepted"]
