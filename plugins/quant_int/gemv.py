@@ -1,20 +1,24 @@
 """Dequantize + GEMV on the CUDA cores, for decode (M = 1..4 activation rows).
 
-The fused MMA kernel (kernels.py) decodes weights into the tensor cores' operand layout, which on
-sm_90 means a trip through shared memory and a barrier for every K block; at one token that
-kernel measured 35-41% of the copy bandwidth (BENCHMARKS.md). Here nothing is shared: every
-thread streams its own 16-byte runs of packed weights, decodes them to fp32 in registers, and
-keeps fp32 partial sums per scale group; the only cross-thread work is one reduction per group
-per K trip. The cost is ALU: about 3.5 instructions a weight for q4 at M = 1 (decode 2.5, FMA 1),
-against a budget of about 4.9 at the copy bandwidth on an H200 (128 lanes x 132 SMs x 1.98 GHz
-over 6.8 G weights/s), so this is the path for M <= 4 where it measures faster (tuned.py).
+The fused MMA kernel (kernels.py) decodes weights into the tensor cores' operand layout; at one
+token it measured 35-41% of the copy bandwidth in q4 and less in q5/q6 (BENCHMARKS.md). Here each
+thread streams 16-byte runs of packed weights, decodes them to fp32 in registers and keeps fp32
+partial sums per scale group, reduced once per K trip.
+
+Measured on the H200 (BENCHMARKS.md, "Decode GEMV", `python bench/gemv_tune.py`), M = 1, against
+the MMA kernel on the same shapes in the same run: q5 and q6 about 25-30% faster on the 27B's big
+matrices, q8 about 30%, q4 about equal, NVFP4 slower. `tuned.TUNED_GEMV` routes exactly the
+measured wins here; everything else stays on the MMA kernel. Two rewrites that removed this
+version's shared-memory broadcast of x and its shuffle reductions (fewer instructions by static
+count of the SASS), one with software prefetch, both measured slower: see BENCHMARKS.md.
 
 Layouts are the prepared ones of kernels.py, read as they are: int "kb128-v1" (64 bytes per
 128-element K block per row: low nibbles = group 2kb, high nibbles = group 2kb+1; q5/q6 bits above
 the nibble in `qhigh`; q8 natural order, groups of 32) and NVFP4 "g16-split8".
 
-Split-K (a runtime value, so one compiled kernel serves every split): partial sums go to the same workspace and arrival counters as kernels.py's (one launch,
-bit-reproducible fixed-order sum by the last split, counters reset by it; CUDA-graph safe).
+Split-K (a runtime value, so one compiled kernel serves every split): partial sums go to the
+same workspace and arrival counters as kernels.py's (one launch, bit-reproducible fixed-order sum
+by the last split, counters reset by it; CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -319,16 +323,16 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None 
     kb = min(cfg.kb, -(-p.k // 128))
     split, per, even = resolve(cfg, p.k)
     grid_n = -(-p.n // cfg.block_n)
+    ws = QK.Workspace.get(x2.device)
     if split > 1:
-        ws = QK.Workspace.get(x2.device)
         need = grid_n * split * cfg.block_n * MAX_M
         if ws.partials.numel() < need or ws.counters.numel() < grid_n:
             if x2.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
             ws.reserve(need, grid_n)
-        partials, counters = ws.partials, ws.counters
-    else:
-        partials, counters = y, y
+    # split is a runtime value: the kernel's split-K branch is compiled whatever it is, so the
+    # workspace pointers always have their real types (unused when split == 1)
+    partials, counters = ws.partials, ws.counters
     qhigh = p.qhigh if p.qhigh is not None else p.qweight
     gscale = p.gscale if p.gscale is not None else p.scales
     _gemv_kernel[(grid_n, split)](

@@ -553,7 +553,8 @@ def resolve_split(cfg: Config, k: int) -> tuple[int, int, int]:
     return -(-n_kb // kb_per_split), kb_step, kb_per_split
 
 
-# Formats whose untuned shapes take the CUDA-core GEMV at M <= 4 (gemv.py); set from measurements
+# Formats whose untuned shapes take the CUDA-core GEMV at M = 1 (gemv.py). None yet: where the
+# GEMV measured faster, tuned.py names the shape (BENCHMARKS.md, "Decode GEMV")
 GEMV_DEFAULT_FORMATS: frozenset[int] = frozenset()
 
 
@@ -567,7 +568,7 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     hit = TUNED_GEMV.get((fmt, n, k, "m1" if m == 1 else "m4"))
     if hit is not None:
         return gemv.GemvConfig(*hit) if hit else None
-    if fmt in GEMV_DEFAULT_FORMATS:
+    if m == 1 and fmt in GEMV_DEFAULT_FORMATS:
         return gemv.default_config(fmt, n, k, sm_count)
     return None
 
