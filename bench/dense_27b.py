@@ -42,7 +42,9 @@ def elapsed() -> float:
 
 
 def run_tests(timeout: float) -> str:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider", "--timeout", "150", *TESTS]
+    # -v -x --tb=short: a run the time limit cuts still names each finished test and the first
+    # failure with its traceback (a -q run cut short printed only "...F")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-x", "--tb=short", "-p", "no:cacheprovider", "--timeout", "150", *TESTS]
     try:
         import xdist  # noqa: F401
 

@@ -1,0 +1,79 @@
+"""Where a decode step's GPU time goes: `ninfer bench` under torch.profiler, kernels by total time.
+
+    python3 bench/profile_step.py [--model qwen3.6-27b] [--quant int4] [--prompt-len 512]
+                                  [--gen-len 16] [--out DIR] [bench flags...]
+
+Runs `ninfer bench --random-weights --no-cuda-graph` (eager: the profiler attributes every kernel;
+the kernels are the ones the graph replays, only the launch gaps differ) inside torch.profiler and
+prints the CUDA kernels sorted by total time with their share of all kernel time and their time
+per decode step (total / gen-len; prefill kernels have their own names: flash prefill, dequant,
+cuBLAS GEMMs; the bench's own copy-bandwidth measurement shows as a copy kernel). Writes OUT/profile.txt and OUT/profile.json. `--device cpu --model DIR` runs it on
+a tiny checkpoint to check the script (CPU ops instead of kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    ap.add_argument("--rows", type=int, default=40)
+    args, rest = ap.parse_known_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ninfer import bench
+    from ninfer.cli import bench_config, build_parser
+
+    argv = ["bench", "--random-weights", "--no-cuda-graph", *rest]
+    for flag, default in (("--model", "qwen3.6-27b"), ("--quant", "int4"), ("--prompt-len", "512"), ("--gen-len", "16")):
+        if flag not in rest:
+            argv += [flag, default]
+    cli = build_parser().parse_args(argv)
+    config, opts = bench_config(cli)
+    cuda = torch.cuda.is_available() and config.device != "cpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    from ninfer.plugins import get_plugin_manager
+    from ninfer.startup import plan
+
+    pm = get_plugin_manager()
+    # built outside the profile: random weights and their quantization are not a step's kernels
+    model = bench.build(plan(config, plugins=pm), pm)
+    with profile(activities=activities) as prof:
+        result = bench.run(config, opts, plugins=pm, model=model)
+    events = prof.key_averages()
+    attr = "device_time_total" if cuda else "cpu_time_total"
+    if cuda and not hasattr(events[0], attr):
+        attr = "cuda_time_total"
+    rows = sorted((e for e in events if getattr(e, attr, 0) > 0), key=lambda e: -getattr(e, attr))
+    if cuda:
+        # kernels only: CPU-side ops also carry the device time of what they launched
+        rows = [e for e in rows if getattr(e, "device_type", None) is None or "CUDA" in str(getattr(e, "device_type", ""))]
+        rows = [e for e in rows if e.cpu_time_total == 0 or e.key.startswith(("void", "_", "triton", "sm90", "cutlass", "ampere"))] or rows
+    total = sum(getattr(e, attr) for e in rows) or 1.0
+    steps = max(1, opts.gen_len)
+    lines = [f"{' '.join(argv)}", f"decode {result['decode']['tok_s']} tok/s eager, {result['decode']['ms_per_step']} ms/step; "
+             f"kernel time {total / 1e3:.1f} ms over prefill + {steps} decode steps", "",
+             f"{'kernel':80s} {'calls':>7s} {'total ms':>9s} {'share':>6s} {'µs/step':>9s}"]
+    table = []
+    for e in rows[: args.rows]:
+        t = getattr(e, attr)
+        table.append({"kernel": e.key, "calls": e.count, "total_us": t, "share": t / total})
+        lines.append(f"{e.key[:80]:80s} {e.count:7d} {t / 1e3:9.2f} {100 * t / total:5.1f}% {t / steps:9.1f}")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.txt").write_text(text + "\n")
+    (out / "profile.json").write_text(json.dumps({"command": argv, "bench": result, "kernels": table}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
