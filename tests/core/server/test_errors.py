@@ -394,3 +394,25 @@ def test_chunked_body_over_cap_is_413(keyed):
     # just under the cap is read and served
     ok = httpx.post(keyed.url + CHAT, content=big_chat(1000), headers={"authorization": f"Bearer {API_KEY}"})
     assert ok.status_code == 200
+
+
+def test_body_crossing_the_cap_on_its_last_chunk_is_413():
+    """The chunk that crosses the cap is the body's last: still a 413, not a 500 (a second
+    request.stream() after the last chunk raised "Stream consumed")."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from ninfer.server.lifecycle import read_body
+    from ninfer.server.errors import ApiError
+
+    for sizes in ([40, 70], [120], [50, 50, 30]):
+        messages = [{"type": "http.request", "body": b"x" * n, "more_body": i < len(sizes) - 1} for i, n in enumerate(sizes)]
+
+        async def receive(messages=messages):
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+        with pytest.raises(ApiError) as err:
+            asyncio.run(read_body(request, 100))
+        assert err.value.status == 413
