@@ -49,6 +49,11 @@ class QuantScheme:
     # the oracle: float32 [n, k]
     dequantize: Callable[[PackedWeight], torch.Tensor]
     description: str = ""
+    # True when rows are encoded independently and every tensor of a PackedWeight is row-major in
+    # n: quantizing a stack of matrices as one [sum n, k] weight then gives each matrix exactly its
+    # own bits, as row slices (a loader packs 256 experts in a few calls instead of 256). NVFP4 is
+    # not: its global scale spans the whole tensor.
+    rowwise: bool = False
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,19 @@ class ExpertWeights:
         return (2 * self.inner * self.gate_up.nbytes_per_row) + self.hidden * self.down.nbytes_per_row
 
 
+def _row_stack(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """[E, n, ...] over the same memory when the E tensors are consecutive row slices of one
+    contiguous tensor (the loader's one-call quantization of a bank), else None."""
+    first = ts[0]
+    base = first._base
+    if base is None or not base.is_contiguous() or base.shape[0] != len(ts) * first.shape[0]:
+        return None
+    step = first.numel() * first.element_size()
+    if any(t._base is not base or t.data_ptr() != base.data_ptr() + i * step for i, t in enumerate(ts)):
+        return None
+    return base.view(len(ts), *first.shape)
+
+
 def stack_experts(packed: list[PackedWeight], dense_stack: torch.Tensor | None = None, linears: Any = ()) -> GV.Matrix:
     """Experts' weights of one scheme and shape -> one Matrix, rows e * n + r. `dense_stack` is the
     layer's [E, n, k] tensor when the experts are dense (no copy); `linears`, the experts'
@@ -57,11 +70,16 @@ def stack_experts(packed: list[PackedWeight], dense_stack: torch.Tensor | None =
     if scheme == DENSE:
         w = dense_stack if dense_stack is not None else torch.stack([p.tensors["weight"] for p in packed])
         return GV.Matrix(GV.DENSE_FMT, w.reshape(-1, k), k)
-    parts = {name: torch.stack([p.tensors[name] for p in packed]) for name in packed[0].tensors}
-    for e, linear in enumerate(linears):
-        # the expert's own QLinear keeps a view of the stack (its fallback path), not a second copy
-        if not getattr(linear.kernel, "repacks", False):
-            linear.set_weight(PackedWeight(scheme, (n, k), {name: t[e] for name, t in parts.items()}, dict(packed[e].meta)))
+    shared = {name: _row_stack([p.tensors[name] for p in packed]) for name in packed[0].tensors}
+    if all(t is not None for t in shared.values()):
+        # quantized as one stack by the loader: the experts' weights already are its row slices
+        parts = shared
+    else:
+        parts = {name: torch.stack([p.tensors[name] for p in packed]) for name in packed[0].tensors}
+        for e, linear in enumerate(linears):
+            # the expert's own QLinear keeps a view of the stack (its fallback path), not a second copy
+            if not getattr(linear.kernel, "repacks", False):
+                linear.set_weight(PackedWeight(scheme, (n, k), {name: t[e] for name, t in parts.items()}, dict(packed[e].meta)))
     fmt = FORMATS[scheme].bits
     q = parts["qweight"]
     if fmt == 8:

@@ -25,6 +25,7 @@ def _scheme(fmt: F.IntFormat) -> QuantScheme:
         quantize=partial(F.quantize, fmt=fmt),
         dequantize=F.dequantize,
         description=f"symmetric int{fmt.bits}, fp16 scale per {fmt.group} along K (MAXABS_F16_RECIP_RNE_V1), layout {F.LAYOUT}",
+        rowwise=True,
     )
 
 

@@ -345,13 +345,15 @@ class ExpertBank(nn.Module):
         self.moe_prepared = None
         self._packed: dict[str, list] = {}
 
-    def load(self, attr: str, stacked: torch.Tensor, pack) -> None:
+    def load(self, attr: str, stacked: torch.Tensor, pack, pack_all=None) -> None:
         """One half ("gate_up" or "down") of every expert: [E, n, k] in the model's dtype, or one
         PackedWeight per expert; `pack(linear, stacked[e])` gives an expert's QLinear its weight
-        and returns the PackedWeight. Once both halves are in, the MoE kernel prepares its own
-        form of them."""
+        and returns the PackedWeight; `pack_all(linears, stacked)`, when given, may do all of them
+        at once (or return None). Once both halves are in, the MoE kernel prepares its own form
+        of them."""
         linears = getattr(self, attr)
-        self._packed[attr] = [pack(linear, stacked[e]) for e, linear in enumerate(linears)]
+        packed = pack_all(list(linears), stacked) if pack_all is not None and isinstance(stacked, torch.Tensor) else None
+        self._packed[attr] = packed if packed is not None else [pack(linear, stacked[e]) for e, linear in enumerate(linears)]
         if all(linear.scheme == DENSE for linear in linears):
             self.stacked[attr] = stacked  # the QLinears hold views of it: no extra memory
         if len(self._packed) == 2:

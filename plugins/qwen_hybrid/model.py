@@ -120,6 +120,36 @@ class QwenHybridModel(nn.Module):
         linear.set_weight(packed)
         return packed
 
+    # Experts quantized per call: about 2^26 weights (a 256 MB fp32 working copy for the encoder)
+    EXPERT_CHUNK_WEIGHTS = 1 << 26
+
+    def _pack_experts(self, linears: list, stacked: torch.Tensor) -> list[PackedWeight] | None:
+        """Every expert of a bank half, [E, n, k], in one scheme that encodes rows independently:
+        quantized as one [E * n, k] weight in a few chunks, each expert's PackedWeight being row
+        slices of it (bit-identical to packing them one by one, and the MoE kernel can take the
+        whole stack without copying it). None where that does not apply (dense, NVFP4, mixed)."""
+        scheme = linears[0].scheme
+        qs = self.quant_schemes.get(scheme)
+        if scheme == DENSE or qs is None or not getattr(qs, "rowwise", False) or any(lin.scheme != scheme for lin in linears):
+            return None
+        E, n, k = stacked.shape
+        step = max(1, self.EXPERT_CHUNK_WEIGHTS // (n * k))
+        out: dict[str, torch.Tensor] = {}
+        meta: dict[str, Any] = {}
+        for e0 in range(0, E, step):
+            part = qs.quantize(stacked[e0 : e0 + step].reshape(-1, k).to(device=self.device, dtype=self.dtype))
+            if not out:
+                out = {name: torch.empty((E * n, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in part.tensors.items()}
+                meta = dict(part.meta)
+            for name, t in part.tensors.items():
+                out[name][e0 * n : e0 * n + t.shape[0]].copy_(t)
+        packed = []
+        for e, linear in enumerate(linears):
+            p = PackedWeight(scheme, (n, k), {name: t[e * n : (e + 1) * n] for name, t in out.items()}, dict(meta))
+            linear.set_weight(p)
+            packed.append(p)
+        return packed
+
     def _adopt(self, linear: QLinear, scheme: str) -> None:
         if linear.scheme != scheme:
             linear.scheme = scheme
@@ -164,7 +194,7 @@ class QwenHybridModel(nn.Module):
                     module.load(attr, tensor, self._set_packed)
                     return
                 tensor = torch.stack([p.tensors["weight"] for p in tensor])  # dense experts stay stacked
-            module.load(attr, tensor.to(device=self.device, dtype=self.dtype), self._pack)
+            module.load(attr, tensor.to(device=self.device, dtype=self.dtype), self._pack, self._pack_experts)
             return
         buf = getattr(module, attr)
         buf.copy_(tensor.reshape(buf.shape).to(device=buf.device, dtype=buf.dtype))
