@@ -2,7 +2,8 @@
 
     python3 bench/dense_27b.py [--budget-s 260] [--skip-tests] [--only NAME,...]
 
-1. the `-m gpu` tests of plugins/qwen_hybrid, plugins/cuda_fast and core/graphs (log: $OUT/pytest.log);
+1. the `-m gpu` tests of plugins/qwen_hybrid, plugins/cuda_fast and core/graphs (log: $OUT/pytest.log;
+   `-v -x --tb=short`, so a run cut short still names the first failure);
 2. `ninfer bench --model qwen3.6-27b --random-weights ...` for each entry of RUNS, in this process
    (the exact command line of each is in its JSON; runs of one --quant share the weights built
    for the first of them), JSON to $OUT/<name>.json;
@@ -32,6 +33,8 @@ RUNS = {
     "int4_8k": "--quant int4 --prompt-len 8192 --gen-len 64",
     "int4_131k_int8kv": "--quant int4 --kv-dtype int8 --prompt-len 512 --context-len 131072 --gen-len 64",
     "nvfp4_8k": "--quant nvfp4 --prompt-len 8192 --gen-len 64",
+    # issue 6's bar: one round (3 drafts + verify of 4) against a plain step, measured in one process
+    "int4_8k_mtp3": "--quant int4 --prompt-len 8192 --gen-len 64 --spec mtp --draft-tokens 3",
 }
 TESTS = ["tests/plugins/qwen_hybrid/test_gpu.py", "tests/plugins/cuda_fast", "tests/core/test_graphs.py"]
 T0 = time.time()
@@ -123,7 +126,8 @@ def main() -> int:
             continue
         flags = RUNS[name]
         if args.smoke:
-            for flag, value in (("--prompt-len", 16), ("--context-len", 64), ("--gen-len", 5), ("--compare-gen-len", 2)):
+            gen = 16 if "--spec" in flags else 5  # a speculative run needs room for a few rounds
+            for flag, value in (("--prompt-len", 16), ("--context-len", 64), ("--gen-len", gen), ("--compare-gen-len", 2)):
                 flags = re.sub(rf"{flag} \d+", f"{flag} {value}", flags)
             flags += " --device cpu"
         argv = ["bench", "--model", args.model, "--random-weights", *flags.split(), "--json", str(OUT / f"{name}.json")]
@@ -131,7 +135,7 @@ def main() -> int:
         try:
             cli_args = build_parser().parse_args(argv)
             config, opts = bench_config(cli_args)
-            key = (config.quant, config.dtype)
+            key = (config.quant, config.dtype, getattr(config, "spec", None))
             if key != model_key:
                 model = None
                 gc.collect()
@@ -167,6 +171,14 @@ def main() -> int:
             f"{r['bytes_per_step']['total'] / 1e9:8.2f} {r['roofline_ms']:8.3f} {100 * r['roofline_share']:5.1f}% "
             f"{r['memory']['peak_serving_gib']:8.2f} {hf.get('ratio', '-')!s:>6s}"
         )
+    for name, r in results.items():
+        sp = r.get("spec") if "error" not in r else None
+        if sp:
+            proj = sp.get("projection") or {}
+            projected = ", ".join(f"{k}: {v['tok_s']} tok/s" for k, v in proj.items() if k.startswith("a="))
+            print(f"{name}: spec round {sp['ms_per_round']:.3f} ms = {sp['round_vs_plain_step']}x the plain step "
+                  f"(graph replay {sp.get('graph_replay_ms')} ms vs plain {r['decode']['graph_replay_ms']} ms; bar <= 1.35x), "
+                  f"{sp['rounds_per_s']} rounds/s; projection {projected}")
     if skipped:
         print(f"skipped (budget): {', '.join(skipped)}")
     print(f"copy bandwidth: {', '.join(str(r.get('copy_bandwidth_gbs')) for r in results.values() if 'error' not in r)} GB/s")
