@@ -105,6 +105,9 @@ class QLinear(nn.Module):
         # the weight as loaded; None on a GPU when the kernel keeps a layout of its own
         self.packed: PackedWeight | None = None
         self.prepared: Any = None
+        # merge_dense: the merged linear this one is a row slice of; a new weight here makes it stale
+        self.merged_into: QLinear | None = None
+        self.stale = False
 
     def set_weight(self, packed: PackedWeight) -> None:
         if tuple(packed.shape) != (self.n, self.k):
@@ -115,6 +118,10 @@ class QLinear(nn.Module):
                 tensor=self.name,
             )
         self.prepared = self.kernel.prepare(packed)
+        if self.merged_into is not None:
+            # the merged copy no longer holds this weight: its users fall back to the parts
+            self.merged_into.stale = True
+            self.merged_into = None
         # A kernel that builds its own layout (`repacks`, e.g. NVFP4's g16-split8) leaves the
         # original unused by forward(); off the CPU it is dropped, else the weights are held twice
         # there (27B nvfp4: 31.9 GiB peak against int4's 19.5 on the H200). On the CPU it stays
@@ -129,6 +136,35 @@ class QLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.name}: [{self.n}, {self.k}] {self.scheme} via {self.kernel.name}"
+
+
+def merge_dense(linears: list[QLinear], name: str) -> QLinear | None:
+    """One QLinear over the rows of several dense ones that read the same input (gate and up,
+    a GDN layer's four input projections): one GEMV launch instead of several, which at one token
+    is mostly launch and latency. The parts are re-pointed at row views of the merged weight, so
+    the weights are held once and every other path (prefill, the reference cores) keeps working
+    on the parts. None unless every part is dense, loaded, 2-D and alike (device, dtype, k)."""
+    if len(linears) < 2 or any(x.scheme != DENSE or not isinstance(x.prepared, torch.Tensor) for x in linears):
+        return None
+    ws = [x.prepared for x in linears]
+    w0 = ws[0]
+    if any(w.dim() != 2 or w.shape[1] != w0.shape[1] or w.dtype != w0.dtype or w.device != w0.device for w in ws):
+        return None
+    merged = QLinear(name, sum(w.shape[0] for w in ws), w0.shape[1], DENSE, linears[0].kernel)
+    merged.set_weight(dense_weight(torch.cat(ws)))
+    start = 0
+    for x, w in zip(linears, ws):
+        x.set_weight(dense_weight(merged.prepared[start : start + w.shape[0]]))
+        # a plain attribute, not a registered submodule (nn.Module would make it one)
+        x.__dict__["merged_into"] = merged
+        start += w.shape[0]
+    merged.splits = [w.shape[0] for w in ws]
+    return merged
+
+
+def live(merged: QLinear | None) -> QLinear | None:
+    """`merged` while every part still holds the weight it was merged from, else None."""
+    return merged if merged is not None and not merged.stale else None
 
 
 class LinearFactory:

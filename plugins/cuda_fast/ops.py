@@ -25,8 +25,30 @@ def _silu_mul_kernel(G, U, Y, n, BLOCK: tl.constexpr):
     tl.store(Y + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _silu_mul_rows_kernel(G, U, Y, cols, stride_g, stride_u, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < cols
+    g = tl.load(G + row * stride_g + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + row * cols + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=ok)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, computed in fp32 and rounded once; both contiguous, same shape."""
+    """silu(gate) * up, computed in fp32 and rounded once; same shape. Rows may have any stride
+    (the two halves of a merged gate|up GEMV's output), read in place; other layouts are copied."""
+    if gate.dim() == 2 and gate.shape == up.shape and gate.stride(-1) == 1 and up.stride(-1) == 1 and not (
+        gate.is_contiguous() and up.is_contiguous()
+    ):
+        rows, cols = gate.shape
+        out = torch.empty((rows, cols), dtype=gate.dtype, device=gate.device)
+        if rows and cols:
+            block = 2048
+            _silu_mul_rows_kernel[(rows, triton.cdiv(cols, block))](
+                gate, up, out, cols, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4
+            )
+        return out
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
     n = gate.numel()

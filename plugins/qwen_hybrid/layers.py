@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.device import ANYWHERE
-from ninfer.linear import DENSE, LinearFactory
+from ninfer.linear import DENSE, LinearFactory, QLinear, live, merge_dense
 from ninfer_plugins.qwen_hybrid.gdn import l2_normalize
 from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
 
@@ -193,6 +193,10 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = factory.make(f"{name}.in_proj_b", self.hv, h)
         self.in_proj_a = factory.make(f"{name}.in_proj_a", self.hv, h)
         self.out_proj = factory.make(f"{name}.out_proj", h, self.value_dim)
+        # the input projections merged for the fused decode step (see fuse_linears)
+        self.proj_name = name
+        self.in_proj_all: QLinear | None = None
+        self.in_proj_ab: QLinear | None = None
         # conv taps [C, kernel] (the checkpoint's [C, 1, kernel] without the group axis)
         self.register_buffer("conv_weight", torch.zeros(s.conv_dim, self.kernel, dtype=dtype, device=device))
         self.register_buffer("A_log", torch.zeros(self.hv, dtype=torch.float32, device=device))
@@ -211,6 +215,15 @@ class GatedDeltaNet(nn.Module):
         out = F.conv1d(seq.float().reshape(1, b * c, -1), taps, groups=b * c)
         out = F.silu(out.reshape(b, c, t_len)).transpose(1, 2)
         return out, seq[..., -(self.kernel - 1) :]
+
+    def fuse_linears(self) -> None:
+        """After loading: qkv, z, a and b as one GEMV when all four are dense (bf16), else a and b
+        (always dense in the recipes: 48 rows each, a launch of mostly latency apiece)."""
+        parts = [self.in_proj_qkv, self.in_proj_z, self.in_proj_a, self.in_proj_b]
+        # out of the module tree, as SwiGLU's: the parts keep owning (views of) the weights
+        self.__dict__["in_proj_all"] = merge_dense(parts, f"{self.proj_name}.in_proj_qkvzab")
+        if self.in_proj_all is None:
+            self.__dict__["in_proj_ab"] = merge_dense([self.in_proj_a, self.in_proj_b], f"{self.proj_name}.in_proj_ab")
 
     def _gates(self, x: torch.Tensor):
         a, b = self.in_proj_a(x).float(), self.in_proj_b(x).float()
@@ -266,9 +279,16 @@ class GatedDeltaNet(nn.Module):
         conv_state, rec_state = cache.gdn(self.state_index)
         if fused_for(self.backend, x):
             # conv step, L2 norms, gates, state update in place and the gated norm: one launch
-            o = self.backend.gdn_decode(
-                self.in_proj_qkv(x), self.in_proj_a(x), self.in_proj_b(x), self.in_proj_z(x), self, conv_state, rec_state, slots
-            )
+            # (it takes the projections at any row stride: slices of a merged GEMV's output)
+            merged_all, merged_ab = live(self.in_proj_all), live(self.in_proj_ab)
+            if merged_all is not None:
+                qkv, z, a, b = merged_all(x).split(merged_all.splits, dim=-1)
+            elif merged_ab is not None:
+                qkv, z = self.in_proj_qkv(x), self.in_proj_z(x)
+                a, b = merged_ab(x).split(merged_ab.splits, dim=-1)
+            else:
+                qkv, z, a, b = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
+            o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots)
             return self.out_proj(o.reshape(o.shape[0], -1))
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
         q, k, v = self._split(mixed[:, 0])
@@ -282,12 +302,24 @@ class GatedDeltaNet(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, name: str, hidden: int, inner: int, factory: LinearFactory) -> None:
         super().__init__()
+        self.name = name
         self.gate_proj = factory.make(f"{name}.gate_proj", inner, hidden)
         self.up_proj = factory.make(f"{name}.up_proj", inner, hidden)
         self.down_proj = factory.make(f"{name}.down_proj", hidden, inner)
         self.ops = TORCH_OPS
+        # gate and up as one GEMV when both are dense (set after loading, see fuse_linears)
+        self.gate_up: QLinear | None = None
+
+    def fuse_linears(self) -> None:
+        # kept out of the module tree (plain __dict__ entry): its weight is the parts' weights, which
+        # byte counts, converters and the weight map already see once
+        self.__dict__["gate_up"] = merge_dense([self.gate_proj, self.up_proj], f"{self.name}.gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = live(self.gate_up)
+        if gate_up is not None:
+            gate, up = gate_up(x).split(gate_up.splits, dim=-1)
+            return self.down_proj(self.ops.silu_mul(gate, up))
         return self.down_proj(self.ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

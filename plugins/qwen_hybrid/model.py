@@ -204,6 +204,14 @@ class QwenHybridModel(nn.Module):
         targets = self._weight_targets()
         self.checkpoint_prefix = load_text_weights(source, self.shape, lambda n, t: self.assign(n, t, targets), where)
         self.weight_source = source
+        self.fuse_linears()
+
+    def fuse_linears(self) -> None:
+        """After the weights are in: let layers merge dense projections that share their input
+        (one GEMV launch instead of several; the parts become views, nothing is held twice)."""
+        for module in list(self.modules()):
+            if module is not self and hasattr(module, "fuse_linears"):
+                module.fuse_linears()
 
     @torch.no_grad()
     def random_weights(self, seed: int = 0) -> None:
@@ -213,6 +221,7 @@ class QwenHybridModel(nn.Module):
         targets = self._weight_targets()
         for name, shp in text_tensors(self.shape).items():
             self.assign(name, init_tensor(name, shp, gen, self.device), targets)
+        self.fuse_linears()
 
     def load_mtp_weights(self) -> dict[str, torch.Tensor]:
         """The `mtp.*` tensors (names as published) on the model's device, read on first use."""

@@ -32,3 +32,27 @@ def test_repacking_kernel_drops_the_original_off_the_cpu():
     assert _load("meta", repacks=False).packed is not None
     assert _load("cpu", repacks=True).packed is not None
     assert _load("cpu", repacks=True).prepared is not None
+
+
+def test_merge_dense_shares_the_weights_and_goes_stale_on_a_new_weight():
+    from ninfer.linear import DENSE, DenseKernel, dense_weight, live, merge_dense
+
+    g = torch.Generator().manual_seed(0)
+    parts = []
+    for i, n in enumerate((5, 3, 2)):
+        q = QLinear(f"p{i}", n, 8, DENSE, DenseKernel())
+        q.set_weight(dense_weight(torch.randn(n, 8, generator=g)))
+        parts.append(q)
+    x = torch.randn(4, 8, generator=g)
+    want = [p(x) for p in parts]
+    merged = merge_dense(parts, "merged")
+    assert merged is not None and merged.splits == [5, 3, 2]
+    for got, w in zip(merged(x).split(merged.splits, dim=-1), want):
+        torch.testing.assert_close(got, w)
+    # the parts are row views of the merged weight: held once
+    assert parts[1].prepared.data_ptr() == merged.prepared[5:].data_ptr()
+    assert live(merged) is merged
+    parts[2].set_weight(dense_weight(torch.zeros(2, 8)))
+    assert live(merged) is None
+    # a quantized or unloaded part: nothing merged
+    assert merge_dense([parts[0], QLinear("q", 4, 8, "q4_g64", DenseKernel())], "m") is None

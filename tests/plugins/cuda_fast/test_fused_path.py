@@ -109,6 +109,11 @@ def test_silu_mul():
     u = torch.randn(3, 700, device=device).to(torch.bfloat16)
     want = torch.nn.functional.silu(g.float()) * u.float()
     torch.testing.assert_close(silu_mul(g, u).float(), want, atol=1e-2, rtol=1e-2)
+    # the two halves of a merged gate|up output: strided rows, read in place, same values
+    gu = torch.cat([g, u], dim=-1)
+    gate, up = gu.split(700, dim=-1)
+    assert not gate.is_contiguous()
+    assert torch.equal(silu_mul(gate, up), silu_mul(g, u))
 
 
 def test_backends_need_cuda():
