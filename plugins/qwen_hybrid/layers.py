@@ -124,6 +124,13 @@ class GatedAttention(nn.Module):
         self.rotary = rotary
         # the index of this layer's K/V in the cache
         self.kv_index = -1
+        self.proj_name = name
+        # q|gate, k and v as one GEMV when all are dense (set after loading, see fuse_linears)
+        self.qkv_proj: QLinear | None = None
+
+    def fuse_linears(self) -> None:
+        # out of the module tree, as SwiGLU's: the parts keep owning (views of) the weights
+        self.__dict__["qkv_proj"] = merge_dense([self.q_proj, self.k_proj, self.v_proj], f"{self.proj_name}.qkv_proj")
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         n = x.shape[0]
@@ -144,9 +151,15 @@ class GatedAttention(nn.Module):
         attention and the sigmoid gate -> o_proj. `prefill` is (slot, start_pos) for a chunk of
         one sequence, None for a decode step of one token per row."""
         n = x.shape[0]
-        qg = self.q_proj(x).view(n, self.heads, 2 * self.head_dim)
-        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        merged = live(self.qkv_proj)
+        if merged is not None:
+            # one GEMV; the prep kernel reads q|gate, k and v at their row strides
+            qg, k, v = merged(x).split(merged.splits, dim=-1)
+        else:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        qg = qg.view(n, self.heads, 2 * self.head_dim)
+        k = k.view(n, self.kv_heads, self.head_dim)
+        v = v.view(n, self.kv_heads, self.head_dim)
         kv = kv_parts(cache, self.kv_index)
         attn = self.backend.gated_attention(qg, k, v, self, kv, slots, positions, prefill=prefill, meta=meta)
         return self.o_proj(attn)

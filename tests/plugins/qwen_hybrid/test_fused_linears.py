@@ -10,7 +10,7 @@ from ninfer.testing import greedy_generate, load_model, make_tiny
 
 
 def test_merged_projections_change_nothing(tmp_path, monkeypatch):
-    from ninfer_plugins.qwen_hybrid.layers import GatedDeltaNet, SwiGLU
+    from ninfer_plugins.qwen_hybrid.layers import GatedAttention, GatedDeltaNet, SwiGLU
     from ninfer_plugins.qwen_hybrid.model import QwenHybridModel
 
     path = make_tiny("qwen3.6-27b", tmp_path / "tiny", seed=5)
@@ -23,6 +23,8 @@ def test_merged_projections_change_nothing(tmp_path, monkeypatch):
     assert mlps and all(x.gate_up is not None for x in mlps)
     # fp32: every GDN input projection is dense, so all four merge
     assert gdns and all(x.in_proj_all is not None for x in gdns)
+    attns = [x for x in merged.modules() if isinstance(x, GatedAttention)]
+    assert attns and all(x.qkv_proj is not None for x in attns)
     # held once: the parts are views of the merged weight, and the merged linears are not modules
     mlp = mlps[0]
     assert mlp.gate_proj.prepared.data_ptr() == mlp.gate_up.prepared.data_ptr()
