@@ -146,6 +146,10 @@ def merge_dense(linears: list[QLinear], name: str) -> QLinear | None:
     on the parts. None unless every part is dense, loaded, 2-D and alike (device, dtype, k)."""
     if len(linears) < 2 or any(x.scheme != DENSE or not isinstance(x.prepared, torch.Tensor) for x in linears):
         return None
+    # only kernels that run the weight as loaded (prepare is the identity): another layout would
+    # be prepared twice
+    if any(x.packed is None or x.prepared is not x.packed.tensors.get("weight") for x in linears):
+        return None
     ws = [x.prepared for x in linears]
     w0 = ws[0]
     if any(w.dim() != 2 or w.shape[1] != w0.shape[1] or w.dtype != w0.dtype or w.device != w0.device for w in ws):

@@ -56,3 +56,23 @@ def test_merge_dense_shares_the_weights_and_goes_stale_on_a_new_weight():
     assert live(merged) is None
     # a quantized or unloaded part: nothing merged
     assert merge_dense([parts[0], QLinear("q", 4, 8, "q4_g64", DenseKernel())], "m") is None
+
+
+def test_merge_dense_leaves_kernels_with_their_own_layout_alone():
+    from ninfer.linear import DENSE, dense_weight, merge_dense
+
+    class Transposing:
+        name = "t"
+
+        def prepare(self, w):
+            return w.tensors["weight"].t().contiguous()
+
+        def apply(self, x, w):
+            return x @ w
+
+    parts = []
+    for i in range(2):
+        q = QLinear(f"p{i}", 4, 8, DENSE, Transposing())
+        q.set_weight(dense_weight(torch.randn(4, 8)))
+        parts.append(q)
+    assert merge_dense(parts, "m") is None
