@@ -74,6 +74,23 @@ def _xrow(X, m, stride_xm, k, k_ok, M):
     return tl.load(X + m * stride_xm + k, mask=k_ok & ((k * 0 + m) < M), other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _row_terms(X, m, stride_xm, M, k_lo, ok_lo, w_lo, s_lo, k_hi, ok_hi, w_hi, s_hi, FMT: tl.constexpr):
+    """Row m of x against one trip's decoded tile -> its contribution to that row's outputs
+    [BLOCK_N]: each scale group's sum times its scale (int formats; q8 has one tile, the nibble
+    formats a low and a high one), or plain sums (NVFP4: its scales are in the weights)."""
+    x_lo = _xrow(X, m, stride_xm, k_lo, ok_lo, M)
+    if FMT == 8:
+        terms = tl.sum(tl.sum(w_lo * x_lo[None], axis=2) * s_lo, axis=1)
+    else:
+        x_hi = _xrow(X, m, stride_xm, k_hi, ok_hi, M)
+        if FMT == 16:
+            terms = tl.sum(tl.sum(w_lo * x_lo[None] + w_hi * x_hi[None], axis=2), axis=1)
+        else:
+            terms = tl.sum(tl.sum(w_lo * x_lo[None], axis=2) * s_lo + tl.sum(w_hi * x_hi[None], axis=2) * s_hi, axis=1)
+    return terms
+
+
 @triton.jit(do_not_specialize=["M", "N", "KB_PER_SPLIT", "SPLIT_K"])
 def _gemv_kernel(
     X, W, H, S, G, Y, WS, CNT,
@@ -118,17 +135,13 @@ def _gemv_kernel(
                 s = tl.load(s_rows + gg[None, :], mask=g_ok[None, :], other=0.0).to(tl.float32)
             c = _magic_f32((q.to(tl.int32) & 0xFF) ^ 0x80, 128.0)
             k_ok = (kk < K) & g_ok[:, None]
-            x0 = _xrow(X, 0, stride_xm, kk, k_ok, M)
-            acc0 += tl.sum(tl.sum(c * x0[None], axis=2) * s, axis=1)
+            acc0 += _row_terms(X, 0, stride_xm, M, kk, k_ok, c, s, kk, k_ok, c, s, FMT)
             if BLOCK_M > 1:
-                x1 = _xrow(X, 1, stride_xm, kk, k_ok, M)
-                acc1 += tl.sum(tl.sum(c * x1[None], axis=2) * s, axis=1)
+                acc1 += _row_terms(X, 1, stride_xm, M, kk, k_ok, c, s, kk, k_ok, c, s, FMT)
             if BLOCK_M > 2:
-                x2 = _xrow(X, 2, stride_xm, kk, k_ok, M)
-                acc2 += tl.sum(tl.sum(c * x2[None], axis=2) * s, axis=1)
+                acc2 += _row_terms(X, 2, stride_xm, M, kk, k_ok, c, s, kk, k_ok, c, s, FMT)
             if BLOCK_M > 3:
-                x3 = _xrow(X, 3, stride_xm, kk, k_ok, M)
-                acc3 += tl.sum(tl.sum(c * x3[None], axis=2) * s, axis=1)
+                acc3 += _row_terms(X, 3, stride_xm, M, kk, k_ok, c, s, kk, k_ok, c, s, FMT)
     else:
         j = tl.arange(0, 64)
         w_rows = W + rn64[:, None, None] * stride_wn
@@ -154,6 +167,8 @@ def _gemv_kernel(
                 w_lo, w_hi = _fp4_weights(b, sc, FAST)
                 w_lo = w_lo.to(tl.float32)
                 w_hi = w_hi.to(tl.float32)
+                s_lo = sc  # unused by _row_terms for NVFP4 (the scales are in the weights)
+                s_hi = sc
             else:
                 k_lo = kbs[:, None] * 128 + j[None, :]
                 k_hi = k_lo + 64
@@ -192,33 +207,13 @@ def _gemv_kernel(
                     w_hi = _magic_f32(v_hi ^ HALF, HALF * 1.0)
             k_ok_lo = (k_lo < K) & kb_ok[:, None]
             k_ok_hi = (k_hi < K) & kb_ok[:, None]
-            x0l = _xrow(X, 0, stride_xm, k_lo, k_ok_lo, M)
-            x0h = _xrow(X, 0, stride_xm, k_hi, k_ok_hi, M)
-            if FMT == 16:
-                acc0 += tl.sum(tl.sum(w_lo * x0l[None] + w_hi * x0h[None], axis=2), axis=1)
-            else:
-                acc0 += tl.sum(tl.sum(w_lo * x0l[None], axis=2) * s_lo + tl.sum(w_hi * x0h[None], axis=2) * s_hi, axis=1)
+            acc0 += _row_terms(X, 0, stride_xm, M, k_lo, k_ok_lo, w_lo, s_lo, k_hi, k_ok_hi, w_hi, s_hi, FMT)
             if BLOCK_M > 1:
-                x1l = _xrow(X, 1, stride_xm, k_lo, k_ok_lo, M)
-                x1h = _xrow(X, 1, stride_xm, k_hi, k_ok_hi, M)
-                if FMT == 16:
-                    acc1 += tl.sum(tl.sum(w_lo * x1l[None] + w_hi * x1h[None], axis=2), axis=1)
-                else:
-                    acc1 += tl.sum(tl.sum(w_lo * x1l[None], axis=2) * s_lo + tl.sum(w_hi * x1h[None], axis=2) * s_hi, axis=1)
+                acc1 += _row_terms(X, 1, stride_xm, M, k_lo, k_ok_lo, w_lo, s_lo, k_hi, k_ok_hi, w_hi, s_hi, FMT)
             if BLOCK_M > 2:
-                x2l = _xrow(X, 2, stride_xm, k_lo, k_ok_lo, M)
-                x2h = _xrow(X, 2, stride_xm, k_hi, k_ok_hi, M)
-                if FMT == 16:
-                    acc2 += tl.sum(tl.sum(w_lo * x2l[None] + w_hi * x2h[None], axis=2), axis=1)
-                else:
-                    acc2 += tl.sum(tl.sum(w_lo * x2l[None], axis=2) * s_lo + tl.sum(w_hi * x2h[None], axis=2) * s_hi, axis=1)
+                acc2 += _row_terms(X, 2, stride_xm, M, k_lo, k_ok_lo, w_lo, s_lo, k_hi, k_ok_hi, w_hi, s_hi, FMT)
             if BLOCK_M > 3:
-                x3l = _xrow(X, 3, stride_xm, k_lo, k_ok_lo, M)
-                x3h = _xrow(X, 3, stride_xm, k_hi, k_ok_hi, M)
-                if FMT == 16:
-                    acc3 += tl.sum(tl.sum(w_lo * x3l[None] + w_hi * x3h[None], axis=2), axis=1)
-                else:
-                    acc3 += tl.sum(tl.sum(w_lo * x3l[None], axis=2) * s_lo + tl.sum(w_hi * x3h[None], axis=2) * s_hi, axis=1)
+                acc3 += _row_terms(X, 3, stride_xm, M, k_lo, k_ok_lo, w_lo, s_lo, k_hi, k_ok_hi, w_hi, s_hi, FMT)
     if FMT == 16:
         gs = tl.load(G + rn)
         if FAST:
