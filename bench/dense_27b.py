@@ -135,7 +135,7 @@ def main() -> int:
         try:
             cli_args = build_parser().parse_args(argv)
             config, opts = bench_config(cli_args)
-            key = (config.quant, config.dtype, getattr(config, "spec", None))
+            key = (config.quant, config.dtype, config.spec)
             if key != model_key:
                 model = None
                 gc.collect()
