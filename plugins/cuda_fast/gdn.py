@@ -95,6 +95,20 @@ class TritonLinearAttention(ReferenceLinearAttention):
         self._fla = fla
         return fla
 
+    def gdn_verify(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, col_conv, col_rec, slots, m) -> torch.Tensor:
+        """A speculative verify's M tokens of each sequence in one launch (rows sequence-major):
+        the slots' state is read, the state after each token goes to column slot * M + t of
+        col_conv / col_rec -> gated-normed o [B * M, Hv, Dv]."""
+        from ninfer.kernels.triton import gdn_verify_columns
+
+        if layer.kernel != 4:
+            raise ValueError(f"the fused GDN step keeps 3 conv columns (kernel 4), this layer has kernel {layer.kernel}")
+        return gdn_verify_columns(
+            mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state, col_conv, col_rec,
+            slots, m=m, num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, z=z,
+            norm_weight=layer.norm_weight, eps=layer.eps,
+        )  # fmt: skip
+
     def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots) -> torch.Tensor:
         """mixed_qkv [B, conv_dim] (pre-conv), a, b [B, Hv], z [B, Hv*Dv] raw projections; the
         layer's conv taps, A_log, dt_bias, norm weight and dims; the cache's conv and recurrent

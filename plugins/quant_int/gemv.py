@@ -104,6 +104,7 @@ def _gemv_kernel(
     KB: tl.constexpr,
     EVEN: tl.constexpr,
     FAST: tl.constexpr,
+    TILED: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -145,11 +146,17 @@ def _gemv_kernel(
     else:
         j = tl.arange(0, 64)
         w_rows = W + rn64[:, None, None] * stride_wn
+        rt = tl.arange(0, BLOCK_N)
         for kb0 in range(kb_lo, kb_hi, KB):
             kbs = kb0 + i
             kb_ok = kbs < kb_hi
             offs = kbs[:, None] * 64 + j[None, :]
-            if EVEN:
+            if TILED:
+                # tile-major layout (tile_layout): this trip's [BLOCK_N, KB * 64] bytes are one
+                # contiguous run, then its [BLOCK_N, 2 KB] scales
+                tile = pid_n.to(tl.int64) * (n_kb // KB) + kb0 // KB
+                b = tl.load(W + tile * (BLOCK_N * KB * 64) + rt[:, None, None] * (KB * 64) + (i[:, None] * 64 + j[None, :])[None, :, :])
+            elif EVEN:
                 b = tl.load(w_rows + offs[None, :, :])
             else:
                 b = tl.load(w_rows + offs[None, :, :], mask=kb_ok[None, :, None], other=0)
@@ -173,7 +180,9 @@ def _gemv_kernel(
                 k_lo = kbs[:, None] * 128 + j[None, :]
                 k_hi = k_lo + 64
                 s_rows = S + rn64[:, None] * stride_sn + kbs[None, :] * 2
-                if EVEN:
+                if TILED:
+                    s_rows = S + tile * (BLOCK_N * KB * 2) + rt[:, None] * (2 * KB) + i[None, :] * 2
+                if EVEN or TILED:
                     s_lo = tl.load(s_rows).to(tl.float32)
                     s_hi = tl.load(s_rows + 1).to(tl.float32)
                 else:
@@ -306,8 +315,23 @@ def workspace_need(cfg: GemvConfig, n: int, k: int) -> tuple[int, int]:
     return tiles * split * cfg.block_n * MAX_M, tiles
 
 
-def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None = None) -> torch.Tensor:
-    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows."""
+def tile_layout(p: QK.Prepared, block_n: int, kb: int) -> QK.Prepared:
+    """A q4 weight re-laid tile-major for `launch(..., tiled=True)` with this block_n and kb:
+    [rows / block_n, K blocks / kb] tiles, each [block_n, kb * 64] packed bytes followed in its
+    own array by [block_n, 2 kb] scales, so one trip of one CTA reads one contiguous run."""
+    if p.fmt != QK.Q4:
+        raise ValueError("the tile-major layout exists for q4 only")
+    rows, n_kb = p.qweight.shape[0], -(-p.k // 128)
+    if rows % block_n or n_kb % kb or p.k % 128:
+        raise ValueError(f"tile-major layout needs rows % {block_n} == 0 and K blocks % {kb} == 0")
+    q = p.qweight.reshape(rows // block_n, block_n, n_kb // kb, kb * 64).transpose(1, 2).contiguous()
+    s = p.scales[:, : 2 * n_kb].reshape(rows // block_n, block_n, n_kb // kb, 2 * kb).transpose(1, 2).contiguous()
+    return QK.Prepared(fmt=p.fmt, n=p.n, k=p.k, qweight=q.view(rows, -1), scales=s.view(rows, -1),
+                       fast=p.fast, sm_count=p.sm_count)
+
+
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None = None, tiled: bool = False) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows (tiled: p is tile_layout(.., cfg.block_n, cfg.kb))."""
     m = x2.shape[0]
     if m > MAX_M:
         raise ValueError(f"the GEMV path takes at most {MAX_M} rows, got {m}")
@@ -317,6 +341,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None 
     block_m = 1 if m == 1 else 2 if m == 2 else 4
     kb = min(cfg.kb, -(-p.k // 128))
     split, per, even = resolve(cfg, p.k)
+    if tiled and (p.fmt != QK.Q4 or not even or kb != cfg.kb):
+        raise ValueError(f"tiled GEMV: q4 with whole trips per split only ({cfg.describe()}, K={p.k})")
     grid_n = -(-p.n // cfg.block_n)
     ws = QK.Workspace.get(x2.device)
     if split > 1:
@@ -342,6 +368,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None 
         KB=kb,
         EVEN=even,
         FAST=(p.fast if fast is None else fast) and not QK.interpreting(),
+        TILED=tiled,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

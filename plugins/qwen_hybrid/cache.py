@@ -63,8 +63,13 @@ class HybridCache:
             self.v_scale = [torch.zeros(sc_shape, dtype=torch.float16, device=device) for _ in s.full_layers]
         conv_shape = (num_slots, s.conv_dim, s.linear_conv_kernel_dim - 1)
         rec_shape = (num_slots, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim)
-        self.conv = [torch.zeros(conv_shape, dtype=dtype, device=device) for _ in s.linear_layers]
-        self.recurrent = [torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in s.linear_layers]
+        # one tensor for all GDN layers, each layer's state a view of it: what touches every layer
+        # at once (a speculative round's commit) is one launch, not one per layer
+        n_gdn = len(s.linear_layers)
+        self.conv_all = torch.zeros((n_gdn, *conv_shape), dtype=dtype, device=device)
+        self.recurrent_all = torch.zeros((n_gdn, *rec_shape), dtype=torch.float32, device=device)
+        self.conv = list(self.conv_all.unbind(0))
+        self.recurrent = list(self.recurrent_all.unbind(0))
         # per-token state of a speculative verify (keep_columns); None until a speculator asks
         self.col_conv: list[torch.Tensor] | None = None
         self.col_recurrent: list[torch.Tensor] = []

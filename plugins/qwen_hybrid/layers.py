@@ -238,6 +238,17 @@ class GatedDeltaNet(nn.Module):
         if self.in_proj_all is None:
             self.__dict__["in_proj_ab"] = merge_dense([self.in_proj_a, self.in_proj_b], f"{self.proj_name}.in_proj_ab")
 
+    def projections(self, x: torch.Tensor):
+        """x [N, H] -> the raw in_proj outputs (qkv, z, a, b) through the merged launches where
+        fuse_linears made them (slices of one output: the fused kernels take any row stride)."""
+        merged_all, merged_ab = live(self.in_proj_all), live(self.in_proj_ab)
+        if merged_all is not None:
+            return merged_all(x).split(merged_all.splits, dim=-1)
+        if merged_ab is not None:
+            a, b = merged_ab(x).split(merged_ab.splits, dim=-1)
+            return self.in_proj_qkv(x), self.in_proj_z(x), a, b
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
+
     def _gates(self, x: torch.Tensor):
         a, b = self.in_proj_a(x).float(), self.in_proj_b(x).float()
         g = -self.A_log.exp() * F.softplus(a + self.dt_bias)  # log-decay, <= 0
@@ -292,15 +303,7 @@ class GatedDeltaNet(nn.Module):
         conv_state, rec_state = cache.gdn(self.state_index)
         if fused_for(self.backend, x):
             # conv step, L2 norms, gates, state update in place and the gated norm: one launch
-            # (it takes the projections at any row stride: slices of a merged GEMV's output)
-            merged_all, merged_ab = live(self.in_proj_all), live(self.in_proj_ab)
-            if merged_all is not None:
-                qkv, z, a, b = merged_all(x).split(merged_all.splits, dim=-1)
-            elif merged_ab is not None:
-                qkv, z = self.in_proj_qkv(x), self.in_proj_z(x)
-                a, b = merged_ab(x).split(merged_ab.splits, dim=-1)
-            else:
-                qkv, z, a, b = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
+            qkv, z, a, b = self.projections(x)
             o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots)
             return self.out_proj(o.reshape(o.shape[0], -1))
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])

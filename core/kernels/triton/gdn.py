@@ -187,3 +187,149 @@ def gdn_decode_step(
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(B, HV, DV), norm_weight, eps, out=out)
     return out
+
+
+@triton.jit
+def _conv_col(X, CW, ch, row, sx_b, scw_c, scw_t, p0, p1, p2):
+    """One conv1d + SiLU output of channels ch for input row `row`, the three previous inputs
+    p0 (oldest), p1, p2 given -> (y, this row's input)."""
+    xt = tl.load(X + row * sx_b + ch)
+    w = CW + ch * scw_c
+    y = (tl.load(w).to(tl.float32) * p0.to(tl.float32) + tl.load(w + scw_t).to(tl.float32) * p1.to(tl.float32)
+         + tl.load(w + 2 * scw_t).to(tl.float32) * p2.to(tl.float32) + tl.load(w + 3 * scw_t).to(tl.float32) * xt.to(tl.float32))
+    return y * tl.sigmoid(y), xt
+
+
+@triton.jit
+def _gdn_columns_kernel(
+    X, A, Bg, CW, CS, ALOG, DTB, S, CC, CR, O, Z, NW, IDX,
+    sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h,
+    scc_n, scc_c, scc_t, scr_n, scr_h, so_b, so_h, sz_b,
+    q_scale, eps,
+    M: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    FUSE_NORM: tl.constexpr,
+):
+    R: tl.constexpr = HV // HK
+    pid = tl.program_id(0)
+    vb = tl.program_id(1)
+    b = pid // HV
+    j = pid % HV
+    h = j // R
+    bv = tl.arange(0, BV)
+    dk = tl.arange(0, DK)
+    slot = tl.load(IDX + b).to(tl.int64)
+    q_ch = h * DK + dk
+    k_ch = HK * DK + h * DK + dk
+    v_ch = 2 * HK * DK + j * DV + vb * BV + bv
+    # the slot's state is only read: token t's state and conv window go to column slot * M + t
+    st = tl.load(S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :])
+    cs = CS + slot * scs_n
+    q0 = tl.load(cs + q_ch * scs_c)
+    q1 = tl.load(cs + q_ch * scs_c + scs_t)
+    q2 = tl.load(cs + q_ch * scs_c + 2 * scs_t)
+    k0 = tl.load(cs + k_ch * scs_c)
+    k1 = tl.load(cs + k_ch * scs_c + scs_t)
+    k2 = tl.load(cs + k_ch * scs_c + 2 * scs_t)
+    v0 = tl.load(cs + v_ch * scs_c)
+    v1 = tl.load(cs + v_ch * scs_c + scs_t)
+    v2 = tl.load(cs + v_ch * scs_c + 2 * scs_t)
+    A_neg = -tl.exp(tl.load(ALOG + j).to(tl.float32))
+    dtb = tl.load(DTB + j).to(tl.float32)
+    # the q/k channels of head h are the same for its R value heads: the first of them writes them
+    lead = (j % R == 0) & (vb == 0)
+    for t in tl.static_range(M):
+        row = b * M + t
+        col = slot * M + t
+        q, qx = _conv_col(X, CW, q_ch, row, sx_b, scw_c, scw_t, q0, q1, q2)
+        k, kx = _conv_col(X, CW, k_ch, row, sx_b, scw_c, scw_t, k0, k1, k2)
+        v, vx = _conv_col(X, CW, v_ch, row, sx_b, scw_c, scw_t, v0, v1, v2)
+        q0, q1, q2 = q1, q2, qx.to(q0.dtype)
+        k0, k1, k2 = k1, k2, kx.to(k0.dtype)
+        v0, v1, v2 = v1, v2, vx.to(v0.dtype)
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        u = tl.load(A + row * sa_b + j).to(tl.float32) + dtb
+        softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+        beta = tl.sigmoid(tl.load(Bg + row * sb_b + j).to(tl.float32))
+        st = st * tl.exp(A_neg * softplus)
+        delta = beta * (v - tl.sum(st * k[:, None], 0))
+        st = st + k[:, None] * delta[None, :]
+        o = tl.sum(st * q[:, None], 0)
+        tl.store(CR + col * scr_n + j * scr_h + dk[:, None] * DV + (vb * BV + bv)[None, :], st)
+        cc = CC + col * scc_n
+        tl.store(cc + v_ch * scc_c, v0)
+        tl.store(cc + v_ch * scc_c + scc_t, v1)
+        tl.store(cc + v_ch * scc_c + 2 * scc_t, v2)
+        if lead:
+            tl.store(cc + q_ch * scc_c, q0)
+            tl.store(cc + q_ch * scc_c + scc_t, q1)
+            tl.store(cc + q_ch * scc_c + 2 * scc_t, q2)
+            tl.store(cc + k_ch * scc_c, k0)
+            tl.store(cc + k_ch * scc_c + scc_t, k1)
+            tl.store(cc + k_ch * scc_c + 2 * scc_t, k2)
+        if FUSE_NORM:
+            z = tl.load(Z + row * sz_b + j * DV + bv).to(tl.float32)
+            o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + eps) * tl.load(NW + bv).to(tl.float32) * (z * tl.sigmoid(z))
+        tl.store(O + row * so_b + j * so_h + vb * BV + bv, o.to(O.dtype.element_ty))
+
+
+def gdn_verify_columns(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    ssm_state: torch.Tensor,
+    col_conv: torch.Tensor,
+    col_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    m: int,
+    num_k_heads: int,
+    head_k_dim: int = 128,
+    head_v_dim: int = 128,
+    z: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """M tokens of each of B sequences through the GDN core in one launch, for a speculative
+    verify: rows are sequence-major (row b*M + t is token t of sequence b, whose state is slot
+    state_indices[b]). The slot's conv and recurrent state are only read; the conv window and
+    state after token t are written to column slot*M + t of col_conv [slots*M, conv_dim, 3] and
+    col_state [slots*M, Hv, Dk, Dv] (what M calls of gdn_decode_step on copied columns would
+    leave there). Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv]."""
+    BM = mixed_qkv.shape[0]
+    HV = a.shape[1]
+    HK, DK, DV = num_k_heads, head_k_dim, head_v_dim
+    B = state_indices.shape[0]
+    if BM != B * m:
+        raise ValueError(f"gdn_verify_columns: {BM} rows for {B} sequences of {m} tokens")
+    if HV % HK or mixed_qkv.shape[1] != 2 * HK * DK + HV * DV:
+        raise ValueError(f"gdn_verify_columns: conv_dim {mixed_qkv.shape[1]} != 2*{HK}*{DK} + {HV}*{DV}")
+    for name, s in (("ssm_state", ssm_state), ("col_state", col_state)):
+        if s.stride(3) != 1 or s.stride(2) != DV:
+            raise ValueError(f"gdn_verify_columns: {name} needs contiguous [Dk, Dv] per head")
+    if mixed_qkv.stride(1) != 1:
+        raise ValueError("gdn_verify_columns: mixed_qkv needs a unit last stride")
+    fuse = z is not None and (block_v is None or block_v == DV)
+    bv = DV if fuse else (block_v or default_block_v(B, HV, DV, mixed_qkv.device))
+    out = torch.empty(BM, HV, DV, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    zz = z if fuse else mixed_qkv
+    _gdn_columns_kernel[(B * HV, DV // bv)](
+        mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, col_state, out, zz,
+        norm_weight if fuse else A_log, state_indices,
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
+        col_conv.stride(0), col_conv.stride(1), col_conv.stride(2), col_state.stride(0), col_state.stride(1),
+        out.stride(0), out.stride(1), zz.stride(0),
+        DK**-0.5, eps,
+        M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
+        num_warps=num_warps or 4,
+    )
+    if z is not None and not fuse:
+        gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)
+    return out

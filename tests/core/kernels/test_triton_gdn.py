@@ -102,3 +102,35 @@ def test_matches_fla_gpu():
     # fla reads bf16-rounded conv outputs, we keep them fp32: compare at the bf16 output bound
     R.assert_close(o, o_fla[:, 0].float(), "gdn_output_bf16")
     R.assert_close(L.ssm_state, s_fla, "gdn_output_bf16")
+
+
+@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8)])
+@pytest.mark.parametrize("m", [1, 4])
+def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
+    """M tokens of B sequences in one launch leave in the columns (and return) what M decode steps
+    on copied columns do, and never touch the slots' own state."""
+    from ninfer.kernels.triton import gdn_verify_columns
+
+    HK, HV, DK, DV = 2, 4, 16, 16
+    L = Layer(HK, HV, DK, DV, slots=5, seed=m)
+    slots = torch.tensor([3, 1], dtype=torch.int32, device=DEV)
+    B = len(slots)
+    x, a, b, z = L.inputs(B * m, fuse)
+    conv0, ssm0 = L.conv_state.clone(), L.ssm_state.clone()
+    col_conv = torch.zeros(5 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+    col_rec = torch.zeros(5 * m, HV, DK, DV, device=DEV)
+    o = gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, col_conv, col_rec, slots,
+                           m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z,
+                           norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+    assert torch.equal(L.conv_state, conv0) and torch.equal(L.ssm_state, ssm0)
+    # the oracle: decode steps, token by token, on copies of each slot's state
+    conv, ssm = conv0.clone(), ssm0.clone()
+    for t in range(m):
+        rows = slice(t, None, m)
+        ot = gdn_decode_step(x[rows], a[rows], b[rows], L.conv_weight, conv, L.A_log, L.dt_bias, ssm,
+                             num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, state_indices=slots,
+                             z=z[rows] if fuse else None, norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+        R.assert_close(o[rows], ot, "gdn_output_bf16")
+        for s in slots.tolist():
+            assert torch.equal(col_conv[s * m + t], conv[s])
+            R.assert_close(col_rec[s * m + t], ssm[s], "gdn_state_fp32")

@@ -1,5 +1,5 @@
 """`ninfer bench --spec mtp`: the speculative run after the plain one, its statistics, round cost
-and projection (CPU here; tests/plugins/spec_mtp/test_gpu.py runs it captured on a GPU)."""
+and projection (CPU here; tests/plugins/spec_mtp/test_spec_gpu.py runs it captured on a GPU)."""
 
 from __future__ import annotations
 
