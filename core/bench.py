@@ -455,6 +455,7 @@ def spec_run(
     # as many rounds as the plain run timed steps, while the context has room for one
     rounds = tokens = 0
     _sync(device)
+    spec.host_s = dict.fromkeys(spec.host_s, 0.0)
     t0 = time.perf_counter()
     while rounds < decode["timed_steps"] and room():
         tokens += round_()
@@ -488,6 +489,9 @@ def spec_run(
         "graph_replay_ms": replay,
         "verify_replay_ms": verify,
         "round_replay_vs_plain_replay": round(replay / plain_replay, 3) if replay and plain_replay else None,
+        # where a round's wall time went on the host, ms per round: writing the inputs, launching
+        # the graph (or the eager round), waiting for its results, bookkeeping after
+        "host_ms_per_round": {k: round(1000 * v / rounds, 3) for k, v in spec.host_s.items()},
         "measured_tok_s": round(tokens / seconds, 2),
         "stats": {
             "drafted": drafted,
@@ -548,6 +552,8 @@ def spec_table(s: dict[str, Any]) -> list[str]:
         verify = f", verify {s['verify_replay_ms']:.3f} ms" if s.get("verify_replay_ms") else ""
         vs = f" ({s['round_replay_vs_plain_replay']}x the plain replay)" if s.get("round_replay_vs_plain_replay") else ""
         lines.append(f"  round replay       {s['graph_replay_ms']:.3f} ms{vs}{verify}")
+    if s.get("host_ms_per_round"):
+        lines.append("  host per round     " + ", ".join(f"{k} {v:.3f} ms" for k, v in s["host_ms_per_round"].items()))
     lines.append(
         f"  acceptance         {st['acceptance']:.3f} ({st['accepted']}/{st['drafted']}, per position {st['accepted_per_position']}), "
         f"{st['tokens_per_round']:.3f} tokens/round, measured {s['measured_tok_s']:.2f} tok/s"

@@ -41,6 +41,7 @@ syncs three times a round: the drafts, the accepted count and the new tokens.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,6 +98,9 @@ class SpeculativeRound:
         # per slot, what `truncate` needs: the round's start E, verify ids (None: a batched round),
         # replay snapshot
         self._last: list[tuple[int, torch.Tensor | None, Any] | None] = [None] * n
+        # host seconds of batched rounds by phase (inputs written, graph launched, waiting for the
+        # results, bookkeeping after): `ninfer bench` reports where a round's wall time goes
+        self.host_s = {"prepare": 0.0, "launch": 0.0, "wait": 0.0, "after": 0.0}
         if self.verifier is not None:
             self._init_batched(graphs)
 
@@ -274,6 +278,7 @@ class SpeculativeRound:
         from ninfer.graphs import EXACT_UP_TO, sampling_columns
 
         b, k = len(requests), self.k
+        t0 = time.perf_counter()
         self.history.sync(requests)
         ints = [[0] * b for _ in range(5)]
         floats = [[0.0] * b for _ in range(5)]
@@ -287,6 +292,7 @@ class SpeculativeRound:
         self.ints[:, :b].copy_(torch.tensor(ints, dtype=torch.int64))
         self.floats[:, :b].copy_(torch.tensor(floats, dtype=torch.float32))
         graph = self._graph(b) if self.eager_reason is None and b <= EXACT_UP_TO else None
+        t1 = time.perf_counter()
         if graph is not None:
             graph.replay()
         else:
@@ -294,7 +300,9 @@ class SpeculativeRound:
             # bounds of the reference attention's reads: the verify and alignment reach E+K, the
             # drafts E+A+K-1 <= E+2K-1
             self._round_step(b, e + k + 1, e + 2 * k)
+        t2 = time.perf_counter()
         rows = self.out[:b].tolist()
+        t3 = time.perf_counter()
         tokens = []
         for r, row in zip(requests, rows):
             accepted = row[k + 1]
@@ -305,6 +313,11 @@ class SpeculativeRound:
             # the engine appends the kept tokens: the counts row already holds them
             self.history.counted(r, len(r.output_ids) + accepted + 1)
             tokens.append(row[: accepted + 1])
+        h = self.host_s
+        h["prepare"] += t1 - t0
+        h["launch"] += t2 - t1
+        h["wait"] += t3 - t2
+        h["after"] += time.perf_counter() - t3
         return tokens
 
     def _graph(self, b: int) -> Any:
