@@ -95,6 +95,23 @@ class TritonLinearAttention(ReferenceLinearAttention):
         self._fla = fla
         return fla
 
+    def prefill_inputs(self, mixed_qkv, conv_state, layer):
+        """A prefill chunk's q, k (L2-normed), v and new conv state from its raw in_proj_qkv
+        output [T, conv_dim] in one launch, or None where the kernel does not apply (q/k and v
+        head dims differ, conv kernel not 4): the layer then takes its torch form."""
+        from ninfer.kernels.triton import gdn_prefill_conv
+
+        if layer.kernel != 4 or layer.dk != layer.dv:
+            return None
+        return gdn_prefill_conv(mixed_qkv, conv_state, layer.conv_weight, num_k_heads=layer.hk,
+                                num_v_heads=layer.hv, head_dim=layer.dk)
+
+    def gated_norm(self, o, z, layer):
+        """o [T, Hv, Dv], z [T, Hv*Dv] -> RMSNorm(o) * w * silu(z) [T, Hv, Dv] in one pass."""
+        from ninfer.kernels.triton import gated_rmsnorm
+
+        return gated_rmsnorm(o, z.view(o.shape), layer.norm_weight, layer.eps)
+
     def gdn_verify(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, col_conv, col_rec, slots, m) -> torch.Tensor:
         """A speculative verify's M tokens of each sequence in one launch (rows sequence-major):
         the slots' state is read, the state after each token goes to column slot * M + t of

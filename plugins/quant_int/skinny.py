@@ -43,7 +43,9 @@ from ninfer_plugins.quant_int import kernels as QK
 # bf16 exponent of 128 whose 7 mantissa bits hold the nibble exactly: 128 + code + 8.
 ASM_Q4_WORD = tl.constexpr("""
 {
-.reg .b32 t1, t2, t3;
+.reg .b32 t1, t2, t3, one, bias;
+mov.b32 one, 0x3F803F80;
+mov.b32 bias, 0xC308C308;
 shr.u32 t1, $4, 4;
 shr.u32 t2, $4, 8;
 shr.u32 t3, $4, 12;
@@ -51,6 +53,10 @@ lop3.b32 $0, $4, 0x000F000F, 0x43084308, 0x6a;
 lop3.b32 $1, t1, 0x000F000F, 0x43084308, 0x6a;
 lop3.b32 $2, t2, 0x000F000F, 0x43084308, 0x6a;
 lop3.b32 $3, t3, 0x000F000F, 0x43084308, 0x6a;
+fma.rn.bf16x2 $0, $0, one, bias;
+fma.rn.bf16x2 $1, $1, one, bias;
+fma.rn.bf16x2 $2, $2, one, bias;
+fma.rn.bf16x2 $3, $3, one, bias;
 }
 """)
 
@@ -59,7 +65,7 @@ BIAS = tl.constexpr(136.0)
 
 
 @triton.jit
-def _biased_codes(hw, FAST: tl.constexpr):
+def _codes(hw, FAST: tl.constexpr):
     """int16 halfwords [R, C] -> four bf16 tiles [R, C] of 136 + code: nibble 0..3 of each."""
     if FAST:
         n0, n1, n2, n3 = tl.inline_asm_elementwise(
@@ -69,10 +75,10 @@ def _biased_codes(hw, FAST: tl.constexpr):
     else:
         # through fp32: the interpreter's direct int -> bf16 conversion is wrong
         v = hw.to(tl.int32)
-        n0 = (((v & 0xF) ^ 8) + 128).to(tl.float32).to(tl.bfloat16)
-        n1 = ((((v >> 4) & 0xF) ^ 8) + 128).to(tl.float32).to(tl.bfloat16)
-        n2 = ((((v >> 8) & 0xF) ^ 8) + 128).to(tl.float32).to(tl.bfloat16)
-        n3 = ((((v >> 12) & 0xF) ^ 8) + 128).to(tl.float32).to(tl.bfloat16)
+        n0 = (((v & 0xF) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        n1 = ((((v >> 4) & 0xF) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        n2 = ((((v >> 8) & 0xF) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        n3 = ((((v >> 12) & 0xF) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
     return n0, n1, n2, n3
 
 
@@ -94,13 +100,31 @@ def _sigma():
 
 
 @triton.jit
-def _dot(a, b, F32: tl.constexpr):
+def _dot(a, b, acc, F32: tl.constexpr):
     # F32 only under TRITON_INTERPRET: its numpy dot multiplies bf16 bit patterns as integers
     if F32:
-        d = tl.dot(a.to(tl.float32), b.to(tl.float32))
+        d = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     else:
-        d = tl.dot(a, b)
+        d = tl.dot(a, b, acc)
     return d
+
+
+@triton.jit
+def _scale_pair(v):
+    """int32 holding a K block's two fp16 group scales -> (low group, high group) as fp32."""
+    lo = (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return lo.to(tl.float32), hi.to(tl.float32)
+
+
+@triton.jit
+def _x_order(x, BLOCK_M: tl.constexpr):
+    """x [BM, 128] (one K block, natural order) -> the two groups' B tiles [64, BM] in `_sigma`
+    order: natural k = 64 g + 16 t + 4 kk + 2 e + q goes to row j = 16 kk + 8 q + 2 t + e."""
+    v = tl.reshape(x, (BLOCK_M, 2, 4, 4, 2, 2))  # [m, g, t, kk, e, q]
+    v = tl.permute(v, (3, 5, 2, 4, 0, 1))  # [kk, q, t, e, m, g]
+    v = tl.reshape(v, (64, BLOCK_M, 2))
+    return tl.split(v)
 
 
 @triton.jit(do_not_specialize=["M", "N", "KB_PER_SPLIT"])
@@ -124,30 +148,32 @@ def _skinny_kernel(
     # W is the packed weight viewed as int16 (32 halfwords per K block); rows padded: no masks
     w_rows = W + rn[:, None].to(tl.int64) * stride_wn + tl.arange(0, 32)[None, :]
     s_rows = S + rn.to(tl.int64) * stride_sn
-    sig = _sigma()
-    x_cols = X + rm[None, :].to(tl.int64) * stride_xm + sig[:, None]
+    kcol = tl.arange(0, 128)
+    x_rows = X + rm[:, None].to(tl.int64) * stride_xm + kcol[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     n_kb = tl.cdiv(K, 128)
     kb_lo = pid_k * KB_PER_SPLIT
     kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, n_kb)
-    two = tl.arange(0, 2)[None, :]
-    # scales feed the accumulator, not the MMA, so the pipeliner would leave their load in the
-    # loop with its whole latency: load each block's pair one block ahead (as kernels.py does)
-    s_cur = tl.load(s_rows[:, None] + kb_lo * 2 + two, mask=kb_lo * 2 + two < n_kb * 2, other=0.0)
+    # scales feed the accumulator, not the MMA, and x goes through registers (it is permuted):
+    # the pipeliner would leave both loads in the loop with their whole latency, so each is
+    # loaded one block ahead (scales as kernels.py does)
+    s_cur = tl.load(s_rows + tl.minimum(kb_lo, n_kb - 1))
+    x_cur = tl.load(x_rows + kb_lo * 128, mask=m_ok[:, None] & (kb_lo * 128 + kcol[None, :] < K), other=0.0)
     for kb in range(kb_lo, kb_hi):
-        s_nxt = tl.load(s_rows[:, None] + (kb + 1) * 2 + two, mask=(kb + 1) * 2 + two < n_kb * 2, other=0.0)
+        # clamped: the last trip's look-ahead reads a block it does not use, in bounds
+        s_nxt = tl.load(s_rows + tl.minimum(kb + 1, n_kb - 1))
+        x_nxt = tl.load(x_rows + (kb + 1) * 128, mask=m_ok[:, None] & ((kb + 1) * 128 + kcol[None, :] < K), other=0.0)
         hw = tl.load(w_rows + kb * 32)
-        k_lo = kb * 128 + sig
-        x_lo = tl.load(x_cols + kb * 128, mask=m_ok[None, :] & (k_lo[:, None] < K), other=0.0).to(tl.bfloat16)
-        x_hi = tl.load(x_cols + kb * 128 + 64, mask=m_ok[None, :] & (k_lo[:, None] + 64 < K), other=0.0).to(tl.bfloat16)
-        n0, n1, n2, n3 = _biased_codes(hw, FAST)
-        d_lo = _dot(_mma_order(n0, n2, BLOCK_N), x_lo, DOT_F32)
-        d_hi = _dot(_mma_order(n1, n3, BLOCK_N), x_hi, DOT_F32)
-        b_lo = tl.sum(x_lo.to(tl.float32), axis=0) * BIAS
-        b_hi = tl.sum(x_hi.to(tl.float32), axis=0) * BIAS
-        s_lo, s_hi = tl.split(s_cur.to(tl.float32))
-        acc += (d_lo - b_lo[None, :]) * s_lo[:, None] + (d_hi - b_hi[None, :]) * s_hi[:, None]
+        x_lo, x_hi = _x_order(x_cur.to(tl.bfloat16), BLOCK_M)
+        n0, n1, n2, n3 = _codes(hw, FAST)
+        d_lo = _dot(_mma_order(n0, n2, BLOCK_N), x_lo, None, DOT_F32)
+        d_hi = _dot(_mma_order(n1, n3, BLOCK_N), x_hi, None, DOT_F32)
+        s_lo, s_hi = _scale_pair(s_cur.to(tl.float32, bitcast=True).to(tl.int32, bitcast=True))
+        # two FFMAs per accumulator element (a sum of both products first would add an FADD)
+        acc += d_lo * s_lo[:, None]
+        acc += d_hi * s_hi[:, None]
         s_cur = s_nxt
+        x_cur = x_nxt
     n_ok = rn < N
     y_ptrs = Y + rm[None, :].to(tl.int64) * stride_ym + rn[:, None]
     out_mask = n_ok[:, None] & m_ok[None, :]
@@ -205,10 +231,11 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: SkinnyConfig) -> torch.Tensor:
     else:
         partials, counters = y, y
     w16 = p.qweight.view(torch.int16)
+    s32 = p.scales.view(torch.int32)
     _skinny_kernel[(grid_n, grid_m, split)](
-        x2, w16, p.scales, y, partials, counters,
+        x2, w16, s32, y, partials, counters,
         m, p.n, p.k,
-        x2.stride(0), w16.stride(0), p.scales.stride(0), y.stride(0),
+        x2.stride(0), w16.stride(0), s32.stride(0), y.stride(0),
         per,
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split,
         FAST=p.fast and not QK.interpreting(), DOT_F32=QK.interpreting(),

@@ -270,6 +270,10 @@ class GatedDeltaNet(nn.Module):
 
     def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
         conv_state, rec_state = cache.gdn(self.state_index)
+        if fused_for(self.backend, x) and cache.columns(slot, self.state_index) is None:
+            out = self._fused_prefill(x, conv_state, rec_state, slot)
+            if out is not None:
+                return out
         qkv = self.in_proj_qkv(x)
         mixed, new_conv = self._conv(qkv.unsqueeze(0), conv_state[slot : slot + 1])
         q, k, v = self._split(mixed[0])
@@ -285,6 +289,27 @@ class GatedDeltaNet(nn.Module):
         conv_state[slot] = new_conv[0]
         rec_state[slot] = new_rec
         return self._output(o, self.in_proj_z(x))
+
+    def _fused_prefill(self, x, conv_state, rec_state, slot: int) -> torch.Tensor | None:
+        """The GPU prefill chunk: merged projections, conv + SiLU + L2 norms in one kernel, the
+        chunked core, the gated norm in one pass (the torch form's transposed copy and fp32
+        elementwise passes over [T, conv_dim] and [T, Hv*Dv] cost more than the core at 8K
+        tokens). None: the backend has no such kernels for this layer."""
+        prepare = getattr(self.backend, "prefill_inputs", None)
+        norm = getattr(self.backend, "gated_norm", None)
+        if prepare is None or norm is None:
+            return None
+        qkv, z, a, b = self.projections(x)
+        parts = prepare(qkv, conv_state[slot], self)
+        if parts is None:
+            return None
+        q, k, v, new_conv = parts
+        g = -self.A_log.exp() * F.softplus(a.float() + self.dt_bias)
+        o, new_rec = self.backend.prefill(q, k, v, g, torch.sigmoid(b.float()), rec_state[slot], self.dk**-0.5)
+        conv_state[slot] = new_conv
+        rec_state[slot] = new_rec
+        o = norm(o.to(x.dtype).reshape(x.shape[0], self.hv, self.dv), z, self)
+        return self.out_proj(o.reshape(x.shape[0], -1))
 
     def _verify(self, qkv, q, k, v, g, beta, conv, rec, col_conv, col_rec):
         """A speculative verify (T = K+1 <= 6 tokens): the decode recurrence token by token, keeping

@@ -333,3 +333,79 @@ def gdn_verify_columns(
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)
     return out
+
+
+@triton.jit
+def _prefill_conv_kernel(
+    X, CS, CW, OUT, NS, T, sx_t, scs_c, scs_t, scw_c, scw_t,
+    HK: tl.constexpr, HV: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
+):
+    """Program (tile, head block): tokens tile*BT.. of one head's D channels (q heads, then k, then
+    v): causal conv1d (kernel 4) + SiLU, the L2 norm per token for q and k, written to that part's
+    own contiguous [T, heads, D] segment of OUT; the last tile also writes the new conv state."""
+    tile = tl.program_id(0)
+    hb = tl.program_id(1)
+    t = tile * BT + tl.arange(0, BT)
+    c = hb * D + tl.arange(0, D)
+    t_ok = t < T
+    acc = tl.zeros((BT, D), dtype=tl.float32)
+    for i in tl.static_range(4):
+        tt = t - 3 + i  # input position feeding tap i; < 0: the conv state's column 3 + tt
+        xv = tl.load(X + tt[:, None].to(tl.int64) * sx_t + c[None, :], mask=(t_ok & (tt >= 0))[:, None], other=0.0)
+        sv = tl.load(CS + c[None, :] * scs_c + (3 + tt)[:, None] * scs_t, mask=(t_ok & (tt < 0))[:, None], other=0.0)
+        w = tl.load(CW + c * scw_c + i * scw_t).to(tl.float32)
+        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
+    y = acc * tl.sigmoid(acc)
+    if hb < 2 * HK:
+        y = y * tl.rsqrt(tl.sum(y * y, 1) + 1e-6)[:, None]
+    seg = (hb >= HK).to(tl.int32) + (hb >= 2 * HK).to(tl.int32)  # 0: q, 1: k, 2: v
+    base = seg.to(tl.int64) * T * (HK * D)
+    width = tl.where(seg == 2, HV * D, HK * D)
+    col = (hb - seg * HK) * D
+    dst = OUT + base + t[:, None].to(tl.int64) * width + col + tl.arange(0, D)[None, :]
+    tl.store(dst, y.to(OUT.dtype.element_ty), mask=t_ok[:, None])
+    if tile == tl.num_programs(0) - 1:
+        # new state: the last three inputs (positions T-3..T-1; before 0: the old state's columns)
+        j = tl.arange(0, 4)
+        tt = T - 3 + j
+        j_ok = j < 3
+        xv = tl.load(X + tt[:, None].to(tl.int64) * sx_t + c[None, :], mask=(j_ok & (tt >= 0))[:, None], other=0.0)
+        sv = tl.load(CS + c[None, :] * scs_c + (3 + tt)[:, None] * scs_t, mask=(j_ok & (tt < 0))[:, None], other=0.0)
+        new = xv.to(tl.float32) + sv.to(tl.float32)
+        tl.store(NS + c[None, :] * 3 + j[:, None], new.to(NS.dtype.element_ty), mask=j_ok[:, None])
+
+
+def gdn_prefill_conv(
+    mixed_qkv: torch.Tensor,
+    conv_state: torch.Tensor,
+    conv_weight: torch.Tensor,
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_dim: int,
+    block_t: int = 32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GDN prefill chunk's inputs to the chunked core in one launch: mixed_qkv [T, conv_dim]
+    (pre-conv, channels [Q | K | V]), conv_state [conv_dim, 3] (last three inputs before the
+    chunk, oldest first), conv_weight [conv_dim, 4] -> (q [T, Hk, D] and k L2-normalized, v
+    [T, Hv, D], all in mixed_qkv's dtype, contiguous; new conv state [conv_dim, 3]). The torch
+    form: cat(state, x) -> depthwise conv1d in fp32 -> SiLU -> split -> L2 norm; here the same in
+    fp32 registers, without the transposed copy. Needs head_k_dim == head_v_dim (Qwen: 128)."""
+    T, C = mixed_qkv.shape
+    HK, HV, D = num_k_heads, num_v_heads, head_dim
+    if C != (2 * HK + HV) * D:
+        raise ValueError(f"gdn_prefill_conv: conv_dim {C} != (2*{HK} + {HV}) * {D}")
+    if mixed_qkv.stride(1) != 1 or conv_weight.shape[-1] != 4:
+        raise ValueError("gdn_prefill_conv: mixed_qkv needs a unit last stride and the conv kernel size 4")
+    out = torch.empty(T * C, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    new_state = torch.empty(C, 3, dtype=conv_state.dtype, device=conv_state.device)
+    if T > 0:
+        _prefill_conv_kernel[(triton.cdiv(T, block_t), 2 * HK + HV)](
+            mixed_qkv, conv_state, conv_weight, out, new_state, T,
+            mixed_qkv.stride(0), conv_state.stride(0), conv_state.stride(1), conv_weight.stride(0), conv_weight.stride(1),
+            HK=HK, HV=HV, D=D, BT=block_t, num_warps=4,
+        )  # fmt: skip
+    q = out[: T * HK * D].view(T, HK, D)
+    k = out[T * HK * D : 2 * T * HK * D].view(T, HK, D)
+    v = out[2 * T * HK * D :].view(T, HV, D)
+    return q, k, v, new_state

@@ -134,3 +134,27 @@ def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
         for s in slots.tolist():
             assert torch.equal(col_conv[s * m + t], conv[s])
             R.assert_close(col_rec[s * m + t], ssm[s], "gdn_state_fp32")
+
+
+@pytest.mark.parametrize("t_len", [1, 2, 37, 64])
+def test_prefill_conv_matches_the_torch_form(t_len):
+    """conv1d + SiLU + split + L2 norm of a prefill chunk in one launch, against the layer's torch
+    form: state columns feed the first positions, chunks shorter than the kernel keep part of the
+    old state in the new one."""
+    from ninfer.kernels.triton import gdn_prefill_conv
+    from ninfer_plugins.qwen_hybrid.gdn import l2_normalize
+
+    HK, HV, D = 2, 6, 16
+    L = Layer(HK, HV, D, D, slots=1, seed=t_len)
+    x = L.randn(t_len, L.C).bfloat16()
+    state = L.conv_state[0]
+    q, k, v, new_state = gdn_prefill_conv(x, state, L.conv_weight, num_k_heads=HK, num_v_heads=HV, head_dim=D, block_t=16)
+    seq = torch.cat((state.float(), x.float().t()), dim=-1)  # [C, 3 + T]
+    y = torch.nn.functional.conv1d(seq[None], L.conv_weight.float()[:, None, :], groups=L.C)[0].t()  # [T, C]
+    y = torch.nn.functional.silu(y)
+    q_ref, k_ref, v_ref = torch.split(y, [HK * D, HK * D, HV * D], dim=-1)
+    R.assert_close(q, l2_normalize(q_ref.reshape(t_len, HK, D)).bfloat16(), "gdn_output_bf16")
+    R.assert_close(k, l2_normalize(k_ref.reshape(t_len, HK, D)).bfloat16(), "gdn_output_bf16")
+    R.assert_close(v, v_ref.reshape(t_len, HV, D).bfloat16(), "gdn_output_bf16")
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    assert torch.equal(new_state, seq[:, -3:].to(new_state.dtype))
