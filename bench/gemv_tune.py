@@ -87,6 +87,7 @@ def main() -> int:
     ap.add_argument("--formats", default="q4_g64,q5_g64,nvfp4,q6_g64,q8_g32")
     ap.add_argument("--shapes", default="", help="comma-separated names of bench/quant_linear.py SHAPES (default all but the heads)")
     ap.add_argument("--no-tests", action="store_true")
+    ap.add_argument("--pairs", default="", help="format:shape,... (shapes of SHAPES or MERGED_SHAPES); replaces --formats/--shapes")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,14 +109,16 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     log(f"copy bandwidth {bw:.2f} TB/s, {sms} SMs")
     names = [s for s in args.shapes.split(",") if s] or [s for s in QL.SHAPES if "lm_head" not in s]
+    pairs = [tuple(p.split(":", 1)) for p in args.pairs.split(",") if p] or [(f, n) for f in args.formats.split(",") for n in names]
+    shapes = {**QL.SHAPES, **QL.MERGED_SHAPES}
     results, tuned, skipped = [], {}, []
-    for scheme in args.formats.split(","):
+    for scheme, name in pairs:
         fmt = FORMAT_IDS[scheme]
-        for name in names:
+        if True:
             if time.time() - T0 > args.budget_s:
                 skipped.append(f"{scheme} {name}")
                 continue
-            n, k, _ = QL.SHAPES[name]
+            n, k, _ = shapes[name]
             one = packed_bytes(build(scheme, n, k, 1)[0][0])
             copies = max(2, min(256, math.ceil(QL.L2_DEFEAT_BYTES / one)))
             ws = build(scheme, n, k, copies)

@@ -52,6 +52,13 @@ SHAPES = {
     "35b.shared.gate|up": (512, 2048, 80),
     "35b.lm_head": (248320, 2048, 1),
 }
+# shapes that exist only after linear.merge_rows stacks same-scheme projections (timed by
+# bench/gemv_tune.py --pairs; not in SHAPES, whose counts would then hold their rows twice)
+MERGED_SHAPES = {
+    "27b.gate_up_merged": (34816, 5120, 64),  # q4 in --quant int4
+    "27b.in_proj_qkvz": (16384, 5120, 48),  # q5
+    "27b.q_v_merged": (13312, 5120, 16),  # q5 (k_proj is q4)
+}
 BIG_27B = ("27b.gate_proj|up_proj", "27b.down_proj", "27b.q_proj", "27b.in_proj_qkv", "27b.lm_head")
 FORMATS = ("q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4")
 DECODE_M = (1, 4, 8, 16)

@@ -166,6 +166,35 @@ def merge_dense(linears: list[QLinear], name: str) -> QLinear | None:
     return merged
 
 
+def merge_rows(linears: list[QLinear], name: str) -> QLinear | None:
+    """merge_dense for any scheme: dense parts as there; quantized parts of one scheme and K whose
+    kernel can stack its prepared layout by rows (`merge_prepared`, e.g. the int and NVFP4
+    Triton kernels: row-major packed rows, per-row scales) become one linear over all their rows,
+    the parts re-pointed at row views of it. At one token a quantized launch carries ~10 µs of
+    fixed cost (ramp, split-K fix-up, drain: BENCHMARKS.md), so two launches cost more than one
+    of twice the rows. None where the parts cannot be merged."""
+    if len(linears) < 2:
+        return None
+    if all(x.scheme == DENSE for x in linears):
+        return merge_dense(linears, name)
+    first = linears[0]
+    if any(x.scheme != first.scheme or x.k != first.k or type(x.kernel) is not type(first.kernel) or x.prepared is None
+           for x in linears):
+        return None
+    merge = getattr(first.kernel, "merge_prepared", None)
+    got = merge([x.prepared for x in linears]) if merge is not None else None
+    if got is None:
+        return None
+    merged_prepared, views = got
+    merged = QLinear(name, sum(x.n for x in linears), first.k, first.scheme, first.kernel)
+    merged.prepared = merged_prepared
+    for x, view in zip(linears, views):
+        x.prepared = view
+        x.__dict__["merged_into"] = merged
+    merged.splits = [x.n for x in linears]
+    return merged
+
+
 def live(merged: QLinear | None) -> QLinear | None:
     """`merged` while every part still holds the weight it was merged from, else None."""
     return merged if merged is not None and not merged.stale else None

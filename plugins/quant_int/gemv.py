@@ -285,7 +285,8 @@ class GemvConfig:
 def default_config(fmt: int, n: int, k: int, sm_count: int) -> GemvConfig:
     """Rules when no measured winner exists: 2 K blocks a trip, splits until every SM holds
     several CTAs, keeping at least two trips a split."""
-    block_n = 16 if fmt in (5, 6) else 32
+    # the measured winners: 64 rows for the q5/q6 matrices of 5120 and more rows, 16 below
+    block_n = (64 if n >= 5120 else 16) if fmt in (5, 6) else 32
     kb = 2
     n_kb = -(-k // 128)
     tiles = -(-n // block_n)

@@ -553,9 +553,12 @@ def resolve_split(cfg: Config, k: int) -> tuple[int, int, int]:
     return -(-n_kb // kb_per_split), kb_step, kb_per_split
 
 
-# Formats whose untuned shapes take the CUDA-core GEMV at M = 1 (gemv.py). None yet: where the
-# GEMV measured faster, tuned.py names the shape (BENCHMARKS.md, "Decode GEMV")
-GEMV_DEFAULT_FORMATS: frozenset[int] = frozenset()
+# Formats whose untuned shapes take the CUDA-core GEMV at M = 1 (gemv.py): q5, q6 and q8, where
+# the GEMV beat the MMA kernel on every measured shape of the 27B and 35B (BENCHMARKS.md, "Decode
+# GEMV"); untuned shapes arise from merged projections (linear.merge_rows). Not past
+# GEMV_DEFAULT_MAX_N rows: the heads were never timed on the GEMV.
+GEMV_DEFAULT_FORMATS: frozenset[int] = frozenset({5, 6, 8})
+GEMV_DEFAULT_MAX_N = 65536
 
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
@@ -568,7 +571,7 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     hit = TUNED_GEMV.get((fmt, n, k, "m1" if m == 1 else "m4"))
     if hit is not None:
         return gemv.GemvConfig(*hit) if hit else None
-    if m == 1 and fmt in GEMV_DEFAULT_FORMATS:
+    if m == 1 and fmt in GEMV_DEFAULT_FORMATS and n <= GEMV_DEFAULT_MAX_N:
         return gemv.default_config(fmt, n, k, sm_count)
     return None
 

@@ -6,6 +6,7 @@ layout (`to_prepared`) and how to get fp32 weights back (`dequantize`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,33 @@ class TritonQuantLinear:
         _dequant().reserve(p)
         return p
 
+    def merge_prepared(self, preps: list[K.Prepared]) -> tuple[K.Prepared, list[K.Prepared]] | None:
+        """Stack prepared weights of one format and K by rows: (the merged weight, each part as a
+        row view of it), or None when a part has padding rows or they differ in layout."""
+        p0 = preps[0]
+        for p in preps:
+            if (p.fmt, p.k, p.fast, p.device) != (p0.fmt, p0.k, p0.fast, p0.device) or p.qweight.shape[0] != p.n:
+                return None
+            if (p.qhigh is None) != (p0.qhigh is None) or (p.gscale is None) != (p0.gscale is None):
+                return None
+
+        def cat(field: str) -> torch.Tensor | None:
+            return None if getattr(p0, field) is None else torch.cat([getattr(p, field) for p in preps])
+
+        merged = dataclasses.replace(p0, n=sum(p.n for p in preps), qweight=cat("qweight"), scales=cat("scales"),
+                                     qhigh=cat("qhigh"), gscale=cat("gscale"))
+        views, start = [], 0
+        for p in preps:
+            rows = slice(start, start + p.n)
+            views.append(dataclasses.replace(
+                merged, n=p.n, qweight=merged.qweight[rows], scales=merged.scales[rows],
+                qhigh=None if merged.qhigh is None else merged.qhigh[rows],
+                gscale=None if merged.gscale is None else merged.gscale[rows]))  # fmt: skip
+            start += p.n
+        _kernels().reserve_workspace(merged)
+        _dequant().reserve(merged)
+        return merged, views
+
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
         """dequant_min_m: rows from which to dequantize + cuBLAS (default dequant.DEQUANT_MIN_M)."""
         lead = x.shape[:-1]
@@ -104,6 +132,17 @@ class ReferenceQuantLinear:
         if weight.scheme != self.scheme:
             raise ValueError(f"{self.name} got a {weight.scheme} weight")
         return self._dequantize(weight)
+
+    def merge_prepared(self, preps: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """The dequantized weights stacked by rows, and each part as a row view of them."""
+        if any(p.dtype != preps[0].dtype or p.device != preps[0].device or p.dim() != 2 for p in preps):
+            return None
+        merged = torch.cat(preps)
+        views, start = [], 0
+        for p in preps:
+            views.append(merged[start : start + p.shape[0]])
+            start += p.shape[0]
+        return merged, views
 
     def apply(self, x: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
         if x.dtype == prepared.dtype:

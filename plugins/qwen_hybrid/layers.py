@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.device import ANYWHERE
-from ninfer.linear import DENSE, LinearFactory, QLinear, live, merge_dense
+from ninfer.linear import DENSE, LinearFactory, QLinear, live, merge_rows
 from ninfer_plugins.qwen_hybrid.gdn import l2_normalize
 from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
 
@@ -127,10 +127,15 @@ class GatedAttention(nn.Module):
         self.proj_name = name
         # q|gate, k and v as one GEMV when all are dense (set after loading, see fuse_linears)
         self.qkv_proj: QLinear | None = None
+        self.qv_proj: QLinear | None = None
 
     def fuse_linears(self) -> None:
         # out of the module tree, as SwiGLU's: the parts keep owning (views of) the weights
-        self.__dict__["qkv_proj"] = merge_dense([self.q_proj, self.k_proj, self.v_proj], f"{self.proj_name}.qkv_proj")
+        self.__dict__["qkv_proj"] = merge_rows([self.q_proj, self.k_proj, self.v_proj], f"{self.proj_name}.qkv_proj")
+        # a recipe that gives k another scheme (int4: q and v q5, k q4) still merges q and v
+        self.__dict__["qv_proj"] = None
+        if self.qkv_proj is None:
+            self.__dict__["qv_proj"] = merge_rows([self.q_proj, self.v_proj], f"{self.proj_name}.qv_proj")
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         n = x.shape[0]
@@ -151,10 +156,13 @@ class GatedAttention(nn.Module):
         attention and the sigmoid gate -> o_proj. `prefill` is (slot, start_pos) for a chunk of
         one sequence, None for a decode step of one token per row."""
         n = x.shape[0]
-        merged = live(self.qkv_proj)
+        merged, qv = live(self.qkv_proj), live(self.qv_proj)
         if merged is not None:
             # one GEMV; the prep kernel reads q|gate, k and v at their row strides
             qg, k, v = merged(x).split(merged.splits, dim=-1)
+        elif qv is not None:
+            qg, v = qv(x).split(qv.splits, dim=-1)
+            k = self.k_proj(x)
         else:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         qg = qg.view(n, self.heads, 2 * self.head_dim)
@@ -209,6 +217,7 @@ class GatedDeltaNet(nn.Module):
         # the input projections merged for the fused decode step (see fuse_linears)
         self.proj_name = name
         self.in_proj_all: QLinear | None = None
+        self.in_proj_qkvz: QLinear | None = None
         self.in_proj_ab: QLinear | None = None
         # conv taps [C, kernel] (the checkpoint's [C, 1, kernel] without the group axis)
         self.register_buffer("conv_weight", torch.zeros(s.conv_dim, self.kernel, dtype=dtype, device=device))
@@ -234,20 +243,27 @@ class GatedDeltaNet(nn.Module):
         (always dense in the recipes: 48 rows each, a launch of mostly latency apiece)."""
         parts = [self.in_proj_qkv, self.in_proj_z, self.in_proj_a, self.in_proj_b]
         # out of the module tree, as SwiGLU's: the parts keep owning (views of) the weights
-        self.__dict__["in_proj_all"] = merge_dense(parts, f"{self.proj_name}.in_proj_qkvzab")
+        self.__dict__["in_proj_all"] = merge_rows(parts, f"{self.proj_name}.in_proj_qkvzab")
         if self.in_proj_all is None:
-            self.__dict__["in_proj_ab"] = merge_dense([self.in_proj_a, self.in_proj_b], f"{self.proj_name}.in_proj_ab")
+            # quantized qkv and z (one scheme in every recipe) and dense a, b: two launches
+            self.__dict__["in_proj_qkvz"] = merge_rows([self.in_proj_qkv, self.in_proj_z], f"{self.proj_name}.in_proj_qkvz")
+            self.__dict__["in_proj_ab"] = merge_rows([self.in_proj_a, self.in_proj_b], f"{self.proj_name}.in_proj_ab")
 
     def projections(self, x: torch.Tensor):
         """x [N, H] -> the raw in_proj outputs (qkv, z, a, b) through the merged launches where
         fuse_linears made them (slices of one output: the fused kernels take any row stride)."""
-        merged_all, merged_ab = live(self.in_proj_all), live(self.in_proj_ab)
+        merged_all, merged_qkvz, merged_ab = live(self.in_proj_all), live(self.in_proj_qkvz), live(self.in_proj_ab)
         if merged_all is not None:
             return merged_all(x).split(merged_all.splits, dim=-1)
+        if merged_qkvz is not None:
+            qkv, z = merged_qkvz(x).split(merged_qkvz.splits, dim=-1)
+        else:
+            qkv, z = self.in_proj_qkv(x), self.in_proj_z(x)
         if merged_ab is not None:
             a, b = merged_ab(x).split(merged_ab.splits, dim=-1)
-            return self.in_proj_qkv(x), self.in_proj_z(x), a, b
-        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_a(x), self.in_proj_b(x)
+        else:
+            a, b = self.in_proj_a(x), self.in_proj_b(x)
+        return qkv, z, a, b
 
     def _gates(self, x: torch.Tensor):
         a, b = self.in_proj_a(x).float(), self.in_proj_b(x).float()
@@ -354,7 +370,7 @@ class SwiGLU(nn.Module):
     def fuse_linears(self) -> None:
         # kept out of the module tree (plain __dict__ entry): its weight is the parts' weights, which
         # byte counts, converters and the weight map already see once
-        self.__dict__["gate_up"] = merge_dense([self.gate_proj, self.up_proj], f"{self.name}.gate_up_proj")
+        self.__dict__["gate_up"] = merge_rows([self.gate_proj, self.up_proj], f"{self.name}.gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = live(self.gate_up)

@@ -136,3 +136,28 @@ def test_interpreted_tiled_q4_equals_row_major(m, n, k, cfg):
     assert rel_err(G.launch(x, t, cfg, tiled=True), x.float() @ deq.T) < 1e-2
     with pytest.raises(ValueError, match="q4"):
         G.tile_layout(packed_and_ref(torch.randn(n, k, generator=g), "q8_g32")[0], cfg.block_n, cfg.kb)
+
+
+@interp
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32", "nvfp4"])
+def test_interpreted_merged_weight_is_the_parts_stacked(scheme):
+    """TritonQuantLinear.merge_prepared: one launch over the stacked rows gives each part's own
+    output, and the parts, re-pointed at row views, still give theirs (GEMV and MMA paths)."""
+    from ninfer_plugins.quant_int.linear import int_kernels
+    from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
+
+    kernel = nvfp4_kernels()[0] if scheme == "nvfp4" else int_kernels(scheme)[0]
+    g = torch.Generator().manual_seed(11)
+    parts = [packed_and_ref(torch.randn(n, 256, generator=g), scheme) for n in (256, 512)]
+    merged, views = kernel.merge_prepared([p for p, _ in parts])
+    assert merged.n == 768 and [v.n for v in views] == [256, 512]
+    assert views[1].qweight.data_ptr() == merged.qweight[256:].data_ptr()
+    for m in (1, 5):
+        x = torch.randn(m, 256, generator=g).to(torch.bfloat16)
+        y = K.launch(x, merged)
+        want = torch.cat([x.float() @ deq.T for _, deq in parts], dim=1)
+        assert rel_err(y, want) < 6e-3
+        assert torch.equal(torch.cat([K.launch(x, v) for v in views], dim=1), y) or rel_err(
+            torch.cat([K.launch(x, v) for v in views], dim=1), want) < 6e-3
+    padded = packed_and_ref(torch.randn(100, 256, generator=g), scheme)[0]  # rows padded to 256
+    assert kernel.merge_prepared([parts[0][0], padded]) is None

@@ -1,4 +1,4 @@
-"""After loading, dense projections that share an input run as one GEMV (merge_dense): the
+"""After loading, projections that share an input run as one GEMV (merge_rows): the
 model's numbers do not change, the weights are held once, and a step launches fewer kernels."""
 
 from __future__ import annotations
@@ -38,12 +38,29 @@ def test_merged_projections_change_nothing(tmp_path, monkeypatch):
     assert greedy_generate(merged, ids, 12) == greedy_generate(plain, ids, 12)
 
 
-def test_int4_keeps_quantized_parts_apart(tmp_path):
-    from ninfer_plugins.qwen_hybrid.layers import GatedDeltaNet, SwiGLU
+def test_quantized_projections_of_one_scheme_merge_too(tmp_path, monkeypatch):
+    """--quant int4: gate+up (q4), a GDN layer's qkv+z (q5) and an attention layer's q+v (q5, k
+    being q4) merge by rows like dense ones; a and b (dense) merge apart; the numbers do not move."""
+    from ninfer_plugins.qwen_hybrid.layers import GatedAttention, GatedDeltaNet, SwiGLU
+    from ninfer_plugins.qwen_hybrid.model import QwenHybridModel
 
-    model = load_model(make_tiny("qwen3.6-27b", tmp_path / "tiny", seed=5), quant="int4", dtype="float32")
-    # gate/up are q4: not merged (a merged quantized shape has no tuned kernel config)
-    assert all(x.gate_up is None for x in model.modules() if isinstance(x, SwiGLU))
-    # a and b stay dense in every recipe: those two merge
-    gdns = [x for x in model.modules() if isinstance(x, GatedDeltaNet)]
-    assert all(x.in_proj_all is None and x.in_proj_ab is not None for x in gdns)
+    path = make_tiny("qwen3.6-27b", tmp_path / "tiny", seed=6)
+    merged = load_model(path, dtype="float32", quant="int4")
+    with monkeypatch.context() as m:
+        m.setattr(QwenHybridModel, "fuse_linears", lambda self: None)
+        plain = load_model(path, dtype="float32", quant="int4")
+    mlps = [x for x in merged.modules() if isinstance(x, SwiGLU)]
+    gdns = [x for x in merged.modules() if isinstance(x, GatedDeltaNet)]
+    attns = [x for x in merged.modules() if isinstance(x, GatedAttention)]
+    assert mlps and all(x.gate_up is not None and x.gate_up.scheme == "q4_g64" for x in mlps)
+    assert gdns and all(x.in_proj_all is None and x.in_proj_qkvz.scheme == "q5_g64" and x.in_proj_ab is not None for x in gdns)
+    assert attns and all(x.qkv_proj is None and x.qv_proj.scheme == "q5_g64" for x in attns)
+    g = gdns[0]
+    assert g.in_proj_z.prepared.data_ptr() != g.in_proj_qkv.prepared.data_ptr()
+    assert g.in_proj_qkvz.prepared.data_ptr() == g.in_proj_qkv.prepared.data_ptr()
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    with torch.no_grad():
+        a = merged.compute_logits(merged.forward(ids, merged.allocate_cache(1, 16, "bf16"), 0, 0))
+        b = plain.compute_logits(plain.forward(ids, plain.allocate_cache(1, 16, "bf16"), 0, 0))
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert greedy_generate(merged, ids, 12) == greedy_generate(plain, ids, 12)
