@@ -301,4 +301,12 @@ TUNED_GEMV: dict[tuple[int, int, int, str], tuple[int, ...]] = {
     (8, 10240, 5120, 'm1'): (16, 2, 2, 2, 1),
     (8, 12288, 5120, 'm1'): (32, 2, 2, 4, 1),
     (8, 17408, 5120, 'm1'): (32, 2, 2, 4, 1),
+    # merged projections (linear.merge_rows) and the q6 head, from `python3 bench/gemv_tune.py
+    # --pairs q4_g64:27b.gate_up_merged,q5_g64:27b.in_proj_qkvz,q5_g64:27b.q_v_merged,q6_g64:27b.lm_head`
+    # on the H200 (2026-12-02, copy 4.19 TB/s): GEMV against the MMA kernel at M = 1, µs:
+    # 52.6 vs 61.3, 44.3 vs 57.6, 38.7 vs 50.6, 497.5 vs 799.4 (M = 4 stays on the MMA kernel)
+    (4, 34816, 5120, 'm1'): (16, 4, 1, 4, 1),
+    (5, 13312, 5120, 'm1'): (64, 2, 4, 4, 1),
+    (5, 16384, 5120, 'm1'): (64, 2, 4, 4, 1),
+    (6, 248320, 5120, 'm1'): (32, 1, 1, 2, 1),
 }

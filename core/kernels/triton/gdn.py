@@ -366,12 +366,13 @@ def _prefill_conv_kernel(
     tl.store(dst, y.to(OUT.dtype.element_ty), mask=t_ok[:, None])
     if tile == tl.num_programs(0) - 1:
         # new state: the last three inputs (positions T-3..T-1; before 0: the old state's columns)
+        # (names of their own: Triton wants a name's type fixed across the branch)
         j = tl.arange(0, 4)
-        tt = T - 3 + j
+        tn = T - 3 + j
         j_ok = j < 3
-        xv = tl.load(X + tt[:, None].to(tl.int64) * sx_t + c[None, :], mask=(j_ok & (tt >= 0))[:, None], other=0.0)
-        sv = tl.load(CS + c[None, :] * scs_c + (3 + tt)[:, None] * scs_t, mask=(j_ok & (tt < 0))[:, None], other=0.0)
-        new = xv.to(tl.float32) + sv.to(tl.float32)
+        xn = tl.load(X + tn[:, None].to(tl.int64) * sx_t + c[None, :], mask=(j_ok & (tn >= 0))[:, None], other=0.0)
+        sn = tl.load(CS + c[None, :] * scs_c + (3 + tn)[:, None] * scs_t, mask=(j_ok & (tn < 0))[:, None], other=0.0)
+        new = xn.to(tl.float32) + sn.to(tl.float32)
         tl.store(NS + c[None, :] * 3 + j[:, None], new.to(NS.dtype.element_ty), mask=j_ok[:, None])
 
 
