@@ -29,14 +29,14 @@ MODEL = "qwen3.6-27b"
 
 # name -> flags after `ninfer bench --model qwen3.6-27b --random-weights`
 RUNS = {
-    "bf16_8k": "--quant bf16 --prompt-len 8192 --gen-len 48 --compare-transformers --compare-gen-len 6",
-    # the same bf16 step without the transformers comparison (its 27B copy costs a minute)
+    # the bf16 step without the transformers comparison (its 27B copy costs a minute)
     "bf16_8k_alone": "--quant bf16 --prompt-len 8192 --gen-len 48",
     "int4_8k": "--quant int4 --prompt-len 8192 --gen-len 64",
     "int4_131k_int8kv": "--quant int4 --kv-dtype int8 --prompt-len 512 --context-len 131072 --gen-len 64",
-    "nvfp4_8k": "--quant nvfp4 --prompt-len 8192 --gen-len 64",
     # issue 6's bar: one round (3 drafts + verify of 4) against a plain step, measured in one process
     "int4_8k_mtp3": "--quant int4 --prompt-len 8192 --gen-len 64 --spec mtp --draft-tokens 3",
+    "nvfp4_8k": "--quant nvfp4 --prompt-len 8192 --gen-len 64",
+    "bf16_8k": "--quant bf16 --prompt-len 8192 --gen-len 48 --compare-transformers --compare-gen-len 6",
 }
 TESTS = ["tests/plugins/qwen_hybrid/test_gpu.py", "tests/plugins/cuda_fast", "tests/core/test_graphs.py", "tests/plugins/spec_mtp/test_spec_gpu.py"]
 T0 = time.time()
