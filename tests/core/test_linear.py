@@ -76,3 +76,34 @@ def test_merge_dense_leaves_kernels_with_their_own_layout_alone():
         q.set_weight(dense_weight(torch.randn(4, 8)))
         parts.append(q)
     assert merge_dense(parts, "m") is None
+
+
+def test_merge_rows_drops_the_parts_loaded_copies_off_the_cpu():
+    """A quantized merge re-points the parts at row views of the merged weight; where the loaded
+    tensors are off the CPU they would otherwise stay alive beside the merged copy."""
+    import torch
+
+    from ninfer.linear import PackedWeight, QLinear, live, merge_rows
+
+    class Stacking:
+        name = "stack"
+
+        def prepare(self, weight):
+            return weight.tensors["q"]
+
+        def merge_prepared(self, preps):
+            merged = torch.cat(preps)
+            return merged, [merged[:4], merged[4:]]
+
+    parts = [QLinear(f"p{i}", 4, 8, "q4_g64", Stacking()) for i in range(2)]
+    for i, p in enumerate(parts):
+        p.set_weight(PackedWeight("q4_g64", (4, 8), {"q": torch.full((4, 8), float(i))}))
+    merged = merge_rows(parts, "m")
+    assert live(merged) is merged and merged.splits == [4, 4] and merged.n == 8
+    assert parts[1].prepared.data_ptr() == merged.prepared[4:].data_ptr()
+    assert all(p.packed is not None for p in parts)  # on the CPU kept (introspection)
+    meta = [QLinear(f"m{i}", 4, 8, "q4_g64", Stacking()) for i in range(2)]
+    for p in meta:
+        p.set_weight(PackedWeight("q4_g64", (4, 8), {"q": torch.empty((4, 8), device="meta")}))
+    assert merge_rows(meta, "mm") is not None
+    assert all(p.packed is None for p in meta)
