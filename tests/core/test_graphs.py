@@ -33,8 +33,10 @@ def test_graphs_only_where_the_model_allows(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
-def test_graph_and_eager_give_the_same_tokens(tmp_path, kv_dtype):
+@pytest.mark.parametrize("kv_dtype,quant", [("bf16", "bf16"), ("int8", "bf16"), ("bf16", "int4"), ("bf16", "nvfp4")])
+def test_graph_and_eager_give_the_same_tokens(tmp_path, kv_dtype, quant):
+    """Also with quantized weights: merged projections (linear.merge_rows), the GEMV and the
+    split-K MMA kernel's workspace inside a captured step."""
     from ninfer.startup import build_engine
 
     path = make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4)
@@ -47,7 +49,7 @@ def test_graph_and_eager_give_the_same_tokens(tmp_path, kv_dtype):
     ]
     outputs = {}
     for graph in (True, False):
-        cfg = EngineConfig(model=str(path), device="cuda", max_context=128, max_batch=4, kv_dtype=kv_dtype, cuda_graph=graph)
+        cfg = EngineConfig(model=str(path), device="cuda", max_context=128, max_batch=4, kv_dtype=kv_dtype, cuda_graph=graph, quant=quant)
         engine = build_engine(cfg)
         assert (engine.runner.graphs is not None) == graph
         rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
