@@ -11,13 +11,15 @@ import torch
 
 # first: without CUDA it sets TRITON_INTERPRET=1, which must hold before triton is imported
 from ninfer.kernels.triton import rmsnorm  # isort: skip
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue  # isort: skip
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _silu_mul_kernel(G, U, Y, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(G, U, Y, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
     g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
@@ -26,7 +28,8 @@ def _silu_mul_kernel(G, U, Y, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_rows_kernel(G, U, Y, cols, stride_g, stride_u, BLOCK: tl.constexpr):
+def _silu_mul_rows_kernel(G, U, Y, cols, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < cols
@@ -46,7 +49,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if rows and cols:
             block = 2048
             _silu_mul_rows_kernel[(rows, triton.cdiv(cols, block))](
-                gate, up, out, cols, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4
+                gate, up, out, cols, gate.stride(0), up.stride(0), BLOCK=block, num_warps=4, **pdl_kwargs(gate.device)
             )
         return out
     gate, up = gate.contiguous(), up.contiguous()
@@ -54,7 +57,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = gate.numel()
     if n:
         block = 2048
-        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4, **pdl_kwargs(gate.device))
     return out
 
 

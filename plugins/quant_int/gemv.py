@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ninfer_plugins.quant_int import kernels as QK
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 from ninfer_plugins.quant_int.kernels import _e4m3_scales, _fp4_weights
 
 # q4, four bytes at a time (pack=4): output 0..3 are the low-nibble codes, 4..7 the high-nibble
@@ -105,7 +106,9 @@ def _gemv_kernel(
     EVEN: tl.constexpr,
     FAST: tl.constexpr,
     TILED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -372,5 +375,6 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None 
         TILED=tiled,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_kwargs(x2.device),
     )
     return y

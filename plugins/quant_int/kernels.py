@@ -50,6 +50,8 @@ def interpreting() -> bool:
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue  # noqa: E402
+
 # --- packed decode in PTX ------------------------------------------------------------------------
 # Int codes are two's complement nibbles. Each asm instance takes two bytes (Triton hands the MMA
 # operand's k-pairs over in one register) and returns the two low-nibble codes and the two
@@ -353,7 +355,9 @@ def _qmm_kernel(
     DOT_F32: tl.constexpr,
     SCALE_W: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -620,5 +624,6 @@ def launch(x2: torch.Tensor, p: Prepared, cfg: Config | None = None, fast: bool 
         PREFETCH=1 if (cfg.prefetch and p.fmt != NVFP4 and not cfg.scale_w and kb_step == 1) else 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_kwargs(x2.device),
     )
     return y

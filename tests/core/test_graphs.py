@@ -33,10 +33,16 @@ def test_graphs_only_where_the_model_allows(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("kv_dtype,quant", [("bf16", "bf16"), ("int8", "bf16"), ("bf16", "int4"), ("bf16", "nvfp4")])
-def test_graph_and_eager_give_the_same_tokens(tmp_path, kv_dtype, quant):
-    """Also with quantized weights: merged projections (linear.merge_rows), the GEMV and the
-    split-K MMA kernel's workspace inside a captured step."""
+@pytest.mark.parametrize(
+    "kv_dtype,quant,pdl",
+    [("bf16", "bf16", False), ("int8", "bf16", False), ("bf16", "int4", False), ("bf16", "nvfp4", False),
+     ("bf16", "bf16", True), ("int8", "int4", True)],
+)
+def test_graph_and_eager_give_the_same_tokens(tmp_path, monkeypatch, kv_dtype, quant, pdl):
+    """Also with quantized weights (merged projections, the GEMV, the split-K MMA kernel's
+    workspace inside a captured step) and with programmatic dependent launch (NINFER_PDL=1: the
+    Triton kernels of a step may start before their predecessor ends, waiting in-kernel)."""
+    monkeypatch.setenv("NINFER_PDL", "1" if pdl else "0")
     from ninfer.startup import build_engine
 
     path = make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.triton.launch import interpreting, sm_count
+from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue, sm_count
 
 LOG2E = 1.4426950408889634
 KV_GROUP = 64
@@ -115,7 +115,9 @@ def _decode_split_kernel(
     num_splits, min_chunk,
     HKV: tl.constexpr, T: tl.constexpr, GQA: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     b, kh, split, start, end, t, h, row_ok, qpos, keep = _split_setup(LENS, num_splits, min_chunk, HKV, T, GQA,
                                                                         BLOCK_M, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -159,7 +161,9 @@ def _decode_split_int8_kernel(
     HKV: tl.constexpr, T: tl.constexpr, GQA: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, DOT_F32: tl.constexpr, DEQ_ASM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     # INT8-G64 without dequantizing a tile: per 64-dim group g, scores += (q_g . codes_g) * s_k[n, g]
     # and acc_g += (p * s_v[n, g]) @ codes_g, with the codes exact in fp16. Four groups (D <= 256)
     # are four accumulators, written out because Triton has no arrays of tensors.
@@ -241,7 +245,9 @@ def _decode_merge_kernel(
     sg_b, sg_t, sg_h,
     num_splits,
     HQ: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BLOCK_S: tl.constexpr, HAS_GATE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     # one program per (row, head, BD-wide slice of head_dim), all splits in one load: a serial
     # loop over splits in few programs would leave this launch latency-bound
     pid = tl.program_id(0)
@@ -339,7 +345,7 @@ def decode_attention(
         splits, min_chunk,
     )
     meta = dict(HKV=HKV, T=T, GQA=gqa, D=D, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, DOT_F32=interpreting(),
-                num_warps=num_warps, num_stages=num_stages)
+                num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(q.device))
     qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                    v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     if quant:
@@ -365,6 +371,6 @@ def decode_attention(
         g.stride(0), g.stride(1), g.stride(2),
         splits,
         HQ=HQ, T=T, BD=bd, BLOCK_S=block_s, HAS_GATE=gate is not None,
-        num_warps=8 if block_s * bd >= 8192 else 4,
+        num_warps=8 if block_s * bd >= 8192 else 4, **pdl_kwargs(q.device),
     )
     return out

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.triton.launch import sm_count
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue, sm_count
 from ninfer.kernels.triton.norms import gated_rmsnorm
 
 
@@ -52,7 +52,9 @@ def _gdn_decode_kernel(
     q_scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
     pid = tl.program_id(0)
@@ -182,7 +184,7 @@ def gdn_decode_step(
         out.stride(0), out.stride(1), zz.stride(0),
         DK**-0.5, eps,
         HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, HAS_IDX=state_indices is not None, FUSE_NORM=fuse,
-        num_warps=num_warps or 4,
+        num_warps=num_warps or 4, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(B, HV, DV), norm_weight, eps, out=out)
@@ -208,7 +210,9 @@ def _gdn_columns_kernel(
     q_scale, eps,
     M: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     FUSE_NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     R: tl.constexpr = HV // HK
     pid = tl.program_id(0)
     vb = tl.program_id(1)
@@ -328,7 +332,7 @@ def gdn_verify_columns(
         out.stride(0), out.stride(1), zz.stride(0),
         DK**-0.5, eps,
         M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
-        num_warps=num_warps or 4,
+        num_warps=num_warps or 4, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)

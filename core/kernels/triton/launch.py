@@ -6,6 +6,8 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 
 def interpreting() -> bool:
@@ -19,3 +21,35 @@ def sm_count(device: str) -> int:
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
     return 4
+
+
+# --- programmatic dependent launch (opt-in, not measured yet) -----------------------------------
+#
+# A decode step is ~600 short kernels; each waits for the whole previous grid to drain and then
+# pays its own launch and prologue. With programmatic dependent launch (sm_90+) a kernel may be
+# scheduled while its predecessor's last CTAs still run: it calls `griddepcontrol.wait` before
+# touching memory (which returns once the predecessor has completed and its writes are visible),
+# and `griddepcontrol.launch_dependents` so that its own successor may be scheduled early in turn.
+# Every kernel launched with `pdl_kwargs` must begin with `pdl_prologue(PDL)`: nothing may be read
+# or written before the wait (a CUDA graph's memory pool reuses buffers in stream order, so even a
+# write to a "fresh" output could hit a buffer the predecessor still reads). NINFER_PDL=1 turns it
+# on; off by default until BENCHMARKS.md shows what it gives.
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    if os.environ.get("NINFER_PDL", "0") != "1" or interpreting() or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def pdl_kwargs(device: torch.device) -> dict:
+    """Launch keyword arguments of a kernel that takes `PDL: tl.constexpr` and starts with
+    pdl_prologue(PDL): empty when PDL is off."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)

@@ -10,10 +10,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
+
 
 @triton.jit
 def _rmsnorm_kernel(X, RES, W, Y, sx, sr, sy, n_cols, eps,
-                    BLOCK: tl.constexpr, OFFSET: tl.constexpr, HAS_RES: tl.constexpr):
+                    BLOCK: tl.constexpr, OFFSET: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -53,13 +56,14 @@ def rmsnorm(
     block = triton.next_power_of_2(H)
     _rmsnorm_kernel[(N,)](x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), H, eps,
                           BLOCK=block, OFFSET=offset, HAS_RES=residual is not None,
-                          num_warps=min(16, max(1, block // 512)))
+                          num_warps=min(16, max(1, block // 512)), **pdl_kwargs(x.device))
     return out
 
 
 @triton.jit
 def _gated_rmsnorm_kernel(X, Z, W, Y, sx_n, sx_h, sz_n, sz_h, sy_n, sy_h, n_rows, H, eps,
-                          D: tl.constexpr, ROWS: tl.constexpr):
+                          D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = rows < n_rows
     n = (rows // H).to(tl.int64)
@@ -86,12 +90,13 @@ def gated_rmsnorm(
     per = max(1, min(16, 2048 // D))
     _gated_rmsnorm_kernel[(triton.cdiv(rows, per),)](
         x, z, weight, out, x.stride(0), x.stride(1), z.stride(0), z.stride(1), out.stride(0), out.stride(1),
-        rows, H, eps, D=D, ROWS=per, num_warps=4)
+        rows, H, eps, D=D, ROWS=per, num_warps=4, **pdl_kwargs(x.device))
     return out
 
 
 @triton.jit
-def _swiglu_kernel(GU, Y, s_gu, s_y, n_cols, BLOCK: tl.constexpr):
+def _swiglu_kernel(GU, Y, s_gu, s_y, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -110,12 +115,13 @@ def swiglu(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         return out
     block = 2048
     _swiglu_kernel[(N, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
-                                                  BLOCK=block, num_warps=4)
+                                                  BLOCK=block, num_warps=4, **pdl_kwargs(gate_up.device))
     return out
 
 
 @triton.jit
-def _sigmoid_gate_kernel(X, G, Y, sx_n, sx_h, sg_n, sg_h, sy_n, sy_h, H, D: tl.constexpr):
+def _sigmoid_gate_kernel(X, G, Y, sx_n, sx_h, sg_n, sg_h, sy_n, sy_h, H, D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     n = (row // H).to(tl.int64)
     h = row % H
@@ -133,5 +139,5 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, *, out: torch.Tensor | Non
         out = torch.empty(N, H, D, dtype=x.dtype, device=x.device)
     if N * H:
         _sigmoid_gate_kernel[(N * H,)](x, gate, out, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
-                                       out.stride(0), out.stride(1), H, D=D, num_warps=2)
+                                       out.stride(0), out.stride(1), H, D=D, num_warps=2, **pdl_kwargs(x.device))
     return out

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.triton.attention import KV_GROUP
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 
 @triton.jit
 def _norm_rope(src, W, INV_FREQ, pos_t, pos_h, pos_w, eps,
@@ -74,7 +75,9 @@ def _qk_norm_rope_append_kernel(
     MROPE: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr,
     NORM_ROPE: tl.constexpr, TO_CACHE: tl.constexpr, QUANT: tl.constexpr,
     PAGE: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, D)
@@ -156,7 +159,7 @@ def _launch(q, k, v, q_weight, k_weight, positions, inv_freq, q_out, k_out, k_ca
         eps,
         HQ=HQ, D=D, ROT=rot, MROPE=mrope, SEC_H=sec[1], SEC_W=sec[2],
         NORM_ROPE=norm_rope, TO_CACHE=to_cache, QUANT=quant, PAGE=page, GROUP=KV_GROUP,
-        num_warps=2 if D <= 256 else 4,
+        num_warps=2 if D <= 256 else 4, **pdl_kwargs(k.device),
     )
 
 
