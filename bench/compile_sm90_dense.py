@@ -1,0 +1,96 @@
+"""Compile the dense decode/verify/prefill Triton kernels for sm_90 on a machine without a GPU.
+
+    /tmp/t36/bin/python bench/compile_sm90_dense.py
+
+Catches what the CPU interpreter accepts and the GPU compiler rejects (a name retyped inside a
+runtime branch failed every dense GPU test on the H200 once) before device time is spent. Uses
+bench/skinny_sass.py's compile-only driver; launches at the 27B's real shapes with tensors that are
+never read, with programmatic dependent launch off and on. Run it under the H200's Triton (3.6):
+`python -m venv /tmp/t36 && /tmp/t36/bin/pip install torch==2.13.0 numpy triton==3.6.0 &&
+/tmp/t36/bin/pip install --no-deps -e .` (torch's CPU build and Triton's wheel come from local disk).
+Exit status 1 when a kernel fails to compile.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import skinny_sass as S  # noqa: E402
+
+S.install()
+
+import torch  # noqa: E402
+
+import ninfer.kernels.triton.launch as L  # noqa: E402
+from ninfer.kernels.triton import attention as A  # noqa: E402
+from ninfer.kernels.triton import gdn as G  # noqa: E402
+from ninfer.kernels.triton import norms as N  # noqa: E402
+from ninfer.kernels.triton import rope as RP  # noqa: E402
+
+BF = torch.bfloat16
+HK, HV, D = 16, 48, 128  # 27B GDN
+C = (2 * HK + HV) * D
+HQ, HKV, HD = 24, 4, 256  # 27B attention
+
+
+def cases():
+    e = torch.empty
+    cw, cs, st = e(C, 4, dtype=BF), e(4, C, 3, dtype=BF), e(4, HV, D, D)
+    al, nw, idx = e(HV), e(D, dtype=BF), torch.zeros(1, dtype=torch.int32)
+    yield "gdn_decode_step", lambda: G.gdn_decode_step(
+        e(1, C, dtype=BF), e(1, HV, dtype=BF), e(1, HV, dtype=BF), cw, cs, al, al, st, num_k_heads=HK, head_k_dim=D,
+        head_v_dim=D, state_indices=idx, z=e(1, HV * D, dtype=BF), norm_weight=nw)
+    yield "gdn_verify_columns", lambda: G.gdn_verify_columns(
+        e(4, C, dtype=BF), e(4, HV, dtype=BF), e(4, HV, dtype=BF), cw, cs, al, al, st, e(16, C, 3, dtype=BF),
+        e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),
+        norm_weight=nw)
+    yield "gdn_prefill_conv", lambda: G.gdn_prefill_conv(e(8192, C, dtype=BF), cs[0], cw, num_k_heads=HK, num_v_heads=HV, head_dim=D)
+    yield "rmsnorm", lambda: N.rmsnorm(e(1, 5120, dtype=BF), e(5120, dtype=BF), 1e-6)
+    yield "gated_rmsnorm", lambda: N.gated_rmsnorm(e(1, HV, D, dtype=BF), e(1, HV, D, dtype=BF), nw)
+    kc, bt, sl = e(64, 128, HKV, HD, dtype=BF), torch.zeros(1, 64, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    q = e(1, 1, HQ, HD, dtype=BF)
+    yield "decode_attention bf16", lambda: A.decode_attention(q, kc, kc, bt, sl, num_splits=8)
+    k8, sc = e(64, 128, HKV, HD, dtype=torch.int8), e(64, 128, HKV, HD // 64, dtype=torch.float16)
+    yield "decode_attention int8", lambda: A.decode_attention(q, k8, k8, bt, sl, k_scale=sc, v_scale=sc, num_splits=8)
+    yield "qk_norm_rope_append", lambda: RP.qk_norm_rope_append(
+        e(1, HQ, HD, dtype=BF), e(1, HKV, HD, dtype=BF), e(1, HKV, HD, dtype=BF), e(HD, dtype=BF), e(HD, dtype=BF),
+        torch.zeros(1, dtype=torch.long), e(32), kc, kc, torch.zeros(1, dtype=torch.long))
+    from ninfer_plugins.cuda_fast import ops as O
+
+    gu = e(1, 2 * 17408, dtype=BF)
+    yield "silu_mul", lambda: O.silu_mul(gu[:, :17408], gu[:, 17408:])
+    from ninfer_plugins.quant_int import gemv as GV
+    from ninfer_plugins.quant_int import kernels as K
+
+    for fmt, n, k in ((4, 34816, 5120), (5, 16384, 5120), (6, 248320, 5120), (8, 10240, 5120)):
+        p = K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
+                       scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
+                       qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
+        cfg = K.pick_gemv(fmt, 1, n, k, 132) or GV.default_config(fmt, n, k, 132)
+        yield f"gemv q{fmt} {n}x{k}", lambda p=p, cfg=cfg, k=k: GV.launch(e(1, k, dtype=BF), p, cfg)
+        yield f"mma q{fmt} {n}x{k} M=4", lambda p=p, k=k: K.launch(e(4, k, dtype=BF), p)
+
+
+def main() -> int:
+    failed = 0
+    for pdl in (False, True):
+        L.pdl_enabled = (lambda device: True) if pdl else (lambda device: False)
+        for name, run in cases():
+            try:
+                run()
+                print(f"ok    {name} (PDL {'on' if pdl else 'off'})", flush=True)
+            except Exception:  # noqa: BLE001 - report every failure, then fail
+                failed += 1
+                print(f"FAIL  {name} (PDL {'on' if pdl else 'off'})\n{traceback.format_exc(limit=3)}", flush=True)
+    print(f"{len(S._compiled)} kernels compiled, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
