@@ -25,16 +25,50 @@ from ninfer.kernels.triton.norms import gated_rmsnorm
 
 
 @triton.jit
-def _conv_step(X, CS, CW, ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t):
-    xt = tl.load(X + b * sx_b + ch)
+def _load_window(CS, ch, slot, scs_n, scs_c, scs_t):
+    """The conv state of channels ch of `slot`: its last three inputs, oldest first."""
     cs = CS + slot * scs_n + ch * scs_c
-    s0 = tl.load(cs)
-    s1 = tl.load(cs + scs_t)
-    s2 = tl.load(cs + 2 * scs_t)
+    return tl.load(cs), tl.load(cs + scs_t), tl.load(cs + 2 * scs_t)
+
+
+@triton.jit
+def _conv_col(X, CW, ch, row, sx_b, scw_c, scw_t, p0, p1, p2):
+    """One conv1d + SiLU output of channels ch for input row `row`, the three previous inputs
+    p0 (oldest), p1, p2 given -> (y, this row's input)."""
+    xt = tl.load(X + row * sx_b + ch)
     w = CW + ch * scw_c
-    y = (tl.load(w).to(tl.float32) * s0.to(tl.float32) + tl.load(w + scw_t).to(tl.float32) * s1.to(tl.float32)
-         + tl.load(w + 2 * scw_t).to(tl.float32) * s2.to(tl.float32) + tl.load(w + 3 * scw_t).to(tl.float32) * xt.to(tl.float32))
-    return y * tl.sigmoid(y), s1, s2, xt
+    y = (tl.load(w).to(tl.float32) * p0.to(tl.float32) + tl.load(w + scw_t).to(tl.float32) * p1.to(tl.float32)
+         + tl.load(w + 2 * scw_t).to(tl.float32) * p2.to(tl.float32) + tl.load(w + 3 * scw_t).to(tl.float32) * xt.to(tl.float32))
+    return y * tl.sigmoid(y), xt
+
+
+@triton.jit
+def _conv_step(X, CS, CW, ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t):
+    s0, s1, s2 = _load_window(CS, ch, slot, scs_n, scs_c, scs_t)
+    y, xt = _conv_col(X, CW, ch, b, sx_b, scw_c, scw_t, s0, s1, s2)
+    return y, s1, s2, xt
+
+
+@triton.jit
+def _delta_rule_token(st, q, k, v, u, b_raw, A_neg, q_scale):
+    """One token through the gated delta rule: L2-normed q (scaled) and k, decay g = A_neg *
+    softplus(u) (u = a + dt_bias), beta = sigmoid(b); the error uses the decayed state.
+    -> (new state [Dk, BV], readout [BV])."""
+    q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
+    k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+    softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+    beta = tl.sigmoid(b_raw)
+    st = st * tl.exp(A_neg * softplus)
+    delta = beta * (v - tl.sum(st * k[:, None], 0))
+    st = st + k[:, None] * delta[None, :]
+    return st, tl.sum(st * q[:, None], 0)
+
+
+@triton.jit
+def _gated_norm(o, Z, NW, row, sz_b, j, bv, eps, DV: tl.constexpr):
+    """RMSNorm(o) * w * silu(z) over a whole value head (BV == DV)."""
+    z = tl.load(Z + row * sz_b + j * DV + bv).to(tl.float32)
+    return o * tl.rsqrt(tl.sum(o * o, 0) / DV + eps) * tl.load(NW + bv).to(tl.float32) * (z * tl.sigmoid(z))
 
 
 @triton.jit
@@ -81,21 +115,12 @@ def _gdn_decode_kernel(
         k, k1, k2, kx = _conv_step(X, CS, CW, k_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
         v, v1, v2, vx = _conv_step(X, CS, CW, v_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
 
-        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
-        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
         u = tl.load(A + b * sa_b + j).to(tl.float32) + tl.load(DTB + j).to(tl.float32)
-        softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
-        g = -tl.exp(tl.load(ALOG + j).to(tl.float32)) * softplus
-        beta = tl.sigmoid(tl.load(Bg + b * sb_b + j).to(tl.float32))
-
-        st = st * tl.exp(g)
-        delta = beta * (v - tl.sum(st * k[:, None], 0))  # the error uses the decayed state
-        st = st + k[:, None] * delta[None, :]
-        o = tl.sum(st * q[:, None], 0)
+        A_neg = -tl.exp(tl.load(ALOG + j).to(tl.float32))
+        st, o = _delta_rule_token(st, q, k, v, u, tl.load(Bg + b * sb_b + j).to(tl.float32), A_neg, q_scale)
         tl.store(sp, st)
         if FUSE_NORM:
-            z = tl.load(Z + b * sz_b + j * DV + bv).to(tl.float32)
-            o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + eps) * tl.load(NW + bv).to(tl.float32) * (z * tl.sigmoid(z))
+            o = _gated_norm(o, Z, NW, b, sz_b, j, bv, eps, DV)
         tl.store(O + b * so_b + j * so_h + vb * BV + bv, o.to(O.dtype.element_ty))
 
         # Every thread's conv-state reads fed the results stored above, so after this barrier no
@@ -192,17 +217,6 @@ def gdn_decode_step(
 
 
 @triton.jit
-def _conv_col(X, CW, ch, row, sx_b, scw_c, scw_t, p0, p1, p2):
-    """One conv1d + SiLU output of channels ch for input row `row`, the three previous inputs
-    p0 (oldest), p1, p2 given -> (y, this row's input)."""
-    xt = tl.load(X + row * sx_b + ch)
-    w = CW + ch * scw_c
-    y = (tl.load(w).to(tl.float32) * p0.to(tl.float32) + tl.load(w + scw_t).to(tl.float32) * p1.to(tl.float32)
-         + tl.load(w + 2 * scw_t).to(tl.float32) * p2.to(tl.float32) + tl.load(w + 3 * scw_t).to(tl.float32) * xt.to(tl.float32))
-    return y * tl.sigmoid(y), xt
-
-
-@triton.jit
 def _gdn_columns_kernel(
     X, A, Bg, CW, CS, ALOG, DTB, S, CC, CR, O, Z, NW, IDX,
     sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h,
@@ -227,16 +241,9 @@ def _gdn_columns_kernel(
     v_ch = 2 * HK * DK + j * DV + vb * BV + bv
     # the slot's state is only read: token t's state and conv window go to column slot * M + t
     st = tl.load(S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :])
-    cs = CS + slot * scs_n
-    q0 = tl.load(cs + q_ch * scs_c)
-    q1 = tl.load(cs + q_ch * scs_c + scs_t)
-    q2 = tl.load(cs + q_ch * scs_c + 2 * scs_t)
-    k0 = tl.load(cs + k_ch * scs_c)
-    k1 = tl.load(cs + k_ch * scs_c + scs_t)
-    k2 = tl.load(cs + k_ch * scs_c + 2 * scs_t)
-    v0 = tl.load(cs + v_ch * scs_c)
-    v1 = tl.load(cs + v_ch * scs_c + scs_t)
-    v2 = tl.load(cs + v_ch * scs_c + 2 * scs_t)
+    q0, q1, q2 = _load_window(CS, q_ch, slot, scs_n, scs_c, scs_t)
+    k0, k1, k2 = _load_window(CS, k_ch, slot, scs_n, scs_c, scs_t)
+    v0, v1, v2 = _load_window(CS, v_ch, slot, scs_n, scs_c, scs_t)
     A_neg = -tl.exp(tl.load(ALOG + j).to(tl.float32))
     dtb = tl.load(DTB + j).to(tl.float32)
     # the q/k channels of head h are the same for its R value heads: the first of them writes them
@@ -250,30 +257,15 @@ def _gdn_columns_kernel(
         q0, q1, q2 = q1, q2, qx.to(q0.dtype)
         k0, k1, k2 = k1, k2, kx.to(k0.dtype)
         v0, v1, v2 = v1, v2, vx.to(v0.dtype)
-        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
-        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
         u = tl.load(A + row * sa_b + j).to(tl.float32) + dtb
-        softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
-        beta = tl.sigmoid(tl.load(Bg + row * sb_b + j).to(tl.float32))
-        st = st * tl.exp(A_neg * softplus)
-        delta = beta * (v - tl.sum(st * k[:, None], 0))
-        st = st + k[:, None] * delta[None, :]
-        o = tl.sum(st * q[:, None], 0)
+        st, o = _delta_rule_token(st, q, k, v, u, tl.load(Bg + row * sb_b + j).to(tl.float32), A_neg, q_scale)
         tl.store(CR + col * scr_n + j * scr_h + dk[:, None] * DV + (vb * BV + bv)[None, :], st)
-        cc = CC + col * scc_n
-        tl.store(cc + v_ch * scc_c, v0)
-        tl.store(cc + v_ch * scc_c + scc_t, v1)
-        tl.store(cc + v_ch * scc_c + 2 * scc_t, v2)
+        _shift_state(CC, v_ch, col, scc_n, scc_c, scc_t, v0, v1, v2)
         if lead:
-            tl.store(cc + q_ch * scc_c, q0)
-            tl.store(cc + q_ch * scc_c + scc_t, q1)
-            tl.store(cc + q_ch * scc_c + 2 * scc_t, q2)
-            tl.store(cc + k_ch * scc_c, k0)
-            tl.store(cc + k_ch * scc_c + scc_t, k1)
-            tl.store(cc + k_ch * scc_c + 2 * scc_t, k2)
+            _shift_state(CC, q_ch, col, scc_n, scc_c, scc_t, q0, q1, q2)
+            _shift_state(CC, k_ch, col, scc_n, scc_c, scc_t, k0, k1, k2)
         if FUSE_NORM:
-            z = tl.load(Z + row * sz_b + j * DV + bv).to(tl.float32)
-            o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + eps) * tl.load(NW + bv).to(tl.float32) * (z * tl.sigmoid(z))
+            o = _gated_norm(o, Z, NW, row, sz_b, j, bv, eps, DV)
         tl.store(O + row * so_b + j * so_h + vb * BV + bv, o.to(O.dtype.element_ty))
 
 
