@@ -36,10 +36,17 @@ def sm_count(device: str) -> int:
 # on; off by default until BENCHMARKS.md shows what it gives.
 
 
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def pdl_enabled(device: torch.device) -> bool:
+    # called at every launch: the environment is read each time (tests switch it), the device
+    # query once per device
     if os.environ.get("NINFER_PDL", "0") != "1" or interpreting() or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _pdl_capable(device)
 
 
 def pdl_kwargs(device: torch.device) -> dict:
