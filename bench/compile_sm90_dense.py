@@ -72,7 +72,10 @@ def cases():
         p = K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
                        scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
                        qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
-        cfg = K.pick_gemv(fmt, 1, n, k, 132) or GV.default_config(fmt, n, k, 132)
+        K.reserve_workspace(p)
+        yield f"dispatch q{fmt} {n}x{k} M=1", lambda p=p, k=k: K.launch(e(1, k, dtype=BF), p)
+        yield f"dispatch q{fmt} {n}x{k} M=2", lambda p=p, k=k: K.launch(e(2, k, dtype=BF), p)
+        cfg = GV.default_config(fmt, n, k, 132)
         yield f"gemv q{fmt} {n}x{k}", lambda p=p, cfg=cfg, k=k: GV.launch(e(1, k, dtype=BF), p, cfg)
         yield f"mma q{fmt} {n}x{k} M=4", lambda p=p, k=k: K.launch(e(4, k, dtype=BF), p)
 

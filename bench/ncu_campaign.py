@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (name, ncu_linear.py arguments, kernel-name regex)
 CASES = [
+    ("q4_gateup_m1_h2", "--scheme q4_g64 --n 34816 --k 5120 --m 1 --path h2 --h2 32,8,4,4", "_gemv_h2_kernel"),
+    ("q5_down_m1_h2", "--scheme q5_g64 --n 5120 --k 17408 --m 1 --path h2 --h2 32,8,4,4", "_gemv_h2_kernel"),
+    ("q5_oproj_m1_h2", "--scheme q5_g64 --n 5120 --k 6144 --m 1 --path h2 --h2 32,4,4,4", "_gemv_h2_kernel"),
     ("q4_gateup_m1_gemv", "--scheme q4_g64 --n 34816 --k 5120 --m 1 --path gemv", "_gemv_kernel"),
     ("q5_qkvz_m1_gemv", "--scheme q5_g64 --n 16384 --k 5120 --m 1 --path gemv", "_gemv_kernel"),
     ("q5_down_m1_gemv", "--scheme q5_g64 --n 5120 --k 17408 --m 1 --path gemv", "_gemv_kernel"),
@@ -45,13 +48,16 @@ METRICS = {
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occup %",
     "launch__registers_per_thread": "regs",
     "launch__grid_size": "grid",
-    "smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio": "st.lsb",
-    "smsp__average_warp_latency_issue_stalled_barrier.ratio": "st.bar",
-    "smsp__average_warp_latency_issue_stalled_wait.ratio": "st.wait",
-    "smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio": "st.ssb",
-    "smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio": "st.math",
-    "smsp__average_warp_latency_issue_stalled_mio_throttle.ratio": "st.mio",
-    "smsp__average_warp_latency_issue_stalled_lg_throttle.ratio": "st.lg",
+    "smsp__inst_executed.sum": "instr",
+    "smsp__warp_issue_stalled_no_instruction_per_warp_active.pct": "st.noin",
+    "smsp__warp_issue_stalled_membar_per_warp_active.pct": "st.mbar",
+    "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct": "st.lsb",
+    "smsp__warp_issue_stalled_barrier_per_warp_active.pct": "st.bar",
+    "smsp__warp_issue_stalled_wait_per_warp_active.pct": "st.wait",
+    "smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct": "st.ssb",
+    "smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct": "st.math",
+    "smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct": "st.mio",
+    "smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct": "st.lg",
 }
 SECTIONS = ["SpeedOfLight", "WarpStateStats", "MemoryWorkloadAnalysis", "Occupancy", "SchedulerStats", "LaunchStats"]
 
@@ -63,7 +69,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     if start < 0:
         return {}
     out: dict[str, float] = {}
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}  # durations -> µs
+    scale = {"ns": 1e-3, "us": 1.0, "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}  # durations -> µs
     for row in csv.DictReader(io.StringIO(text[start:])):
         name, value = row.get("Metric Name"), row.get("Metric Value")
         if not name or value is None:

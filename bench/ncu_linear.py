@@ -26,7 +26,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=17408)
     ap.add_argument("--k", type=int, default=5120)
     ap.add_argument("--m", type=int, default=1)
-    ap.add_argument("--path", choices=("gemv", "mma", "skinny", "dispatch"), default="dispatch")
+    ap.add_argument("--path", choices=("gemv", "mma", "skinny", "h2", "dispatch"), default="dispatch")
+    ap.add_argument("--h2", default="32,8,4,4", help="f16x2 GEMV config: block_n,kbs,ctas,num_warps")
     args = ap.parse_args()
 
     from ninfer_plugins.quant_int import formats as F
@@ -46,7 +47,9 @@ def main() -> int:
     x = torch.randn(args.m, args.k, device="cuda", dtype=torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.path == "gemv":
-        cfg = K.pick_gemv(p.fmt, min(args.m, 4), p.n, p.k, sms) or G.default_config(p.fmt, p.n, p.k, sms)
+        cfg = K.pick_gemv(p.fmt, min(args.m, 4), p.n, p.k, sms)
+        if not isinstance(cfg, G.GemvConfig):
+            cfg = G.default_config(p.fmt, p.n, p.k, sms)
         K.Workspace.get(x.device).reserve(*G.workspace_need(cfg, p.n, p.k))
         run, what = (lambda: G.launch(x, p, cfg)), cfg.describe()
     elif args.path == "mma":
@@ -59,6 +62,12 @@ def main() -> int:
         scfg = SK.default_config(p.n, p.k, sms)
         SK.reserve_workspace(p, scfg)
         run, what = (lambda: SK.launch(x, p, scfg)), str(scfg)
+    elif args.path == "h2":
+        from ninfer_plugins.quant_int import gemv_h2 as H2
+
+        hcfg = H2.H2Config(*(int(v) for v in args.h2.split(",")))
+        K.Workspace.get(x.device).reserve(*H2.workspace_need(p, hcfg))
+        run, what = (lambda: H2.launch(x, p, hcfg)), hcfg.describe()
     else:
         K.reserve_workspace(p)
         run, what = (lambda: K.launch(x, p)), "kernels.launch"

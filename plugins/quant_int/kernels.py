@@ -533,12 +533,15 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     if p.device.type != "cuda":
         return
     ws = Workspace.get(p.device)
-    for m in (1, 4):
+    for m in (1, 2, 4):
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
-            from ninfer_plugins.quant_int import gemv
+            from ninfer_plugins.quant_int import gemv, gemv_h2
 
-            ws.reserve(*gemv.workspace_need(gcfg, p.n, p.k))
+            if isinstance(gcfg, gemv_h2.H2Config):
+                ws.reserve(*gemv_h2.workspace_need(p, gcfg))
+            else:
+                ws.reserve(*gemv.workspace_need(gcfg, p.n, p.k))
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)
@@ -566,13 +569,27 @@ GEMV_DEFAULT_MAX_N = 65536
 
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
-    """The GEMV config for an M <= 4 launch, or None where the MMA kernel is the faster one."""
+    """The decode kernel for an M <= 4 launch: an f16x2 GEMV config (gemv_h2.py), a CUDA-core
+    GEMV config (gemv.py), or None where the MMA kernel is the faster one.
+
+    Order: a measured f16x2 winner (tuned.TUNED_H2), a measured CUDA-core winner (TUNED_GEMV),
+    then at M = 1 the f16x2 GEMV's default for q4/q5/q6/q8 (it beat everything else on every
+    27B/35B shape measured, BENCHMARKS.md "f16x2 GEMV"), else gemv.py's rules."""
     if m > 4:
         return None
-    from ninfer_plugins.quant_int import gemv
-    from ninfer_plugins.quant_int.tuned import TUNED_GEMV
+    from ninfer_plugins.quant_int import gemv, gemv_h2
+    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2
 
-    hit = TUNED_GEMV.get((fmt, n, k, "m1" if m == 1 else "m4"))
+    key = (fmt, n, k, "m1" if m == 1 else "m4")
+    if gemv_h2.enabled():
+        hit = TUNED_H2.get(key)
+        if hit:
+            return gemv_h2.H2Config(*hit)
+        if m == 1 and hit is None and fmt in gemv_h2.FORMATS:
+            cfg = gemv_h2.default_config(fmt, n, k)
+            if cfg is not None:
+                return cfg
+    hit = TUNED_GEMV.get(key)
     if hit is not None:
         return gemv.GemvConfig(*hit) if hit else None
     if m == 1 and fmt in GEMV_DEFAULT_FORMATS and n <= GEMV_DEFAULT_MAX_N:
@@ -586,8 +603,10 @@ def launch(x2: torch.Tensor, p: Prepared, cfg: Config | None = None, fast: bool 
     if cfg is None:
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
-            from ninfer_plugins.quant_int import gemv
+            from ninfer_plugins.quant_int import gemv, gemv_h2
 
+            if isinstance(gcfg, gemv_h2.H2Config):
+                return gemv_h2.launch(x2, p, gcfg, fast)
             return gemv.launch(x2, p, gcfg, fast)
     cfg = cfg or pick_config(p.fmt, m, p.n, p.k, p.sm_count)
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)

@@ -310,3 +310,37 @@ TUNED_GEMV: dict[tuple[int, int, int, str], tuple[int, ...]] = {
     (5, 16384, 5120, 'm1'): (64, 2, 4, 4, 1),
     (6, 248320, 5120, 'm1'): (32, 1, 1, 2, 1),
 }
+
+
+# The f16x2 GEMV (gemv_h2.py) for M <= 4: (fmt id, n, k, "m1" | "m4") -> (block_n, kbs, ctas,
+# num_warps, prefetch), or () where it lost to the kernel dispatched before it; measured with
+# `python bench/h2_tune.py` on an NVIDIA H200 (2026-12-03, torch 2.11, Triton 3.6; BENCHMARKS.md
+# "f16x2 GEMV"), each winner checked against the fp32 reference at M = 1..4 in that run ("m4" was
+# timed at M = 4 and serves M = 2..4). At M = 1, shapes not listed take gemv_h2.default_config;
+# at M = 2..4 they keep the CUDA-core GEMV or the MMA kernel.
+TUNED_H2: dict[tuple[int, int, int, str], tuple] = {
+    (4, 1024, 5120, 'm1'): (16, 8, 6, 4, True),
+    (4, 1024, 5120, 'm4'): (),
+    (4, 17408, 5120, 'm1'): (16, 8, 6, 4, True),
+    (4, 17408, 5120, 'm4'): (),
+    (4, 34816, 5120, 'm1'): (16, 8, 6, 4, True),
+    (4, 34816, 5120, 'm4'): (),
+    (5, 5120, 6144, 'm1'): (16, 8, 6, 4, True),
+    (5, 5120, 6144, 'm4'): (),
+    (5, 5120, 17408, 'm1'): (16, 8, 6, 4, True),
+    (5, 5120, 17408, 'm4'): (16, 8, 6, 4, True),
+    (5, 6144, 5120, 'm1'): (16, 8, 6, 4, True),
+    (5, 6144, 5120, 'm4'): (),
+    (5, 13312, 5120, 'm1'): (32, 4, 4, 4, True),
+    (5, 13312, 5120, 'm4'): (16, 8, 6, 4, True),
+    (5, 16384, 5120, 'm1'): (64, 4, 4, 8, True),
+    (5, 16384, 5120, 'm4'): (32, 8, 4, 4, True),
+    (6, 248320, 5120, 'm1'): (32, 8, 4, 4, True),
+    (6, 248320, 5120, 'm4'): (32, 8, 4, 4, True),
+    (8, 2048, 4096, 'm1'): (16, 4, 8, 4, True),
+    (8, 2048, 4096, 'm4'): (),
+    (8, 8192, 2048, 'm1'): (16, 4, 8, 4, True),
+    (8, 8192, 2048, 'm4'): (),
+    (8, 17408, 5120, 'm1'): (16, 4, 8, 4, True),
+    (8, 17408, 5120, 'm4'): (),
+}

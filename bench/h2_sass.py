@@ -1,0 +1,70 @@
+"""Compile the f16x2 GEMV (quant_int/gemv_h2.py) for sm_90 on the CPU and count its loop's SASS.
+
+    /tmp/t36/bin/python bench/h2_sass.py [--dump DIR]
+
+Per (format, rows of x, config): registers, local memory, instructions in the row loop and
+instructions per weight (the loop's count over the weights one thread handles a trip). Run under
+the H200's Triton (3.6, see bench/compile_sm90_dense.py). Exit 1 when a variant fails to compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import skinny_sass as S  # noqa: E402
+
+S.install()
+
+import torch  # noqa: E402
+
+from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
+from ninfer_plugins.quant_int import kernels as K  # noqa: E402
+
+
+def prepared(fmt: int, n: int, k: int) -> K.Prepared:
+    e = torch.empty
+    return K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
+                      scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
+                      qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dump", type=Path, default=None)
+    ap.add_argument("--formats", default="4,5,6,8")
+    ap.add_argument("--ms", default="1,4")
+    ap.add_argument("--cfgs", default="32:4:4,16:8:6,32:8:4,16:4:8", help="block_n:kbs:ctas[:num_warps],...")
+    args = ap.parse_args()
+    fails = 0
+    cfgs = [H.H2Config(*(int(v) for v in c.split(":"))) for c in args.cfgs.split(",")]
+    print(f"{'variant':42s} {'regs':>5s} {'local':>5s} {'loop':>5s} {'w/thr':>6s} {'ins/w':>6s}  top opcodes")
+    for fmt in (int(f) for f in args.formats.split(",")):
+        p = prepared(fmt, 17408, 5120)
+        for m in (int(x) for x in args.ms.split(",")):
+            for cfg in cfgs:
+                name = f"q{fmt} M={m} {cfg.describe()}"
+                S._compiled.clear()
+                try:
+                    H.launch(torch.empty(m, 5120, dtype=torch.bfloat16), p, cfg)
+                    kern = S._compiled[-1]
+                except Exception:
+                    fails += 1
+                    print(f"FAIL {name}\n{traceback.format_exc()[-3000:]}")
+                    continue
+                wpt = cfg.block_n * cfg.kbs * 128 // (32 * cfg.num_warps)
+                st = S.analyse(name, kern, wpt, args.dump)
+                top = sorted(((v, f) for f, v in st.counts.items() if v), reverse=True)[:7]
+                print(f"{name:42s} {st.regs:5d} {st.local:5d} {st.loop:5d} {wpt:6d} {st.loop / wpt:6.2f}  "
+                      + " ".join(f"{f}:{v}" for v, f in top), flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

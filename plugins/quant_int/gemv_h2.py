@@ -1,0 +1,567 @@
+"""Dequantize + GEMV in packed half precision (f16x2), for decode (M = 1..4 activation rows).
+
+Why: Nsight Compute on the H200 (BENCHMARKS.md, "Where the GEMV's time goes") showed gemv.py's q4
+kernel issue-bound, not memory-bound: 0.74 instructions issued per scheduler-cycle (of 1.0), DRAM
+at 38%, about 6.6 SASS instructions per weight. At 4.25 bits a weight the H200's copy bandwidth
+leaves about 3.7 instructions a weight at full issue; this kernel spends about 2.3 (q4).
+
+How (per thread, per 16-byte run of four packed 32-bit words, the prepared "kb128-v1" layout read
+as it is):
+* Decode with the fp16 magic-number trick, two weights per instruction pair: `lop3` keeps two
+  codes in the mantissas of an f16x2 whose exponent reads 1024 (and flips the sign bit of each
+  code: u ^ 8 = code + 8), `sub.f16x2` removes 1024 + 8 exactly. A word's low nibbles (K group
+  2 kb) and high nibbles (group 2 kb + 1, decoded in place as 16 x code) give four f16x2 registers.
+  q5/q6 take their extra bits from the high plane: one integer multiply spreads a word's four
+  elements' bits under the two lanes of each pair, one more `lop3` merges them. q8: `prmt` puts
+  two bytes under the exponent byte 0x64.
+* Multiply-accumulate with `fma.rn.f16x2` against x pairs prepared once per CTA, chained over the
+  run's four words (eight products a lane), then widened to fp32 and scaled by the fp16 group
+  scales in fp32.
+* Overflow: x is multiplied by a power of two per CTA and row (from the slice's max |x|) so that
+  the worst case of a lane's eight products stays under 2^15; undone exactly at the end. The
+  smallest x that still counts is then about 2^-24 of the largest: nothing a bf16 result sees.
+* Work split: a CTA owns one K slice (KBS blocks of 128) and a chunk of rows, prepares its x pairs
+  once and streams the chunk's rows (BLOCK_N a trip, the next trip's words loaded before this
+  trip's math when PREFETCH). Each slice writes fp32 partials; the last CTA of a row chunk to
+  arrive (an atomic counter, reset by it) sums the slices in a fixed order: bit-reproducible,
+  one launch, CUDA-graph safe. Needs K % (128 KBS) == 0 (every registered shape has it).
+* Several activation rows (M <= 4, speculative verify): one decode, M chains; output lane m of
+  each run's four is row m's partial, so one reduction serves every row.
+
+Under TRITON_INTERPRET=1 the same tiles are decoded with plain integer arithmetic and summed in
+fp32 (x rounded to fp16 after the same power-of-two scaling); tests run the PTX strings in an
+emulator over every code (tests/plugins/quant_int/test_gemv_h2.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_plugins.quant_int import kernels as QK
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
+
+MAX_M = 4
+FORMATS = (4, 5, 6, 8)
+# log2 of the largest |x| after scaling, per format: 8 products a lane of |code| <= 2^(bits-1)
+# (q4 8, q5 16, q6 32, q8 128) times 2^(HEAD + 1) stays <= 2^15
+HEAD = {4: 8, 5: 7, 6: 6, 8: 4}
+# 32-bit words of packed codes per 128-element K block, and of the q5/q6 high plane
+WORDS = {4: 16, 5: 16, 6: 16, 8: 32}
+HWORDS = {5: 4, 6: 8}
+
+
+def _word_asm(fmt: int, j: int) -> list[str]:
+    """PTX decoding word j of a run (operand $W{j}) into the f16x2 registers pa, pb, pc, pd
+    (q8: pa, pc): pa/pc lanes are low-nibble codes (pa: bytes 0 and 2, pc: bytes 1 and 3), pb/pd
+    the high-nibble codes times 16."""
+    w = f"%W{j}"
+    if fmt == 8:
+        return [
+            f"prmt.b32 pa, {w}, 0x64646464, 0x4240;",
+            f"prmt.b32 pc, {w}, 0x64646464, 0x4341;",
+            "xor.b32 pa, pa, 0x00800080;",
+            "xor.b32 pc, pc, 0x00800080;",
+            "sub.f16x2 pa, pa, kb;",
+            "sub.f16x2 pc, pc, kb;",
+        ]
+    out = [f"shr.b32 w8, {w}, 8;"]
+    if fmt == 4:
+        out += [
+            f"lop3.b32 pa, {w}, 0x000F000F, 0x64086408, 0x6a;",
+            f"lop3.b32 pb, {w}, 0x00F000F0, 0x64806480, 0x6a;",
+            "lop3.b32 pc, w8, 0x000F000F, 0x64086408, 0x6a;",
+            "lop3.b32 pd, w8, 0x00F000F0, 0x64806480, 0x6a;",
+        ]
+    else:
+        # u: this word's four elements' high bits (q5: 1 each, q6: 2 each), lo and hi group
+        if fmt == 5:
+            width, mask_ac, mask_bd, mag_ac, mag_bd = 4, "0x00100010", "0x01000100", "0x64106410", "0x65006500"
+            mul = {"a": (1 << 4) + (1 << 18), "c": (1 << 3) + (1 << 17), "b": (1 << 8) + (1 << 22), "d": (1 << 7) + (1 << 21)}
+        else:
+            width, mask_ac, mask_bd, mag_ac, mag_bd = 8, "0x00300030", "0x03000300", "0x64206420", "0x66006600"
+            mul = {"a": (1 << 4) + (1 << 16), "c": (1 << 2) + (1 << 14), "b": (1 << 8) + (1 << 20), "d": (1 << 6) + (1 << 18)}
+        fm = (1 << width) - 1
+        if j == 0:
+            out += [f"and.b32 ul, %HL, {fm};", f"and.b32 uh, %HH, {fm};"]
+        else:
+            out += [f"shr.b32 ul, %HL, {width * j};", f"and.b32 ul, ul, {fm};",
+                    f"shr.b32 uh, %HH, {width * j};", f"and.b32 uh, uh, {fm};"]
+        for reg, src, u, nmask, mag, hmask in (
+            ("pa", w, "ul", "0x000F000F", mag_ac, mask_ac),
+            ("pb", w, "uh", "0x00F000F0", mag_bd, mask_bd),
+            ("pc", "w8", "ul", "0x000F000F", mag_ac, mask_ac),
+            ("pd", "w8", "uh", "0x00F000F0", mag_bd, mask_bd),
+        ):
+            out += [
+                f"mul.lo.u32 hb, {u}, {mul[reg[1]]};",
+                f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;",
+                f"lop3.b32 {reg}, hb, {hmask}, t1, 0x6a;",
+            ]
+    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, ka;", "sub.f16x2 pd, pd, kb;"]
+    return out
+
+
+# the f16x2 constants each format's decode subtracts: (lanes of pa/pc, lanes of pb/pd)
+_SUB = {4: ("0x64086408", "0x64806480"), 5: ("0x64106410", "0x65006500"), 6: ("0x64206420", "0x66006600"),
+        8: ("0x64806480", "0x64806480")}
+
+
+def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
+    """The inline PTX of one run (four words) for `block_m` activation rows, and its input count
+    (tensors of four registers each). Operands, in order: outputs $0..$3 (fp32: $m is row m's
+    partial, zero past block_m); the four words; for q5/q6 the low- and high-group bit words
+    (already shifted to this run); the scales (q4-q6: an int32 holding the fp16 pair (group 2kb,
+    2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others)."""
+    names: list[str] = [f"W{j}" for j in range(4)]
+    if fmt in (5, 6):
+        names += ["HL"] + ["_"] * 3 + ["HH"] + ["_"] * 3
+    names += ["S"] + ["_"] * 3
+    parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
+    for m in range(block_m):
+        for part in parts:
+            names += [f"X{part}{m}_{j}" for j in range(4)]
+    reg = {name: f"${4 + i}" for i, name in enumerate(names) if name != "_"}
+    n_inputs = len(names) // 4
+    lines = [
+        "{",
+        ".reg .b32 w8, pa, pb, pc, pd, ul, uh, hb, t1, ka, kb;",
+        ".reg .b32 " + ", ".join(f"al{m}, ah{m}" for m in range(block_m)) + ";",
+        ".reg .b16 h0, h1;",
+        ".reg .f32 f0, f1, s0, s1, lo, hi;",
+        f"mov.b32 ka, {_SUB[fmt][0]};",
+        f"mov.b32 kb, {_SUB[fmt][1]};",
+    ]
+    for m in range(block_m):
+        lines += [f"mov.b32 al{m}, 0;", f"mov.b32 ah{m}, 0;"]
+    for j in range(4):
+        lines += _word_asm(fmt, j)
+        for m in range(block_m):
+            lines += [f"fma.rn.f16x2 al{m}, pa, %XA{m}_{j}, al{m};", f"fma.rn.f16x2 al{m}, pc, %XC{m}_{j}, al{m};"]
+            if fmt != 8:
+                lines += [f"fma.rn.f16x2 ah{m}, pb, %XB{m}_{j}, ah{m};", f"fma.rn.f16x2 ah{m}, pd, %XD{m}_{j}, ah{m};"]
+    if fmt == 8:
+        lines += ["mov.b32 s0, %S;"]
+    else:
+        lines += ["mov.b32 {h0, h1}, %S;", "cvt.f32.f16 s0, h0;", "cvt.f32.f16 s1, h1;"]
+    for m in range(4):
+        if m >= block_m:
+            lines.append(f"mov.b32 ${m}, 0;")
+            continue
+        lines += [f"mov.b32 {{h0, h1}}, al{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 lo, f0, f1;"]
+        if fmt == 8:
+            lines.append(f"mul.f32 ${m}, lo, s0;")
+        else:
+            lines += [f"mov.b32 {{h0, h1}}, ah{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 hi, f0, f1;",
+                      "mul.f32 lo, lo, s0;", f"fma.rn.f32 ${m}, hi, s1, lo;"]
+    lines.append("}")
+    text = "\n".join(lines)
+    for name, r in sorted(reg.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(f"%{name}", r)
+    return text, n_inputs
+
+
+@triton.jit
+def _pair(lo, hi, FAST: tl.constexpr):
+    """Two fp32 tensors -> int32 holding f16x2 (lo in bits 0..15), round to nearest."""
+    if FAST:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        a = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        b = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        return a | (b << 16)
+
+
+@triton.jit
+def _bx(x, like):
+    """x [C] -> the word tile's shape [C, BLOCK_N]."""
+    return tl.broadcast_to(x[:, None], like.shape)
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as fp32 for integer tensors e in [-126, 127]."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr):
+    """Row m of x over this CTA's slice, per word column: the fast path's f16x2 pairs A, B, C, D
+    (int32 [C]; four more copies to keep one return signature), or the scaled x values (lo0..lo3,
+    hi0..hi3 as fp32, rounded to fp16 as the pairs are); and 1/scale."""
+    ok = (base * 0 + m) < M
+    xr = X + m * stride_xm + base
+    l0 = tl.load(xr + 0, mask=ok, other=0.0).to(tl.float32)
+    l1 = tl.load(xr + 1, mask=ok, other=0.0).to(tl.float32)
+    l2 = tl.load(xr + 2, mask=ok, other=0.0).to(tl.float32)
+    l3 = tl.load(xr + 3, mask=ok, other=0.0).to(tl.float32)
+    amax = tl.max(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))), 0)
+    if FMT != 8:
+        h0 = tl.load(xr + 64, mask=ok, other=0.0).to(tl.float32)
+        h1 = tl.load(xr + 65, mask=ok, other=0.0).to(tl.float32)
+        h2 = tl.load(xr + 66, mask=ok, other=0.0).to(tl.float32)
+        h3 = tl.load(xr + 67, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))), 0))
+    else:
+        h0 = l0
+        h1 = l1
+        h2 = l2
+        h3 = l3
+    ex = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
+    f = _pow2(e)
+    inv = _pow2(-e)
+    fh = f * 0.0625  # the high-nibble codes come out times 16
+    if FAST:
+        xa = _pair(l0 * f, l2 * f, FAST)
+        xc = _pair(l1 * f, l3 * f, FAST)
+        xb = _pair(h0 * fh, h2 * fh, FAST)
+        xd = _pair(h1 * fh, h3 * fh, FAST)
+        return xa, xb, xc, xd, xa, xb, xc, xd, inv
+    else:
+        return ((l0 * f).to(tl.float16).to(tl.float32), (l1 * f).to(tl.float16).to(tl.float32),
+                (l2 * f).to(tl.float16).to(tl.float32), (l3 * f).to(tl.float16).to(tl.float32),
+                (h0 * f).to(tl.float16).to(tl.float32), (h1 * f).to(tl.float16).to(tl.float32),
+                (h2 * f).to(tl.float16).to(tl.float32), (h3 * f).to(tl.float16).to(tl.float32), inv)
+
+
+@triton.jit
+def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
+    """Interpreter path: byte i of each word -> (low-group code, high-group code) as fp32
+    (q8: the byte's code twice). j: the word's place in its run (for the q5/q6 bit words)."""
+    byte = (w >> (8 * i)) & 0xFF
+    if FMT == 8:
+        c = ((byte ^ 0x80) - 0x80).to(tl.float32)
+        return c, c
+    lo = byte & 0xF
+    hi = (byte >> 4) & 0xF
+    if FMT == 4:
+        return ((lo ^ 8) - 8).to(tl.float32), ((hi ^ 8) - 8).to(tl.float32)
+    W: tl.constexpr = FMT - 4
+    MASK: tl.constexpr = (1 << W) - 1
+    HALF: tl.constexpr = 1 << (FMT - 1)
+    sh = (j * 4 + i) * W
+    ul = lo | (((hl >> sh) & MASK) << 4)
+    uh = hi | (((hh >> sh) & MASK) << 4)
+    return ((ul ^ HALF) - HALF).to(tl.float32), ((uh ^ HALF) - HALF).to(tl.float32)
+
+
+@triton.jit
+def _plain_row(w, hl, hh, j, s_lo, s_hi, l0, l1, l2, l3, h0, h1, h2, h3, FMT: tl.constexpr):
+    """Interpreter path: one activation row against a tile of words -> its [BLOCK_N] sums."""
+    a0, b0 = _plain_codes(w, 0, hl, hh, j, FMT)
+    a1, b1 = _plain_codes(w, 1, hl, hh, j, FMT)
+    a2, b2 = _plain_codes(w, 2, hl, hh, j, FMT)
+    a3, b3 = _plain_codes(w, 3, hl, hh, j, FMT)
+    lo = a0 * l0[:, None] + a1 * l1[:, None] + a2 * l2[:, None] + a3 * l3[:, None]
+    if FMT == 8:
+        return tl.sum(lo * s_lo, 0)
+    hi = b0 * h0[:, None] + b1 * h1[:, None] + b2 * h2[:, None] + b3 * h3[:, None]
+    return tl.sum(lo * s_lo + hi * s_hi, 0)
+
+
+@triton.jit
+def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr):
+    """One trip's words [C, BLOCK_N] (tiles are words-first: every load then has its longest
+    contiguity, or a tie, along dim 0 and Triton lays them all out alike, threads along words
+    then rows); per word, its run's q5/q6 bit words (shifted to the run) and its scales (q4-q6:
+    int32 fp16 pair; q8: fp16). The asm reads those from a run's first word only, so the fast
+    path loads them there alone (`lead`), the plain path everywhere."""
+    w = tl.load(wp)
+    if FAST:
+        one = tl.broadcast_to(lead[:, None], w.shape)
+        s = tl.load(sp, mask=one, other=0)
+    else:
+        s = tl.load(sp)
+    if FMT == 5 or FMT == 6:
+        HOFF: tl.constexpr = 2 if FMT == 5 else 4  # words from a K block's low-group bits to its high
+        if FAST:
+            hl = tl.load(hp, mask=one, other=0) >> h_shift[:, None]
+            hh = tl.load(hp + HOFF, mask=one, other=0) >> h_shift[:, None]
+        else:
+            hl = tl.load(hp) >> h_shift[:, None]
+            hh = tl.load(hp + HOFF) >> h_shift[:, None]
+    else:
+        hl = w
+        hh = w
+    return w, hl, hh, s
+
+
+@triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
+def _gemv_h2_kernel(
+    X, W, H, S, Y, WS, CNT,
+    M, N, K,
+    stride_xm, stride_wn, stride_hn, stride_sn, stride_ym,
+    ROWS_PER_CTA, N_SLICES,
+    FMT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KBS: tl.constexpr,
+    SLICES_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD: tl.constexpr,
+    ASM: tl.constexpr,
+    CONSTR: tl.constexpr,
+    FAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pid_c = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    WPB: tl.constexpr = 32 if FMT == 8 else 16  # words per K block of 128
+    C: tl.constexpr = KBS * WPB
+    c = tl.arange(0, C)
+    t = c % WPB
+    kb_abs = pid_s * KBS + c // WPB
+    w_cols = pid_s * C + c  # the slice's words are contiguous in a row
+    # per word: its scale column (q4-q6: the int32 fp16 pair of its K block; q8: its group of 32)
+    if FMT == 8:
+        g_cols = kb_abs * 4 + t // 8
+    else:
+        g_cols = kb_abs
+    # per word (q5/q6): the word holding its run's high bits and the shift to the run
+    v = t // 4
+    if FMT == 5:
+        h_cols = kb_abs * 4 + v // 2
+        h_shift = (v % 2) * 16
+    else:
+        h_cols = kb_abs * 8 + v
+        h_shift = v * 0
+    lead = (c % 4) == 0
+    jj = (c % 4)[:, None]
+    rn = tl.arange(0, BLOCK_N)
+    row_lo = pid_c * ROWS_PER_CTA
+    row_hi = tl.minimum(row_lo + ROWS_PER_CTA, N)
+    trips = tl.cdiv(row_hi - row_lo, BLOCK_N)
+    last = row_lo + (trips - 1) * BLOCK_N  # start of the last trip: a prefetch past it re-reads it
+    r0r = (row_lo + rn).to(tl.int64)[None, :]
+    wp = W + r0r * stride_wn + w_cols[:, None]
+    sp = S + r0r * stride_sn + g_cols[:, None]
+    hp = H + r0r * stride_hn + h_cols[:, None]
+    # under programmatic dependent launch the first tile's weights (which do not depend on the
+    # previous kernel) are requested before the wait, to overlap its tail; otherwise after x's
+    # preparation (loaded first, the tile stays live through it: +15-35 registers, measured slower)
+    if PREFETCH and PDL:
+        w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+    pdl_prologue(PDL)
+    base = kb_abs * 128 + t * 4  # x index of byte 0 of each word (low group; high group +64)
+    xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0 = _xrow_prep(X, 0, stride_xm, M, base, FMT, HEAD, FAST)
+    if BLOCK_M > 1:
+        xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = _xrow_prep(X, 1, stride_xm, M, base, FMT, HEAD, FAST)
+    if BLOCK_M > 2:
+        xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = _xrow_prep(X, 2, stride_xm, M, base, FMT, HEAD, FAST)
+        xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = _xrow_prep(X, 3, stride_xm, M, base, FMT, HEAD, FAST)
+    if PREFETCH and not PDL:
+        w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+    cols4 = tl.arange(0, 4)[:, None]
+    inv = tl.where(cols4 == 0, inv0, 0.0)
+    if BLOCK_M > 1:
+        inv += tl.where(cols4 == 1, inv1, 0.0)
+    if BLOCK_M > 2:
+        inv += tl.where(cols4 == 2, inv2, 0.0) + tl.where(cols4 == 3, inv3, 0.0)
+    for r0 in range(row_lo, row_hi, BLOCK_N):
+        if PREFETCH:
+            w = w_n
+            hl = hl_n
+            hh = hh_n
+            s = s_n
+            # the next trip's tile, or this one again after the last trip (stays in bounds)
+            step = tl.where(r0 + BLOCK_N <= last, BLOCK_N, 0).to(tl.int64)
+            wp += step * stride_wn
+            sp += step * stride_sn
+            hp += step * stride_hn
+            w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+        else:
+            w, hl, hh, s = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+            wp += BLOCK_N * stride_wn
+            sp += BLOCK_N * stride_sn
+            hp += BLOCK_N * stride_hn
+        if FAST:
+            sb = s
+            if FMT == 8:
+                sb = s.to(tl.float32)
+            # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
+            if FMT == 8:
+                if BLOCK_M == 1:
+                    args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
+                elif BLOCK_M == 2:
+                    args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
+                else:
+                    args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
+                            _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
+            elif FMT == 4:
+                if BLOCK_M == 1:
+                    args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+                elif BLOCK_M == 2:
+                    args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+                else:
+                    args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                            _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                            _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            else:
+                if BLOCK_M == 1:
+                    args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+                elif BLOCK_M == 2:
+                    args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+                else:
+                    args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                            _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                            _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
+            # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
+            part = tl.sum(tl.reshape(out, (C // 4, 4, BLOCK_N)), 0)
+        else:
+            if FMT == 8:
+                s_lo = s.to(tl.float32)
+                s_hi = s_lo
+            else:
+                s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, p00, p01, p02, p03, FMT)
+            part = tl.where(cols4 == 0, r[None, :], 0.0)
+            if BLOCK_M > 1:
+                r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, p10, p11, p12, p13, FMT)
+                part += tl.where(cols4 == 1, r[None, :], 0.0)
+            if BLOCK_M > 2:
+                r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, p20, p21, p22, p23, FMT)
+                part += tl.where(cols4 == 2, r[None, :], 0.0)
+                r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, p30, p31, p32, p33, FMT)
+                part += tl.where(cols4 == 3, r[None, :], 0.0)
+        # partials of this slice: WS[row, slice, m] (m contiguous: stored straight from the
+        # reduction's layout), x's scaling undone
+        rr = r0 + rn
+        dst = WS + (rr[None, :].to(tl.int64) * N_SLICES + pid_s) * 4 + cols4
+        keep = (rr[None, :] < row_hi) & (cols4 < BLOCK_M)
+        if FAST:
+            # stored from the reduction's own layout (a tl.store would first move the values to a
+            # coalesced layout through shared memory, two barriers a trip)
+            tl.inline_asm_elementwise(
+                "{\n.reg .pred p;\nsetp.ne.b32 p, $3, 0;\n@p st.global.f32 [$1], $2;\nmov.b32 $0, 0;\n}",
+                "=r,l,r,r", [dst.to(tl.int64, bitcast=True), part * inv, keep.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.store(dst, part * inv, mask=keep)
+    # the last slice of this row chunk to arrive sums all slices, in slice order
+    tl.debug_barrier()
+    arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+    if arrived == N_SLICES - 1:
+        sl = tl.arange(0, SLICES_P2)[:, None]
+        for r0 in range(row_lo, row_hi, BLOCK_N):
+            rr = r0 + rn
+            ok = rr < row_hi
+            for mm in tl.static_range(BLOCK_M):
+                p = tl.load(WS + (rr[None, :].to(tl.int64) * N_SLICES + sl) * 4 + mm, mask=(sl < N_SLICES) & ok[None, :],
+                            other=0.0, cache_modifier=".cg")
+                tl.store(Y + mm * stride_ym + rr, tl.sum(p, 0).to(Y.dtype.element_ty), mask=ok & ((rr * 0 + mm) < M))
+        tl.atomic_xchg(CNT + pid_c, 0)
+
+
+@dataclass(frozen=True)
+class H2Config:
+    block_n: int = 32
+    kbs: int = 4  # K blocks of 128 per slice
+    ctas: int = 4  # target CTAs per SM (sets the row chunk)
+    num_warps: int = 4
+    prefetch: bool = True
+
+    def describe(self) -> str:
+        return f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}{' pf' if self.prefetch else ''}"
+
+
+_ASM: dict[tuple[int, int], tuple[str, str]] = {}
+
+
+def _asm(fmt: int, block_m: int) -> tuple[str, str]:
+    key = (fmt, block_m)
+    if key not in _ASM:
+        text, n_inputs = dot_asm(fmt, block_m)
+        _ASM[key] = (text, ",".join(["=r"] * 4 + ["r"] * (4 * n_inputs)))
+    return _ASM[key]
+
+
+def enabled() -> bool:
+    """NINFER_H2=0 takes this kernel out of the dispatch (A/B measurements); on by default."""
+    return os.environ.get("NINFER_H2", "1") != "0"
+
+
+def supports(p: QK.Prepared, cfg: H2Config) -> bool:
+    return _fits(p.fmt, p.k, cfg)
+
+
+def _fits(fmt: int, k: int, cfg: H2Config) -> bool:
+    return fmt in FORMATS and k % (128 * cfg.kbs) == 0 and QK.ROW_PAD % cfg.block_n == 0
+
+
+def default_config(fmt: int, n: int, k: int) -> H2Config | None:
+    """The M = 1 config where no measured winner exists (None: K not a multiple of 256)."""
+    for cfg in (H2Config(32, 4, 4), H2Config(32, 2, 4)):
+        if _fits(fmt, k, cfg):
+            return cfg
+    return None
+
+
+def grid_of(p: QK.Prepared, cfg: H2Config) -> tuple[int, int, int]:
+    """(row chunks, K slices, rows per chunk) of a launch."""
+    n_slices = p.k // (128 * cfg.kbs)
+    row_blocks = -(-p.n // cfg.block_n)
+    want = max(1, (cfg.ctas * p.sm_count) // n_slices)
+    trips = max(1, -(-row_blocks // want))
+    chunks = -(-row_blocks // trips)
+    return chunks, n_slices, trips * cfg.block_n
+
+
+def workspace_need(p: QK.Prepared, cfg: H2Config) -> tuple[int, int]:
+    chunks, n_slices, _ = grid_of(p, cfg)
+    return n_slices * MAX_M * p.n, chunks
+
+
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows."""
+    m = x2.shape[0]
+    if m > MAX_M:
+        raise ValueError(f"the f16x2 GEMV takes at most {MAX_M} rows, got {m}")
+    if not supports(p, cfg):
+        raise ValueError(f"the f16x2 GEMV needs q4/q5/q6/q8 and K % {128 * cfg.kbs} == 0 (format {p.fmt}, K={p.k})")
+    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    block_m = 1 if m == 1 else 2 if m == 2 else 4
+    chunks, n_slices, rows_per_cta = grid_of(p, cfg)
+    ws = QK.Workspace.get(x2.device)
+    need, tiles = workspace_need(p, cfg)
+    if ws.partials.numel() < need or ws.counters.numel() < tiles:
+        if x2.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
+        ws.reserve(need, tiles)
+    w = p.qweight.view(torch.int32)
+    h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
+    s = p.scales if p.fmt == 8 else p.scales.view(torch.int32)
+    fast = (p.fast if fast is None else fast) and not QK.interpreting()
+    asm, constr = _asm(p.fmt, block_m)
+    slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
+    _gemv_h2_kernel[(chunks, n_slices)](
+        x2, w, h, s, y, ws.partials, ws.counters,
+        m, p.n, p.k,
+        x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+        rows_per_cta, n_slices,
+        FMT=p.fmt,
+        BLOCK_N=cfg.block_n,
+        KBS=cfg.kbs,
+        SLICES_P2=slices_p2,
+        BLOCK_M=block_m,
+        HEAD=HEAD[p.fmt],
+        ASM=asm,
+        CONSTR=constr,
+        FAST=fast,
+        PREFETCH=cfg.prefetch,
+        num_warps=cfg.num_warps,
+        **pdl_kwargs(x2.device),
+    )
+    return y

@@ -1,0 +1,302 @@
+"""The f16x2 GEMV (quant_int/gemv_h2.py) against dequantize-then-matmul in fp32.
+
+CPU (CI): the PTX of every format's decode + dot run in a small emulator over random words with
+exact integer arithmetic (every bit trick checked against the formats' own code rules); the
+interpreted kernel at tiny sizes (row tails, several chunks and slices, M = 1..4); split-K
+reproducibility and counter reset; the dispatch rules.
+GPU (`-m gpu`): every registered 27B/35B shape class at M = 1..4, CUDA-graph replay, bit-equal
+repeats.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+from ninfer_plugins.quant_int import formats as F  # noqa: E402
+from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
+from ninfer_plugins.quant_int import kernels as K  # noqa: E402
+from ninfer_plugins.quant_int.linear import prepare_int  # noqa: E402
+
+SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32"]
+interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
+gpu = pytest.mark.gpu
+
+
+def packed_and_ref(w: torch.Tensor, scheme: str):
+    pk = F.quantize(w, scheme)
+    return prepare_int(pk), F.dequantize(pk)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+# --- the PTX, emulated ------------------------------------------------------------------------
+
+def _f16(bits: int) -> float:
+    return float(torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16).double())
+
+
+def _f16_bits(v: float) -> int:
+    return int(torch.tensor([v], dtype=torch.float64).to(torch.float16).view(torch.int16).to(torch.int32)) & 0xFFFF
+
+
+def _f32(bits: int) -> float:
+    return float(torch.tensor([bits & 0xFFFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32).double())
+
+
+def _f32_bits(v: float) -> int:
+    return int(torch.tensor([v], dtype=torch.float64).to(torch.float32).view(torch.int32).to(torch.int64)) & 0xFFFFFFFF
+
+
+def _h2(fn, a: int, b: int, c: int | None = None) -> int:
+    out = 0
+    for h in range(2):
+        args = [_f16(v >> (16 * h)) for v in ((a, b) if c is None else (a, b, c))]
+        out |= _f16_bits(fn(*args)) << (16 * h)
+    return out
+
+
+def run_ptx(asm: str, operands: dict[int, int]) -> dict[str, int]:
+    """Straight-line PTX over 32-bit registers (the instructions gemv_h2's strings use)."""
+    regs: dict[str, int] = {f"${i}": v & 0xFFFFFFFF for i, v in operands.items()}
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        if tok in regs:
+            return regs[tok]
+        if tok.startswith("0f"):
+            return int(tok[2:], 16)
+        return int(tok, 0) & 0xFFFFFFFF
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        m = re.fullmatch(r"mov\.b32 \{(\w+), (\w+)\}, (\S+)", line)
+        if m:  # split into halves
+            v = val(m.group(3))
+            regs[m.group(1)], regs[m.group(2)] = v & 0xFFFF, v >> 16
+            continue
+        op, rest = line.split(None, 1)
+        args = [a.strip() for a in rest.split(",")]
+        d, src = args[0], [val(a) for a in args[1:]]
+        if op == "mov.b32":
+            r = src[0]
+        elif op == "shr.b32":
+            r = src[0] >> src[1]
+        elif op == "and.b32":
+            r = src[0] & src[1]
+        elif op == "xor.b32":
+            r = src[0] ^ src[1]
+        elif op == "mul.lo.u32":
+            r = (src[0] * src[1]) & 0xFFFFFFFF
+        elif op == "lop3.b32":
+            a, b, c, lut = src
+            r = 0
+            for bit in range(32):
+                idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
+                r |= ((lut >> idx) & 1) << bit
+        elif op == "prmt.b32":
+            a, b, c = src
+            pool = a | (b << 32)
+            r = 0
+            for i in range(4):
+                sel = (c >> (4 * i)) & 0xF
+                byte = (pool >> (8 * (sel & 7))) & 0xFF
+                if sel & 8:
+                    byte = 0xFF if byte & 0x80 else 0
+                r |= byte << (8 * i)
+        elif op == "sub.f16x2":
+            r = _h2(lambda x, y: x - y, *src)
+        elif op == "fma.rn.f16x2":
+            r = _h2(lambda x, y, z: x * y + z, *src)
+        elif op == "cvt.f32.f16":
+            r = _f32_bits(_f16(src[0]))
+        elif op == "add.f32":
+            r = _f32_bits(_f32(src[0]) + _f32(src[1]))
+        elif op == "mul.f32":
+            r = _f32_bits(_f32(src[0]) * _f32(src[1]))
+        elif op == "fma.rn.f32":
+            r = _f32_bits(_f32(src[0]) * _f32(src[1]) + _f32(src[2]))
+        else:
+            raise AssertionError(f"the emulator lacks {op}")
+        regs[d] = r
+    return regs
+
+
+def _code(u: int, bits: int) -> int:
+    return u - (1 << bits) if u >> (bits - 1) else u
+
+
+@pytest.mark.parametrize("fmt", [4, 5, 6, 8])
+@pytest.mark.parametrize("block_m", [1, 2])
+def test_ptx_decode_and_dot_exact(fmt, block_m):
+    """Random words, bit words and small-integer x: the asm's fp32 outputs equal the exact sums
+    of code * x * scale (every product and partial sum is an integer that fp16 holds exactly)."""
+    asm, n_in = H.dot_asm(fmt, block_m)
+    g = torch.Generator().manual_seed(fmt * 10 + block_m)
+    parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
+    for trial in range(24):
+        words = [int(v) for v in torch.randint(0, 1 << 32, (4,), generator=g, dtype=torch.int64)]
+        hl, hh = (int(v) for v in torch.randint(0, 1 << 32, (2,), generator=g, dtype=torch.int64))
+        s_lo, s_hi = 0.5, 0.25
+        ops: dict[int, int] = {}
+        slot = 4
+        for j in range(4):
+            ops[slot + j] = words[j]
+        slot += 4
+        if fmt in (5, 6):
+            for j in range(4):
+                ops[slot + j], ops[slot + 4 + j] = hl, hh
+            slot += 8
+        for j in range(4):
+            ops[slot + j] = _f32_bits(s_lo) if fmt == 8 else (_f16_bits(s_lo) | _f16_bits(s_hi) << 16)
+        slot += 4
+        # x: element e of word j's low group and high group, small integers
+        xs = torch.randint(-3, 4, (block_m, 2, 16), generator=g).tolist()
+        for m in range(block_m):
+            for part in parts:
+                for j in range(4):
+                    lo_hi = 0 if part in "AC" else 1
+                    e0, e1 = (0, 2) if part in "AB" else (1, 3)
+                    div = 1 if (part in "AC" or fmt == 8) else 16
+                    a, b = xs[m][lo_hi][4 * j + e0] / div, xs[m][lo_hi][4 * j + e1] / div
+                    if fmt == 8:  # q8: both groups' x are the word's own four bytes' x
+                        a, b = xs[m][0][4 * j + e0], xs[m][0][4 * j + e1]
+                    ops[slot + j] = _f16_bits(a) | _f16_bits(b) << 16
+                slot += 4
+        assert slot == 4 + 4 * n_in
+        regs = run_ptx(asm, ops)
+        for m in range(4):
+            got = _f32(regs[f"${m}"])
+            if m >= block_m:
+                assert got == 0.0
+                continue
+            want = 0.0
+            for j, w in enumerate(words):
+                for i in range(4):
+                    byte = (w >> (8 * i)) & 0xFF
+                    if fmt == 8:
+                        want += _code(byte, 8) * xs[m][0][4 * j + i] * s_lo
+                        continue
+                    ulo, uhi = byte & 0xF, byte >> 4
+                    if fmt > 4:
+                        wb = fmt - 4
+                        ulo |= ((hl >> ((4 * j + i) * wb)) & ((1 << wb) - 1)) << 4
+                        uhi |= ((hh >> ((4 * j + i) * wb)) & ((1 << wb) - 1)) << 4
+                    want += _code(ulo, fmt) * xs[m][0][4 * j + i] * s_lo + _code(uhi, fmt) * xs[m][1][4 * j + i] * s_hi
+            assert got == want, (fmt, block_m, trial, m, got, want)
+
+
+# --- the kernel, interpreted -------------------------------------------------------------------
+
+@interp
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize(
+    "m,n,k,cfg",
+    [
+        (1, 70, 512, H.H2Config(32, 2, 1)),  # row tail, 2 slices, several chunks
+        (2, 64, 256, H.H2Config(16, 1, 2)),  # 2 slices of one K block, 4 chunks
+        (3, 96, 1024, H.H2Config(32, 4, 1, prefetch=False)),
+        (4, 48, 512, H.H2Config(16, 2, 8)),
+    ],
+)
+def test_interpreted_h2_matches_reference(scheme, m, n, k, cfg):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    y = H.launch(x, p, cfg)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert rel_err(y, x.float() @ deq.T) < 6e-3
+
+
+@interp
+def test_interpreted_h2_large_and_tiny_x():
+    """x with a huge and a tiny scale: the per-slice power-of-two scaling keeps both exact."""
+    g = torch.Generator().manual_seed(7)
+    p, deq = packed_and_ref(torch.randn(32, 512, generator=g), "q6_g64")
+    for scale in (3e4, 1e-6):
+        x = (torch.randn(1, 512, generator=g) * scale).to(torch.bfloat16)
+        assert rel_err(H.launch(x, p, H.H2Config(32, 2, 1)), x.float() @ deq.T) < 6e-3
+
+
+@interp
+def test_interpreted_h2_reproducible_and_counters_reset():
+    g = torch.Generator().manual_seed(3)
+    p, deq = packed_and_ref(torch.randn(64, 1024, generator=g), "q4_g64")
+    x = torch.randn(2, 1024, generator=g).to(torch.bfloat16)
+    cfg = H.H2Config(16, 1, 4)
+    a, b = H.launch(x, p, cfg), H.launch(x, p, cfg)
+    assert torch.equal(a, b)
+    assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+    assert rel_err(a, x.float() @ deq.T) < 6e-3
+
+
+def test_h2_rejects_what_it_cannot_do():
+    g = torch.Generator().manual_seed(1)
+    p, _ = packed_and_ref(torch.randn(16, 384, generator=g), "q4_g64")
+    with pytest.raises(ValueError, match="K % 512"):
+        H.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, H.H2Config(32, 4, 4))
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        H.launch(torch.zeros(5, 384, dtype=torch.bfloat16), p, H.H2Config(32, 1, 4))
+
+
+def test_dispatch_takes_h2_at_one_row():
+    assert isinstance(K.pick_gemv(4, 1, 34816, 5120, 132), H.H2Config)
+    assert isinstance(K.pick_gemv(8, 1, 8192, 2048, 132), H.H2Config)
+    assert not isinstance(K.pick_gemv(16, 1, 34816, 5120, 132), H.H2Config)  # NVFP4: not this kernel
+    # K not a multiple of 256: the CUDA-core GEMV's rules
+    assert not isinstance(K.pick_gemv(5, 1, 100, 200, 132), H.H2Config)
+    assert H.grid_of(prepare_int(F.quantize(torch.randn(256, 1024), "q4_g64")), H.H2Config(32, 2, 4))[1] == 4
+
+
+# --- the GPU ------------------------------------------------------------------------------------
+
+SHAPES = [(34816, 5120), (17408, 5120), (5120, 17408), (16384, 5120), (5120, 6144), (1024, 5120), (8192, 2048),
+          (2048, 4096), (512, 2048), (1024, 2048), (2048, 512)]
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_gpu_h2_every_shape_class(scheme):
+    torch.manual_seed(0)
+    for n, k in SHAPES:
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        for cfg in (H.default_config(p.fmt, n, k), H.H2Config(16, 2, 8), H.H2Config(64, 1, 2, 8)):
+            if cfg is None or not H.supports(p, cfg):
+                continue
+            K.Workspace.get(p.device).reserve(*H.workspace_need(p, cfg))
+            for m in (1, 2, 3, 4):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                err = rel_err(H.launch(x, p, cfg), x.float() @ deq.T)
+                assert err < 6e-3, (scheme, n, k, m, cfg, err)
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_h2_graph_replay_and_bit_equal_repeats():
+    torch.manual_seed(1)
+    p, deq = packed_and_ref(torch.randn(5120, 17408, device="cuda", dtype=torch.bfloat16), "q5_g64")
+    cfg = H.default_config(p.fmt, p.n, p.k)
+    K.Workspace.get(p.device).reserve(*H.workspace_need(p, cfg))
+    x = torch.randn(1, 17408, device="cuda", dtype=torch.bfloat16)
+    first = H.launch(x, p, cfg)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = H.launch(x, p, cfg)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, first)
+    assert rel_err(first, x.float() @ deq.T) < 6e-3
