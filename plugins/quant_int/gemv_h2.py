@@ -69,6 +69,8 @@ def _word_asm(fmt: int, j: int) -> list[str]:
             "sub.f16x2 pa, pa, kb;",
             "sub.f16x2 pc, pc, kb;",
         ]
+    if fmt == 5:
+        return _word_asm_q5(j)
     out = [f"shr.b32 w8, {w}, 8;"]
     if fmt == 4:
         out += [
@@ -102,24 +104,70 @@ def _word_asm(fmt: int, j: int) -> list[str]:
                 f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;",
                 f"lop3.b32 {reg}, hb, {hmask}, t1, 0x6a;",
             ]
-    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, ka;", "sub.f16x2 pd, pd, kb;"]
+    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
 
 
-# the f16x2 constants each format's decode subtracts: (lanes of pa/pc, lanes of pb/pd)
-_SUB = {4: ("0x64086408", "0x64806480"), 5: ("0x64106410", "0x65006500"), 6: ("0x64206420", "0x66006600"),
-        8: ("0x64806480", "0x64806480")}
+def _q5_run_prologue() -> list[str]:
+    """q5, once a run: sa / sb = the run's 16 low- / high-group bits h (element 4j + i of the run
+    on bit 4j + i), OR'd with themselves 14 places up. Then for word j, sa >> (4j - 4) holds
+    element 4j on bit 4, 4j + 1 on bit 5, 4j + 2 on bit 20 and 4j + 3 on bit 21: the lanes of the
+    pairs (0, 2) and (1, 3); sb >> (4j - 8) the same on bits 8, 9, 24, 25. (Bits 14 and 15, where
+    the two copies overlap, are never read.)"""
+    out = []
+    for src, dst in (("%HL", "sa"), ("%HH", "sb")):
+        out += [f"shr.b32 {dst}, {src}, %SH;", f"and.b32 {dst}, {dst}, 0xFFFF;", f"shl.b32 t1, {dst}, 14;",
+                f"or.b32 {dst}, {dst}, t1;"]
+    return out
+
+
+def _shift(dst: str, src: str, right: int) -> str:
+    if right == 0:
+        return f"mov.b32 {dst}, {src};"
+    return f"shr.b32 {dst}, {src}, {right};" if right > 0 else f"shl.b32 {dst}, {src}, {-right};"
+
+
+def _word_asm_q5(j: int) -> list[str]:
+    """q5, word j of a run: nibbles from the word (pa: low nibbles of bytes 0, 2 on bits 0-3; pb:
+    their high nibbles in place, x16) and from the word >> 7 (pc: low nibbles of bytes 1, 3 on
+    bits 1-4, x2; pd: their high nibbles on bits 5-8, x32); each pair's fifth bit sits right
+    above its nibble (flipped: u ^ 16 = code + 16), so a lane reads 1024 + k (code + 16) for
+    k = 1, 16, 2, 32; x's pairs carry 1/k."""
+    w = f"%W{j}"
+    out = [f"shr.b32 w8, {w}, 7;", _shift("ul", "sa", 4 * j - 4), _shift("uh", "sb", 4 * j - 8)]
+    for reg, src, u, nmask, mag, hmask in (
+        ("pa", w, "ul", "0x000F000F", "0x64106410", "0x00100010"),
+        ("pc", "w8", "ul", "0x001E001E", "0x64206420", "0x00200020"),
+        ("pb", w, "uh", "0x00F000F0", "0x65006500", "0x01000100"),
+        ("pd", "w8", "uh", "0x01E001E0", "0x66006600", "0x02000200"),
+    ):
+        out += [f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;", f"lop3.b32 {reg}, {u}, {hmask}, t1, 0x6a;"]
+    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
+    return out
+
+
+# the f16x2 constants each format's decode subtracts from pa, pb, pc, pd
+_SUB = {4: ("0x64086408", "0x64806480", "0x64086408", "0x64806480"),
+        5: ("0x64106410", "0x65006500", "0x64206420", "0x66006600"),
+        6: ("0x64206420", "0x66006600", "0x64206420", "0x66006600"),
+        8: ("0x64806480", "0x64806480", "0x64806480", "0x64806480")}
+# what x's pairs A, B, C, D are multiplied by (besides the power-of-two scaling), so that each
+# lane's product is code * x: 1 / (the factor the decode leaves on the code)
+X_FACTORS = {4: (1.0, 0.0625, 1.0, 0.0625), 5: (1.0, 0.0625, 0.5, 0.03125), 6: (1.0, 0.0625, 1.0, 0.0625),
+             8: (1.0, 1.0, 1.0, 1.0)}
 
 
 def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
     """The inline PTX of one run (four words) for `block_m` activation rows, and its input count
     (tensors of four registers each). Operands, in order: outputs $0..$3 (fp32: $m is row m's
     partial, zero past block_m); the four words; for q5/q6 the low- and high-group bit words
-    (already shifted to this run); the scales (q4-q6: an int32 holding the fp16 pair (group 2kb,
+    (q6: shifted to this run; q5: as loaded, with the shift to the run next); the scales (q4-q6: an int32 holding the fp16 pair (group 2kb,
     2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others)."""
     names: list[str] = [f"W{j}" for j in range(4)]
     if fmt in (5, 6):
         names += ["HL"] + ["_"] * 3 + ["HH"] + ["_"] * 3
+    if fmt == 5:
+        names += ["SH"] + ["_"] * 3
     names += ["S"] + ["_"] * 3
     parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
     for m in range(block_m):
@@ -129,13 +177,17 @@ def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
     n_inputs = len(names) // 4
     lines = [
         "{",
-        ".reg .b32 w8, pa, pb, pc, pd, ul, uh, hb, t1, ka, kb;",
+        ".reg .b32 w8, pa, pb, pc, pd, ul, uh, hb, t1, sa, sb, ka, kb, kc, kd;",
         ".reg .b32 " + ", ".join(f"al{m}, ah{m}" for m in range(block_m)) + ";",
         ".reg .b16 h0, h1;",
         ".reg .f32 f0, f1, s0, s1, lo, hi;",
         f"mov.b32 ka, {_SUB[fmt][0]};",
         f"mov.b32 kb, {_SUB[fmt][1]};",
+        f"mov.b32 kc, {_SUB[fmt][2]};",
+        f"mov.b32 kd, {_SUB[fmt][3]};",
     ]
+    if fmt == 5:
+        lines += _q5_run_prologue()
     for m in range(block_m):
         lines += [f"mov.b32 al{m}, 0;", f"mov.b32 ah{m}, 0;"]
     for j in range(4):
@@ -216,12 +268,19 @@ def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, 
     e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
     f = _pow2(e)
     inv = _pow2(-e)
-    fh = f * 0.0625  # the high-nibble codes come out times 16
     if FAST:
+        # 1 / the factor each pair's decode leaves on its codes (X_FACTORS)
+        fb = f * 0.0625
+        if FMT == 5:
+            fc = f * 0.5
+            fd = f * 0.03125
+        else:
+            fc = f
+            fd = fb
         xa = _pair(l0 * f, l2 * f, FAST)
-        xc = _pair(l1 * f, l3 * f, FAST)
-        xb = _pair(h0 * fh, h2 * fh, FAST)
-        xd = _pair(h1 * fh, h3 * fh, FAST)
+        xc = _pair(l1 * fc, l3 * fc, FAST)
+        xb = _pair(h0 * fb, h2 * fb, FAST)
+        xd = _pair(h1 * fd, h3 * fd, FAST)
         return xa, xb, xc, xd, xa, xb, xc, xd, inv
     else:
         return ((l0 * f).to(tl.float16).to(tl.float32), (l1 * f).to(tl.float16).to(tl.float32),
@@ -280,9 +339,12 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
         s = tl.load(sp)
     if FMT == 5 or FMT == 6:
         HOFF: tl.constexpr = 2 if FMT == 5 else 4  # words from a K block's low-group bits to its high
-        if FAST:
-            hl = tl.load(hp, mask=one, other=0) >> h_shift[:, None]
-            hh = tl.load(hp + HOFF, mask=one, other=0) >> h_shift[:, None]
+        if FAST and FMT == 5:  # the asm shifts once a run
+            hl = tl.load(hp, mask=one, other=0)
+            hh = tl.load(hp + HOFF, mask=one, other=0)
+        elif FAST:  # q6: no shift (one bit word a run)
+            hl = tl.load(hp, mask=one, other=0)
+            hh = tl.load(hp + HOFF, mask=one, other=0)
         else:
             hl = tl.load(hp) >> h_shift[:, None]
             hh = tl.load(hp + HOFF) >> h_shift[:, None]
@@ -401,6 +463,18 @@ def _gemv_h2_kernel(
                             _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
                 else:
                     args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                            _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                            _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            elif FMT == 5:
+                shb = tl.broadcast_to(h_shift[:, None], w.shape)
+                if BLOCK_M == 1:
+                    args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+                elif BLOCK_M == 2:
+                    args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+                else:
+                    args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
                             _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
                             _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
                             _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]

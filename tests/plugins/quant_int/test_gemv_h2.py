@@ -94,6 +94,10 @@ def run_ptx(asm: str, operands: dict[int, int]) -> dict[str, int]:
             r = src[0]
         elif op == "shr.b32":
             r = src[0] >> src[1]
+        elif op == "shl.b32":
+            r = (src[0] << src[1]) & 0xFFFFFFFF
+        elif op == "or.b32":
+            r = src[0] | src[1]
         elif op == "and.b32":
             r = src[0] & src[1]
         elif op == "xor.b32":
@@ -148,7 +152,9 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
     parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
     for trial in range(24):
         words = [int(v) for v in torch.randint(0, 1 << 32, (4,), generator=g, dtype=torch.int64)]
-        hl, hh = (int(v) for v in torch.randint(0, 1 << 32, (2,), generator=g, dtype=torch.int64))
+        hl_raw, hh_raw = (int(v) for v in torch.randint(0, 1 << 32, (2,), generator=g, dtype=torch.int64))
+        sh = 16 * (trial % 2) if fmt == 5 else 0  # q5: the run's 16 bits are the word's low or high half
+        hl, hh = hl_raw >> sh, hh_raw >> sh
         s_lo, s_hi = 0.5, 0.25
         ops: dict[int, int] = {}
         slot = 4
@@ -157,8 +163,12 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
         slot += 4
         if fmt in (5, 6):
             for j in range(4):
-                ops[slot + j], ops[slot + 4 + j] = hl, hh
+                ops[slot + j], ops[slot + 4 + j] = hl_raw, hh_raw
             slot += 8
+        if fmt == 5:
+            for j in range(4):
+                ops[slot + j] = sh
+            slot += 4
         for j in range(4):
             ops[slot + j] = _f32_bits(s_lo) if fmt == 8 else (_f16_bits(s_lo) | _f16_bits(s_hi) << 16)
         slot += 4
@@ -169,8 +179,8 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
                 for j in range(4):
                     lo_hi = 0 if part in "AC" else 1
                     e0, e1 = (0, 2) if part in "AB" else (1, 3)
-                    div = 1 if (part in "AC" or fmt == 8) else 16
-                    a, b = xs[m][lo_hi][4 * j + e0] / div, xs[m][lo_hi][4 * j + e1] / div
+                    factor = H.X_FACTORS[fmt]["ABCD".index(part)]
+                    a, b = xs[m][lo_hi][4 * j + e0] * factor, xs[m][lo_hi][4 * j + e1] * factor
                     if fmt == 8:  # q8: both groups' x are the word's own four bytes' x
                         a, b = xs[m][0][4 * j + e0], xs[m][0][4 * j + e1]
                     ops[slot + j] = _f16_bits(a) | _f16_bits(b) << 16
