@@ -38,7 +38,8 @@ def cands():
     from ninfer_plugins.quant_int.gemv_h2 import H2Config
 
     return [H2Config(32, 4, 4), H2Config(32, 8, 4), H2Config(64, 2, 4), H2Config(16, 4, 8), H2Config(32, 4, 6),
-            H2Config(64, 4, 4, 8), H2Config(32, 2, 6), H2Config(16, 8, 6), H2Config(64, 2, 6, 8)]
+            H2Config(64, 4, 4, 8), H2Config(32, 2, 6), H2Config(16, 8, 6), H2Config(64, 2, 6, 8),
+            H2Config(16, 8, 6, 4, 2), H2Config(32, 4, 4, 4, 2), H2Config(16, 4, 8, 4, 2)]
 
 
 def main() -> int:
@@ -60,7 +61,7 @@ def main() -> int:
     rows, tuned, skipped = [], {}, []
     all_cands = cands()
     if args.quick:
-        all_cands = all_cands[:3]
+        all_cands = [c for c in all_cands if (c.block_n, c.kbs, c.ctas) in ((16, 8, 6), (32, 4, 4))]
     for pair in [p for p in args.pairs.split(",") if p]:
         scheme, name = pair.split(":", 1)
         if time.time() - T0 > args.budget_s:

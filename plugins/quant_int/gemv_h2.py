@@ -354,6 +354,93 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
     return w, hl, hh, s
 
 
+@triton.jit
+def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
+          xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
+          FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr):
+    """One trip: a tile's partial sums for every x row, stored to the workspace."""
+    if FAST:
+        sb = s
+        if FMT == 8:
+            sb = s.to(tl.float32)
+        # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
+        if FMT == 8:
+            if BLOCK_M == 1:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
+            elif BLOCK_M == 2:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
+            else:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
+                        _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
+        elif FMT == 4:
+            if BLOCK_M == 1:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+            elif BLOCK_M == 2:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+            else:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                        _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+        elif FMT == 5:
+            shb = tl.broadcast_to(h_shift[:, None], w.shape)
+            if BLOCK_M == 1:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+            elif BLOCK_M == 2:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+            else:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                        _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+        else:
+            if BLOCK_M == 1:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+            elif BLOCK_M == 2:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+            else:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                        _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+        out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
+        # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
+        part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
+    else:
+        if FMT == 8:
+            s_lo = s.to(tl.float32)
+            s_hi = s_lo
+        else:
+            s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, p00, p01, p02, p03, FMT)
+        part = tl.where(cols4 == 0, r[None, :], 0.0)
+        if BLOCK_M > 1:
+            r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, p10, p11, p12, p13, FMT)
+            part += tl.where(cols4 == 1, r[None, :], 0.0)
+        if BLOCK_M > 2:
+            r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, p20, p21, p22, p23, FMT)
+            part += tl.where(cols4 == 2, r[None, :], 0.0)
+            r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, p30, p31, p32, p33, FMT)
+            part += tl.where(cols4 == 3, r[None, :], 0.0)
+    # partials of this slice: WS[row, slice, m] (m contiguous: stored straight from the
+    # reduction's layout), x's scaling undone
+    rr = r0 + rn
+    dst = WS + (rr[None, :].to(tl.int64) * N_SLICES + pid_s) * 4 + cols4
+    keep = (rr[None, :] < row_hi) & (cols4 < BLOCK_M)
+    if FAST:
+        # stored from the reduction's own layout (a tl.store would first move the values to a
+        # coalesced layout through shared memory, two barriers a trip)
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, $3, 0;\n@p st.global.f32 [$1], $2;\nmov.b32 $0, 0;\n}",
+            "=r,l,r,r", [dst.to(tl.int64, bitcast=True), part * inv, keep.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.store(dst, part * inv, mask=keep)
+
+
 @triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
 def _gemv_h2_kernel(
     X, W, H, S, Y, WS, CNT,
@@ -407,7 +494,7 @@ def _gemv_h2_kernel(
     # under programmatic dependent launch the first tile's weights (which do not depend on the
     # previous kernel) are requested before the wait, to overlap its tail; otherwise after x's
     # preparation (loaded first, the tile stays live through it: +15-35 registers, measured slower)
-    if PREFETCH and PDL:
+    if PREFETCH != 0 and PDL:
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
     base = kb_abs * 128 + t * 4  # x index of byte 0 of each word (low group; high group +64)
@@ -417,7 +504,12 @@ def _gemv_h2_kernel(
     if BLOCK_M > 2:
         xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = _xrow_prep(X, 2, stride_xm, M, base, FMT, HEAD, FAST)
         xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = _xrow_prep(X, 3, stride_xm, M, base, FMT, HEAD, FAST)
-    if PREFETCH and not PDL:
+    if BLOCK_M == 1:
+        xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0
+    if BLOCK_M < 4:
+        xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
+        xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
+    if PREFETCH != 0 and not PDL:
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     cols4 = tl.arange(0, 4)[:, None]
     inv = tl.where(cols4 == 0, inv0, 0.0)
@@ -425,103 +517,46 @@ def _gemv_h2_kernel(
         inv += tl.where(cols4 == 1, inv1, 0.0)
     if BLOCK_M > 2:
         inv += tl.where(cols4 == 2, inv2, 0.0) + tl.where(cols4 == 3, inv3, 0.0)
-    for r0 in range(row_lo, row_hi, BLOCK_N):
-        if PREFETCH:
-            w = w_n
-            hl = hl_n
-            hh = hh_n
-            s = s_n
-            # the next trip's tile, or this one again after the last trip (stays in bounds)
-            step = tl.where(r0 + BLOCK_N <= last, BLOCK_N, 0).to(tl.int64)
-            wp += step * stride_wn
-            sp += step * stride_sn
-            hp += step * stride_hn
+    if PREFETCH == 2:
+        # two tiles a trip, ping-pong: the next tile loads into the registers the last one freed
+        # (no copies); an odd trip count computes and stores the last tile twice (same values)
+        for r0 in range(row_lo, row_hi, 2 * BLOCK_N):
+            r1 = tl.minimum(r0 + BLOCK_N, last)
+            d1 = (r1 - r0).to(tl.int64)
+            w_b, hl_b, hh_b, s_b = _load_tile(wp + d1 * stride_wn, sp + d1 * stride_sn, hp + d1 * stride_hn,
+                                              h_shift, lead, FMT, FAST)
+            _trip(w_n, hl_n, hh_n, s_n, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
+                  xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
+                  FMT, BLOCK_M, ASM, CONSTR, FAST)
+            d2 = (tl.minimum(r0 + 2 * BLOCK_N, last) - r0).to(tl.int64)
+            wp += d2 * stride_wn
+            sp += d2 * stride_sn
+            hp += d2 * stride_hn
             w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-        else:
-            w, hl, hh, s = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-            wp += BLOCK_N * stride_wn
-            sp += BLOCK_N * stride_sn
-            hp += BLOCK_N * stride_hn
-        if FAST:
-            sb = s
-            if FMT == 8:
-                sb = s.to(tl.float32)
-            # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
-            if FMT == 8:
-                if BLOCK_M == 1:
-                    args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
-                elif BLOCK_M == 2:
-                    args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
-                else:
-                    args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
-                            _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
-            elif FMT == 4:
-                if BLOCK_M == 1:
-                    args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-                elif BLOCK_M == 2:
-                    args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-                else:
-                    args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                            _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                            _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
-            elif FMT == 5:
-                shb = tl.broadcast_to(h_shift[:, None], w.shape)
-                if BLOCK_M == 1:
-                    args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-                elif BLOCK_M == 2:
-                    args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-                else:
-                    args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                            _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                            _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            _trip(w_b, hl_b, hh_b, s_b, r1, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
+                  xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
+                  FMT, BLOCK_M, ASM, CONSTR, FAST)
+    else:
+        for r0 in range(row_lo, row_hi, BLOCK_N):
+            if PREFETCH == 1:
+                w = w_n
+                hl = hl_n
+                hh = hh_n
+                s = s_n
+                # the next trip's tile, or this one again after the last trip (stays in bounds)
+                step = tl.where(r0 + BLOCK_N <= last, BLOCK_N, 0).to(tl.int64)
+                wp += step * stride_wn
+                sp += step * stride_sn
+                hp += step * stride_hn
+                w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
             else:
-                if BLOCK_M == 1:
-                    args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-                elif BLOCK_M == 2:
-                    args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-                else:
-                    args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                            _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                            _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                            _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
-            out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
-            # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
-            part = tl.sum(tl.reshape(out, (C // 4, 4, BLOCK_N)), 0)
-        else:
-            if FMT == 8:
-                s_lo = s.to(tl.float32)
-                s_hi = s_lo
-            else:
-                s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, p00, p01, p02, p03, FMT)
-            part = tl.where(cols4 == 0, r[None, :], 0.0)
-            if BLOCK_M > 1:
-                r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, p10, p11, p12, p13, FMT)
-                part += tl.where(cols4 == 1, r[None, :], 0.0)
-            if BLOCK_M > 2:
-                r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, p20, p21, p22, p23, FMT)
-                part += tl.where(cols4 == 2, r[None, :], 0.0)
-                r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, p30, p31, p32, p33, FMT)
-                part += tl.where(cols4 == 3, r[None, :], 0.0)
-        # partials of this slice: WS[row, slice, m] (m contiguous: stored straight from the
-        # reduction's layout), x's scaling undone
-        rr = r0 + rn
-        dst = WS + (rr[None, :].to(tl.int64) * N_SLICES + pid_s) * 4 + cols4
-        keep = (rr[None, :] < row_hi) & (cols4 < BLOCK_M)
-        if FAST:
-            # stored from the reduction's own layout (a tl.store would first move the values to a
-            # coalesced layout through shared memory, two barriers a trip)
-            tl.inline_asm_elementwise(
-                "{\n.reg .pred p;\nsetp.ne.b32 p, $3, 0;\n@p st.global.f32 [$1], $2;\nmov.b32 $0, 0;\n}",
-                "=r,l,r,r", [dst.to(tl.int64, bitcast=True), part * inv, keep.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.store(dst, part * inv, mask=keep)
+                w, hl, hh, s = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+                wp += BLOCK_N * stride_wn
+                sp += BLOCK_N * stride_sn
+                hp += BLOCK_N * stride_hn
+            _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
+                  xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
+                  FMT, BLOCK_M, ASM, CONSTR, FAST)
     # the last slice of this row chunk to arrive sums all slices, in slice order
     tl.debug_barrier()
     arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
@@ -543,10 +578,10 @@ class H2Config:
     kbs: int = 4  # K blocks of 128 per slice
     ctas: int = 4  # target CTAs per SM (sets the row chunk)
     num_warps: int = 4
-    prefetch: bool = True
+    prefetch: int = 1  # 0: load then compute; 1: the next tile loads during this one's math; 2: the same, two tiles a trip (ping-pong, no register copies)
 
     def describe(self) -> str:
-        return f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}{' pf' if self.prefetch else ''}"
+        return f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
 
 
 _ASM: dict[tuple[int, int], tuple[str, str]] = {}
@@ -634,7 +669,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         ASM=asm,
         CONSTR=constr,
         FAST=fast,
-        PREFETCH=cfg.prefetch,
+        PREFETCH=int(cfg.prefetch),
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -219,6 +219,8 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
         (2, 64, 256, H.H2Config(16, 1, 2)),  # 2 slices of one K block, 4 chunks
         (3, 96, 1024, H.H2Config(32, 4, 1, prefetch=False)),
         (4, 48, 512, H.H2Config(16, 2, 8)),
+        (1, 80, 512, H.H2Config(16, 2, 2, prefetch=2)),  # ping-pong, odd trip count
+        (3, 64, 512, H.H2Config(16, 2, 1, prefetch=2)),  # ping-pong, even trip count
     ],
 )
 def test_interpreted_h2_matches_reference(scheme, m, n, k, cfg):
