@@ -39,7 +39,8 @@ def cands():
 
     return [H2Config(32, 4, 4), H2Config(32, 8, 4), H2Config(64, 2, 4), H2Config(16, 4, 8), H2Config(32, 4, 6),
             H2Config(64, 4, 4, 8), H2Config(32, 2, 6), H2Config(16, 8, 6), H2Config(64, 2, 6, 8),
-            H2Config(16, 8, 6, 4, 2), H2Config(32, 4, 4, 4, 2), H2Config(16, 4, 8, 4, 2)]
+            H2Config(16, 8, 6, 4, 2), H2Config(32, 4, 4, 4, 2), H2Config(16, 4, 8, 4, 2),
+            H2Config(16, 8, 6, 4, 1, True), H2Config(16, 4, 8, 4, 1, True)]
 
 
 def main() -> int:

@@ -457,6 +457,7 @@ def _gemv_h2_kernel(
     CONSTR: tl.constexpr,
     FAST: tl.constexpr,
     PREFETCH: tl.constexpr,
+    EARLY: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
@@ -491,10 +492,11 @@ def _gemv_h2_kernel(
     wp = W + r0r * stride_wn + w_cols[:, None]
     sp = S + r0r * stride_sn + g_cols[:, None]
     hp = H + r0r * stride_hn + h_cols[:, None]
-    # under programmatic dependent launch the first tile's weights (which do not depend on the
-    # previous kernel) are requested before the wait, to overlap its tail; otherwise after x's
-    # preparation (loaded first, the tile stays live through it: +15-35 registers, measured slower)
-    if PREFETCH != 0 and PDL:
+    # EARLY (and always under programmatic dependent launch, where it overlaps the previous
+    # kernel's tail): the first tile's weights, which do not depend on the previous kernel, are
+    # requested before x is read and prepared; otherwise after (loaded first, the tile stays live
+    # through x's preparation: +15-35 registers, slower on the big matrices, measured)
+    if PREFETCH != 0 and (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
     base = kb_abs * 128 + t * 4  # x index of byte 0 of each word (low group; high group +64)
@@ -509,7 +511,7 @@ def _gemv_h2_kernel(
     if BLOCK_M < 4:
         xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
         xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
-    if PREFETCH != 0 and not PDL:
+    if PREFETCH != 0 and not (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     cols4 = tl.arange(0, 4)[:, None]
     inv = tl.where(cols4 == 0, inv0, 0.0)
@@ -579,9 +581,11 @@ class H2Config:
     ctas: int = 4  # target CTAs per SM (sets the row chunk)
     num_warps: int = 4
     prefetch: int = 1  # 0: load then compute; 1: the next tile loads during this one's math; 2: the same, two tiles a trip (ping-pong, no register copies)
+    early: bool = False  # the first tile requested before x is prepared (small matrices)
 
     def describe(self) -> str:
-        return f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
+        return (f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
+                + (" early" if self.early else ""))
 
 
 _ASM: dict[tuple[int, int], tuple[str, str]] = {}
@@ -670,6 +674,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         CONSTR=constr,
         FAST=fast,
         PREFETCH=int(cfg.prefetch),
+        EARLY=bool(cfg.early),
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

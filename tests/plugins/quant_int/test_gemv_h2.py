@@ -221,6 +221,7 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
         (4, 48, 512, H.H2Config(16, 2, 8)),
         (1, 80, 512, H.H2Config(16, 2, 2, prefetch=2)),  # ping-pong, odd trip count
         (3, 64, 512, H.H2Config(16, 2, 1, prefetch=2)),  # ping-pong, even trip count
+        (2, 48, 256, H.H2Config(16, 1, 2, early=True)),
     ],
 )
 def test_interpreted_h2_matches_reference(scheme, m, n, k, cfg):
