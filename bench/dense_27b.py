@@ -35,6 +35,8 @@ RUNS = {
     "int4_131k_int8kv": "--quant int4 --kv-dtype int8 --prompt-len 512 --context-len 131072 --gen-len 64",
     # issue 6's bar: one round (3 drafts + verify of 4) against a plain step, measured in one process
     "int4_8k_mtp3": "--quant int4 --prompt-len 8192 --gen-len 64 --spec mtp --draft-tokens 3",
+    # the same drafting with the shortlist head (the corpus-frequency stand-in without a convert)
+    "int4_8k_mtp3_short": "--quant int4 --prompt-len 8192 --gen-len 64 --spec mtp --draft-tokens 3 --lm-head-draft",
     "nvfp4_8k": "--quant nvfp4 --prompt-len 8192 --gen-len 64",
     "bf16_8k": "--quant bf16 --prompt-len 8192 --gen-len 48 --compare-transformers --compare-gen-len 6",
 }
