@@ -609,7 +609,11 @@ def supports(p: QK.Prepared, cfg: H2Config) -> bool:
 
 
 def _fits(fmt: int, k: int, cfg: H2Config) -> bool:
-    return fmt in FORMATS and k % (128 * cfg.kbs) == 0 and QK.ROW_PAD % cfg.block_n == 0
+    # a tile of fewer than 4 words a thread would be laid out 2 a thread, and the asm's pack of 4
+    # would be padded with undefined registers (Triton pads silently): wrong results on the GPU
+    words = cfg.kbs * WORDS[fmt] * cfg.block_n if fmt in WORDS else 0
+    return (fmt in FORMATS and k % (128 * cfg.kbs) == 0 and QK.ROW_PAD % cfg.block_n == 0
+            and words >= 4 * 32 * cfg.num_warps)
 
 
 def default_config(fmt: int, n: int, k: int) -> H2Config | None:
@@ -641,7 +645,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     if m > MAX_M:
         raise ValueError(f"the f16x2 GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
-        raise ValueError(f"the f16x2 GEMV needs q4/q5/q6/q8 and K % {128 * cfg.kbs} == 0 (format {p.fmt}, K={p.k})")
+        raise ValueError(f"the f16x2 GEMV needs q4/q5/q6/q8, K % {128 * cfg.kbs} == 0 and at least four words a "
+                         f"thread a trip (format {p.fmt}, K={p.k}, {cfg.describe()})")
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y

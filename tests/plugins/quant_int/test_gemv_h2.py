@@ -143,7 +143,7 @@ def _code(u: int, bits: int) -> int:
 
 
 @pytest.mark.parametrize("fmt", [4, 5, 6, 8])
-@pytest.mark.parametrize("block_m", [1, 2])
+@pytest.mark.parametrize("block_m", [1, 2, 4])
 def test_ptx_decode_and_dot_exact(fmt, block_m):
     """Random words, bit words and small-integer x: the asm's fp32 outputs equal the exact sums
     of code * x * scale (every product and partial sum is an integer that fp16 holds exactly)."""
@@ -215,13 +215,16 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
 @pytest.mark.parametrize(
     "m,n,k,cfg",
     [
-        (1, 70, 512, H.H2Config(32, 2, 1)),  # row tail, 2 slices, several chunks
-        (2, 64, 256, H.H2Config(16, 1, 2)),  # 2 slices of one K block, 4 chunks
+        (1, 70, 512, H.H2Config(32, 2, 1)),  # row tail, 2 slices, one chunk of 3 trips
+        (2, 64, 256, H.H2Config(32, 1, 2)),  # 2 slices of one K block
         (3, 96, 1024, H.H2Config(32, 4, 1, prefetch=False)),
         (4, 48, 512, H.H2Config(16, 2, 8)),
         (1, 80, 512, H.H2Config(16, 2, 2, prefetch=2)),  # ping-pong, odd trip count
         (3, 64, 512, H.H2Config(16, 2, 1, prefetch=2)),  # ping-pong, even trip count
-        (2, 48, 256, H.H2Config(16, 1, 2, early=True)),
+        (2, 48, 256, H.H2Config(32, 1, 2, early=True)),
+        # 3 chunks of 2, 2 and 1 trips (the CPU counts one SM): per-chunk ends and tails
+        (1, 80, 512, H.H2Config(16, 2, 6)),
+        (4, 80, 512, H.H2Config(16, 2, 6, prefetch=2)),
     ],
 )
 def test_interpreted_h2_matches_reference(scheme, m, n, k, cfg):
@@ -244,15 +247,15 @@ def test_interpreted_h2_large_and_tiny_x():
 
 
 @interp
-def test_interpreted_h2_reproducible_and_counters_reset():
+def test_interpreted_h2_counters_reset():
     g = torch.Generator().manual_seed(3)
     p, deq = packed_and_ref(torch.randn(64, 1024, generator=g), "q4_g64")
     x = torch.randn(2, 1024, generator=g).to(torch.bfloat16)
-    cfg = H.H2Config(16, 1, 4)
-    a, b = H.launch(x, p, cfg), H.launch(x, p, cfg)
-    assert torch.equal(a, b)
-    assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
-    assert rel_err(a, x.float() @ deq.T) < 6e-3
+    cfg = H.H2Config(32, 1, 4)
+    for _ in range(2):  # the second launch relies on the first having reset its counters
+        a = H.launch(x, p, cfg)
+        assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+        assert rel_err(a, x.float() @ deq.T) < 6e-3
 
 
 def test_h2_rejects_what_it_cannot_do():
@@ -270,7 +273,28 @@ def test_dispatch_takes_h2_at_one_row():
     assert not isinstance(K.pick_gemv(16, 1, 34816, 5120, 132), H.H2Config)  # NVFP4: not this kernel
     # K not a multiple of 256: the CUDA-core GEMV's rules
     assert not isinstance(K.pick_gemv(5, 1, 100, 200, 132), H.H2Config)
-    assert H.grid_of(prepare_int(F.quantize(torch.randn(256, 1024), "q4_g64")), H.H2Config(32, 2, 4))[1] == 4
+    # M = 2..4: only the measured wins ('m4' entries); () means the kernel dispatched before it
+    assert isinstance(K.pick_gemv(5, 4, 5120, 17408, 132), H.H2Config)
+    assert not isinstance(K.pick_gemv(4, 4, 34816, 5120, 132), H.H2Config)
+
+
+def test_dispatch_switch_off(monkeypatch):
+    monkeypatch.setenv("NINFER_H2", "0")
+    assert not isinstance(K.pick_gemv(4, 1, 34816, 5120, 132), H.H2Config)
+    assert not isinstance(K.pick_gemv(5, 4, 5120, 17408, 132), H.H2Config)
+
+
+def test_configs_with_fewer_than_four_words_a_thread_are_refused():
+    """Triton would lay such a tile out two words a thread and pad the asm's pack of four with
+    undefined registers: wrong on the GPU, so neither the tables nor a caller may use one."""
+    p = prepare_int(F.quantize(torch.randn(64, 512), "q4_g64"))
+    assert not H.supports(p, H.H2Config(16, 1, 2))  # 16 words x 16 rows < 4 x 128 threads
+    assert H.supports(p, H.H2Config(32, 1, 2))
+    from ninfer_plugins.quant_int.tuned import TUNED_H2
+
+    for (fmt, n, k, _), cfg in TUNED_H2.items():
+        if cfg:
+            assert H._fits(fmt, k, H.H2Config(*cfg)), (fmt, n, k, cfg)
 
 
 # --- the GPU ------------------------------------------------------------------------------------
@@ -313,3 +337,29 @@ def test_gpu_h2_graph_replay_and_bit_equal_repeats():
         torch.cuda.synchronize()
         assert torch.equal(y, first)
     assert rel_err(first, x.float() @ deq.T) < 6e-3
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_dispatched_configs_in_a_graph():
+    """Every shape of tuned.TUNED_H2 through kernels.launch as the engine calls it: workspace
+    reserved at load (a fresh one), then M = 1..4 captured in a CUDA graph against the fp32
+    reference."""
+    from ninfer_plugins.quant_int.tuned import TUNED_H2
+
+    torch.manual_seed(2)
+    names = {4: "q4_g64", 5: "q5_g64", 6: "q6_g64", 8: "q8_g32"}
+    K.Workspace._by_device.pop(torch.device("cuda", torch.cuda.current_device()), None)
+    for fmt, n, k in sorted({(f, n, k) for (f, n, k, _), c in TUNED_H2.items() if c}):
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), names[fmt])
+        K.reserve_workspace(p)
+        for m in (1, 2, 3, 4):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            K.launch(x, p)  # compile outside the capture
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = K.launch(x, p)
+            g.replay()
+            torch.cuda.synchronize()
+            assert rel_err(y, x.float() @ deq.T) < 6e-3, (fmt, n, k, m)
+        del p, deq
