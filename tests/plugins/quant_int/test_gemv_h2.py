@@ -1,9 +1,9 @@
 """The f16x2 GEMV (quant_int/gemv_h2.py) against dequantize-then-matmul in fp32.
 
-CPU (CI): the PTX of every format's decode + dot run in a small emulator over random words with
-exact integer arithmetic (every bit trick checked against the formats' own code rules); the
-interpreted kernel at tiny sizes (row tails, several chunks and slices, M = 1..4); split-K
-reproducibility and counter reset; the dispatch rules.
+CPU (CI): the PTX of every format's decode + dot run in test_ptx_decode's emulator over random
+words with exact integer arithmetic (every bit trick checked against the formats' own code rules);
+the interpreted kernel at tiny sizes (row tails, several chunks and slices, M = 1..4); the split-K
+counters' reset; the dispatch rules.
 GPU (`-m gpu`): every registered 27B/35B shape class at M = 1..4, CUDA-graph replay, bit-equal
 repeats.
 """
@@ -11,7 +11,6 @@ repeats.
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from ninfer_plugins.quant_int import formats as F  # noqa: E402
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
 from ninfer_plugins.quant_int.linear import prepare_int  # noqa: E402
+from test_ptx_decode import f16_bits, f32_bits, f32_value, run_ptx  # noqa: E402  (same folder: pytest puts it on sys.path)
 
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32"]
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
@@ -40,103 +40,7 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-# --- the PTX, emulated ------------------------------------------------------------------------
-
-def _f16(bits: int) -> float:
-    return float(torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16).double())
-
-
-def _f16_bits(v: float) -> int:
-    return int(torch.tensor([v], dtype=torch.float64).to(torch.float16).view(torch.int16).to(torch.int32)) & 0xFFFF
-
-
-def _f32(bits: int) -> float:
-    return float(torch.tensor([bits & 0xFFFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32).double())
-
-
-def _f32_bits(v: float) -> int:
-    return int(torch.tensor([v], dtype=torch.float64).to(torch.float32).view(torch.int32).to(torch.int64)) & 0xFFFFFFFF
-
-
-def _h2(fn, a: int, b: int, c: int | None = None) -> int:
-    out = 0
-    for h in range(2):
-        args = [_f16(v >> (16 * h)) for v in ((a, b) if c is None else (a, b, c))]
-        out |= _f16_bits(fn(*args)) << (16 * h)
-    return out
-
-
-def run_ptx(asm: str, operands: dict[int, int]) -> dict[str, int]:
-    """Straight-line PTX over 32-bit registers (the instructions gemv_h2's strings use)."""
-    regs: dict[str, int] = {f"${i}": v & 0xFFFFFFFF for i, v in operands.items()}
-
-    def val(tok: str) -> int:
-        tok = tok.strip()
-        if tok in regs:
-            return regs[tok]
-        if tok.startswith("0f"):
-            return int(tok[2:], 16)
-        return int(tok, 0) & 0xFFFFFFFF
-
-    for line in asm.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
-            continue
-        m = re.fullmatch(r"mov\.b32 \{(\w+), (\w+)\}, (\S+)", line)
-        if m:  # split into halves
-            v = val(m.group(3))
-            regs[m.group(1)], regs[m.group(2)] = v & 0xFFFF, v >> 16
-            continue
-        op, rest = line.split(None, 1)
-        args = [a.strip() for a in rest.split(",")]
-        d, src = args[0], [val(a) for a in args[1:]]
-        if op == "mov.b32":
-            r = src[0]
-        elif op == "shr.b32":
-            r = src[0] >> src[1]
-        elif op == "shl.b32":
-            r = (src[0] << src[1]) & 0xFFFFFFFF
-        elif op == "or.b32":
-            r = src[0] | src[1]
-        elif op == "and.b32":
-            r = src[0] & src[1]
-        elif op == "xor.b32":
-            r = src[0] ^ src[1]
-        elif op == "mul.lo.u32":
-            r = (src[0] * src[1]) & 0xFFFFFFFF
-        elif op == "lop3.b32":
-            a, b, c, lut = src
-            r = 0
-            for bit in range(32):
-                idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
-                r |= ((lut >> idx) & 1) << bit
-        elif op == "prmt.b32":
-            a, b, c = src
-            pool = a | (b << 32)
-            r = 0
-            for i in range(4):
-                sel = (c >> (4 * i)) & 0xF
-                byte = (pool >> (8 * (sel & 7))) & 0xFF
-                if sel & 8:
-                    byte = 0xFF if byte & 0x80 else 0
-                r |= byte << (8 * i)
-        elif op == "sub.f16x2":
-            r = _h2(lambda x, y: x - y, *src)
-        elif op == "fma.rn.f16x2":
-            r = _h2(lambda x, y, z: x * y + z, *src)
-        elif op == "cvt.f32.f16":
-            r = _f32_bits(_f16(src[0]))
-        elif op == "add.f32":
-            r = _f32_bits(_f32(src[0]) + _f32(src[1]))
-        elif op == "mul.f32":
-            r = _f32_bits(_f32(src[0]) * _f32(src[1]))
-        elif op == "fma.rn.f32":
-            r = _f32_bits(_f32(src[0]) * _f32(src[1]) + _f32(src[2]))
-        else:
-            raise AssertionError(f"the emulator lacks {op}")
-        regs[d] = r
-    return regs
-
+# --- the PTX, emulated (test_ptx_decode.run_ptx) ------------------------------------------------
 
 def _code(u: int, bits: int) -> int:
     return u - (1 << bits) if u >> (bits - 1) else u
@@ -170,7 +74,7 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
                 ops[slot + j] = sh
             slot += 4
         for j in range(4):
-            ops[slot + j] = _f32_bits(s_lo) if fmt == 8 else (_f16_bits(s_lo) | _f16_bits(s_hi) << 16)
+            ops[slot + j] = f32_bits(s_lo) if fmt == 8 else (f16_bits(s_lo) | f16_bits(s_hi) << 16)
         slot += 4
         # x: element e of word j's low group and high group, small integers
         xs = torch.randint(-3, 4, (block_m, 2, 16), generator=g).tolist()
@@ -183,12 +87,12 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
                     a, b = xs[m][lo_hi][4 * j + e0] * factor, xs[m][lo_hi][4 * j + e1] * factor
                     if fmt == 8:  # q8: both groups' x are the word's own four bytes' x
                         a, b = xs[m][0][4 * j + e0], xs[m][0][4 * j + e1]
-                    ops[slot + j] = _f16_bits(a) | _f16_bits(b) << 16
+                    ops[slot + j] = f16_bits(a) | f16_bits(b) << 16
                 slot += 4
         assert slot == 4 + 4 * n_in
         regs = run_ptx(asm, ops)
         for m in range(4):
-            got = _f32(regs[f"${m}"])
+            got = f32_value(regs[f"${m}"])
             if m >= block_m:
                 assert got == 0.0
                 continue

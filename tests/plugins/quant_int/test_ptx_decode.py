@@ -19,8 +19,33 @@ def bf16_bits(v: float) -> int:
     return int(torch.tensor([v], dtype=torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int32)) & 0xFFFF
 
 
+def f16_value(bits: int) -> float:
+    return float(torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16).double())
+
+
+def f16_bits(v: float) -> int:
+    return int(torch.tensor([v], dtype=torch.float64).to(torch.float16).view(torch.int16).to(torch.int32)) & 0xFFFF
+
+
+def f32_value(bits: int) -> float:
+    return float(torch.tensor([bits & 0xFFFFFFFF], dtype=torch.int64).to(torch.int32).view(torch.float32).double())
+
+
+def f32_bits(v: float) -> int:
+    return int(torch.tensor([v], dtype=torch.float64).to(torch.float32).view(torch.int32).to(torch.int64)) & 0xFFFFFFFF
+
+
+def _f16x2(fn, *src: int) -> int:
+    """An f16x2 instruction: fn over each 16-bit lane, computed exactly, rounded once to fp16."""
+    out = 0
+    for h in range(2):
+        out |= f16_bits(fn(*(f16_value(v >> (16 * h)) for v in src))) << (16 * h)
+    return out
+
+
 def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
-    """Run straight-line PTX over 32-bit registers; $N operands come from `inputs`."""
+    """Run straight-line PTX over 32-bit registers; $N operands come from `inputs` (the
+    instructions of every decode string in quant_int and quant_nvfp4)."""
     regs: dict[str, int] = {f"${i}": v & 0xFFFFFFFF for i, v in inputs.items()}
 
     def val(tok: str) -> int:
@@ -35,17 +60,28 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
         line = line.strip().rstrip(";")
         if not line or line in "{}" or line.startswith(".reg"):
             continue
+        split = re.fullmatch(r"mov\.b32 \{(\w+), (\w+)\}, (\S+)", line)
+        if split:  # a 32-bit register into its two 16-bit halves
+            v = val(split.group(3))
+            regs[split.group(1)], regs[split.group(2)] = v & 0xFFFF, v >> 16
+            continue
         op, rest = line.split(None, 1)
         args = [a.strip() for a in rest.split(",")]
         d, src = args[0], [val(a) for a in args[1:]]
         if op == "mov.b32":
             r = src[0]
-        elif op == "shr.u32":
+        elif op in ("shr.u32", "shr.b32"):
             r = src[0] >> src[1]
         elif op == "shl.b32":
             r = (src[0] << src[1]) & 0xFFFFFFFF
         elif op == "and.b32":
             r = src[0] & src[1]
+        elif op == "or.b32":
+            r = src[0] | src[1]
+        elif op == "xor.b32":
+            r = src[0] ^ src[1]
+        elif op == "mul.lo.u32":
+            r = (src[0] * src[1]) & 0xFFFFFFFF
         elif op == "lop3.b32":
             a, b, c, lut = src
             r = 0
@@ -68,6 +104,18 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
             for h in range(2):
                 x, y, z = (bf16_value(v >> (16 * h)) for v in (a, b, c))
                 r |= bf16_bits(x * y + z) << (16 * h)
+        elif op == "sub.f16x2":
+            r = _f16x2(lambda x, y: x - y, *src)
+        elif op == "fma.rn.f16x2":
+            r = _f16x2(lambda x, y, z: x * y + z, *src)
+        elif op == "cvt.f32.f16":
+            r = f32_bits(f16_value(src[0]))
+        elif op == "add.f32":
+            r = f32_bits(f32_value(src[0]) + f32_value(src[1]))
+        elif op == "mul.f32":
+            r = f32_bits(f32_value(src[0]) * f32_value(src[1]))
+        elif op == "fma.rn.f32":
+            r = f32_bits(f32_value(src[0]) * f32_value(src[1]) + f32_value(src[2]))
         elif op == "sub.f32":
             a, b = (float(torch.tensor([v], dtype=torch.int64).to(torch.int32).view(torch.float32)) for v in src)
             r = int(torch.tensor([a - b], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
