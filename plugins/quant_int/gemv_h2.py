@@ -1,6 +1,6 @@
 """Dequantize + GEMV in packed half precision (f16x2), for decode (M = 1..4 activation rows).
 
-Why: Nsight Compute on the H200 (BENCHMARKS.md, "Where the GEMV's time goes") showed gemv.py's q4
+Why: Nsight Compute on the H200 (BENCHMARKS.md, "Where the decode kernels' time goes") showed gemv.py's q4
 kernel issue-bound, not memory-bound: 0.74 instructions issued per scheduler-cycle (of 1.0), DRAM
 at 38%, about 6.6 SASS instructions per weight. At 4.25 bits a weight the H200's copy bandwidth
 leaves about 3.7 instructions a weight at full issue; this kernel spends about 2.3 (q4).
@@ -11,9 +11,9 @@ as it is):
   codes in the mantissas of an f16x2 whose exponent reads 1024 (and flips the sign bit of each
   code: u ^ 8 = code + 8), `sub.f16x2` removes 1024 + 8 exactly. A word's low nibbles (K group
   2 kb) and high nibbles (group 2 kb + 1, decoded in place as 16 x code) give four f16x2 registers.
-  q5/q6 take their extra bits from the high plane: one integer multiply spreads a word's four
-  elements' bits under the two lanes of each pair, one more `lop3` merges them. q8: `prmt` puts
-  two bytes under the exponent byte 0x64.
+  q5/q6 take their extra bits from the high plane, merged under each pair's lanes by one more
+  `lop3`: q5 from its run's bits spread once (`x | x << 14`) and shifted per word, q6 from one
+  integer multiply a pair. q8: `prmt` puts two bytes under the exponent byte 0x64.
 * Multiply-accumulate with `fma.rn.f16x2` against x pairs prepared once per CTA, chained over the
   run's four words (eight products a lane), then widened to fp32 and scaled by the fp16 group
   scales in fp32.
@@ -80,19 +80,15 @@ def _word_asm(fmt: int, j: int) -> list[str]:
             "lop3.b32 pd, w8, 0x00F000F0, 0x64806480, 0x6a;",
         ]
     else:
-        # u: this word's four elements' high bits (q5: 1 each, q6: 2 each), lo and hi group
-        if fmt == 5:
-            width, mask_ac, mask_bd, mag_ac, mag_bd = 4, "0x00100010", "0x01000100", "0x64106410", "0x65006500"
-            mul = {"a": (1 << 4) + (1 << 18), "c": (1 << 3) + (1 << 17), "b": (1 << 8) + (1 << 22), "d": (1 << 7) + (1 << 21)}
-        else:
-            width, mask_ac, mask_bd, mag_ac, mag_bd = 8, "0x00300030", "0x03000300", "0x64206420", "0x66006600"
-            mul = {"a": (1 << 4) + (1 << 16), "c": (1 << 2) + (1 << 14), "b": (1 << 8) + (1 << 20), "d": (1 << 6) + (1 << 18)}
-        fm = (1 << width) - 1
+        # q6 (q5 has its own, _word_asm_q5): u = this word's four elements' two high bits each,
+        # low and high group; one multiply puts a pair's bits under both of its lanes
+        mask_ac, mask_bd, mag_ac, mag_bd = "0x00300030", "0x03000300", "0x64206420", "0x66006600"
+        mul = {"a": (1 << 4) + (1 << 16), "c": (1 << 2) + (1 << 14), "b": (1 << 8) + (1 << 20), "d": (1 << 6) + (1 << 18)}
         if j == 0:
-            out += [f"and.b32 ul, %HL, {fm};", f"and.b32 uh, %HH, {fm};"]
+            out += ["and.b32 ul, %HL, 255;", "and.b32 uh, %HH, 255;"]
         else:
-            out += [f"shr.b32 ul, %HL, {width * j};", f"and.b32 ul, ul, {fm};",
-                    f"shr.b32 uh, %HH, {width * j};", f"and.b32 uh, uh, {fm};"]
+            out += [f"shr.b32 ul, %HL, {8 * j};", "and.b32 ul, ul, 255;",
+                    f"shr.b32 uh, %HH, {8 * j};", "and.b32 uh, uh, 255;"]
         for reg, src, u, nmask, mag, hmask in (
             ("pa", w, "ul", "0x000F000F", mag_ac, mask_ac),
             ("pb", w, "uh", "0x00F000F0", mag_bd, mask_bd),
@@ -339,10 +335,7 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
         s = tl.load(sp)
     if FMT == 5 or FMT == 6:
         HOFF: tl.constexpr = 2 if FMT == 5 else 4  # words from a K block's low-group bits to its high
-        if FAST and FMT == 5:  # the asm shifts once a run
-            hl = tl.load(hp, mask=one, other=0)
-            hh = tl.load(hp + HOFF, mask=one, other=0)
-        elif FAST:  # q6: no shift (one bit word a run)
+        if FAST:  # as loaded: q6 has one bit word a run, q5's asm shifts to its run once a run
             hl = tl.load(hp, mask=one, other=0)
             hh = tl.load(hp + HOFF, mask=one, other=0)
         else:
