@@ -80,6 +80,23 @@ def splits_for(n: int, k: int, bn: int, kb: int, sms: int) -> list[int]:
     return sorted(out)
 
 
+def rank(time_fn, m: int, cfgs, times: dict, on_error=None) -> list:
+    """Time each config at M = m (µs) into times[cfg.describe()]; the (µs, cfg) pairs, fastest
+    first. on_error(cfg, exc): a config that fails is reported and left out; None: it raises."""
+    out = []
+    for cfg in cfgs:
+        try:
+            us = time_fn(m, cfg)
+        except Exception as exc:  # noqa: BLE001 - the caller decides (on_error) whether this is fatal
+            if on_error is None:
+                raise
+            on_error(cfg, exc)
+            continue
+        times[cfg.describe()] = us
+        out.append((us, cfg))
+    return sorted(out, key=lambda t: t[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench_out")))
@@ -141,26 +158,12 @@ def main() -> int:
             try:
                 mma1 = time_cfg(1, None)
                 row["m1"]["mma"] = mma1
-                cands = []
-                for bn, kb, nw in BASE:
-                    for s in splits_for(n, k, bn, kb, sms):
-                        cfg = G.GemvConfig(bn, kb, s, nw)
-                        try:
-                            us = time_cfg(1, cfg)
-                        except Exception as exc:  # noqa: BLE001 - a config that fails to compile is skipped
-                            log(f"  {scheme} {name} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:120]}")
-                            continue
-                        row["m1"][cfg.describe()] = us
-                        cands.append((us, cfg))
-                cands.sort(key=lambda t: t[0])
+                cfgs = [G.GemvConfig(bn, kb, s, nw) for bn, kb, nw in BASE for s in splits_for(n, k, bn, kb, sms)]
+                cands = rank(time_cfg, 1, cfgs, row["m1"], lambda cfg, exc: log(
+                    f"  {scheme} {name} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:120]}"))
                 mma4 = time_cfg(4, None)
                 row["m4"]["mma"] = mma4
-                best4 = []
-                for _, cfg in cands[:3]:
-                    us = time_cfg(4, cfg)
-                    row["m4"][cfg.describe()] = us
-                    best4.append((us, cfg))
-                best4.sort(key=lambda t: t[0])
+                best4 = rank(time_cfg, 4, [cfg for _, cfg in cands[:3]], row["m4"])
                 g1, c1 = cands[0]
                 g4, c4 = best4[0] if best4 else (math.inf, None)
                 # the winner must be right before it is recorded

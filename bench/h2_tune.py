@@ -94,26 +94,11 @@ def main() -> int:
         try:
             d1 = time_it(1, None)
             row["m1"]["dispatch"] = d1
-            res = []
-            for cfg in all_cands:
-                if not H.supports(ps[0], cfg):
-                    continue
-                try:
-                    us = time_it(1, cfg)
-                except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported, not fatal
-                    print(f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                    continue
-                row["m1"][cfg.describe()] = us
-                res.append((us, cfg))
-            res.sort(key=lambda t: t[0])
+            res = GT.rank(time_it, 1, [c for c in all_cands if H.supports(ps[0], c)], row["m1"], lambda cfg, exc: print(
+                f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:200]}", flush=True))
             d4 = time_it(4, None)
             row["m4"]["dispatch"] = d4
-            res4 = []
-            for _, cfg in res[:3]:
-                us = time_it(4, cfg)
-                row["m4"][cfg.describe()] = us
-                res4.append((us, cfg))
-            res4.sort(key=lambda t: t[0])
+            res4 = GT.rank(time_it, 4, [cfg for _, cfg in res[:3]], row["m4"])
             (g1, c1), (g4, c4) = res[0], res4[0]
             for m, cfg in ((1, c1), (2, c4), (3, c4), (4, c4)):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
