@@ -284,6 +284,13 @@ class GemvConfig:
     def describe(self) -> str:
         return f"GEMV BN{self.block_n} KB{self.kb} SK{self.split_k} w{self.num_warps} s{self.num_stages}"
 
+    # the interface kernels.py dispatches through (shared with gemv_h2.H2Config)
+    def workspace(self, p: QK.Prepared) -> tuple[int, int]:
+        return workspace_need(self, p.n, p.k)
+
+    def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
+        return launch(x2, p, self, fast)
+
 
 def default_config(fmt: int, n: int, k: int, sm_count: int) -> GemvConfig:
     """Rules when no measured winner exists: 2 K blocks a trip, splits until every SM holds

@@ -580,6 +580,13 @@ class H2Config:
         return (f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
                 + (" early" if self.early else ""))
 
+    # the interface kernels.py dispatches through (shared with gemv.GemvConfig)
+    def workspace(self, p: QK.Prepared) -> tuple[int, int]:
+        return workspace_need(p, self)
+
+    def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
+        return launch(x2, p, self, fast)
+
 
 _ASM: dict[tuple[int, int], tuple[str, str]] = {}
 

@@ -533,15 +533,10 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     if p.device.type != "cuda":
         return
     ws = Workspace.get(p.device)
-    for m in (1, 2, 4):
+    for m in (1, 4):  # pick_gemv answers M = 2..4 alike
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
-            from ninfer_plugins.quant_int import gemv, gemv_h2
-
-            if isinstance(gcfg, gemv_h2.H2Config):
-                ws.reserve(*gemv_h2.workspace_need(p, gcfg))
-            else:
-                ws.reserve(*gemv.workspace_need(gcfg, p.n, p.k))
+            ws.reserve(*gcfg.workspace(p))
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)
@@ -570,11 +565,14 @@ GEMV_DEFAULT_MAX_N = 65536
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     """The decode kernel for an M <= 4 launch: an f16x2 GEMV config (gemv_h2.py), a CUDA-core
-    GEMV config (gemv.py), or None where the MMA kernel is the faster one.
+    GEMV config (gemv.py), or None where the MMA kernel is the faster one. Both config kinds
+    launch with `.run(x2, p, fast)` and size their scratch with `.workspace(p)`.
 
-    Order: a measured f16x2 winner (tuned.TUNED_H2), a measured CUDA-core winner (TUNED_GEMV),
-    then at M = 1 the f16x2 GEMV's default for q4/q5/q6/q8 (it beat everything else on every
-    27B/35B shape measured, BENCHMARKS.md "f16x2 GEMV"), else gemv.py's rules."""
+    Order (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
+    (tuned.TUNED_H2); at M = 1 with no TUNED_H2 entry, the f16x2 GEMV's default for q4/q5/q6/q8
+    (it beat everything else on every 27B/35B shape measured, BENCHMARKS.md "f16x2 GEMV"); a
+    measured CUDA-core winner (TUNED_GEMV); gemv.py's rules. A () entry in either table means
+    that kernel lost there."""
     if m > 4:
         return None
     from ninfer_plugins.quant_int import gemv, gemv_h2
@@ -603,11 +601,7 @@ def launch(x2: torch.Tensor, p: Prepared, cfg: Config | None = None, fast: bool 
     if cfg is None:
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
-            from ninfer_plugins.quant_int import gemv, gemv_h2
-
-            if isinstance(gcfg, gemv_h2.H2Config):
-                return gemv_h2.launch(x2, p, gcfg, fast)
-            return gemv.launch(x2, p, gcfg, fast)
+            return gcfg.run(x2, p, fast)
     cfg = cfg or pick_config(p.fmt, m, p.n, p.k, p.sm_count)
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
