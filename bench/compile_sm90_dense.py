@@ -69,9 +69,7 @@ def cases():
     from ninfer_plugins.quant_int import kernels as K
 
     for fmt, n, k in ((4, 34816, 5120), (5, 16384, 5120), (6, 248320, 5120), (8, 10240, 5120)):
-        p = K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
-                       scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
-                       qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
+        p = S.empty_prepared(fmt, n, k)
         K.reserve_workspace(p)
         yield f"dispatch q{fmt} {n}x{k} M=1", lambda p=p, k=k: K.launch(e(1, k, dtype=BF), p)
         yield f"dispatch q{fmt} {n}x{k} M=2", lambda p=p, k=k: K.launch(e(2, k, dtype=BF), p)

@@ -25,14 +25,6 @@ S.install()
 import torch  # noqa: E402
 
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
-from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-
-
-def prepared(fmt: int, n: int, k: int) -> K.Prepared:
-    e = torch.empty
-    return K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
-                      scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
-                      qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
 
 
 def main() -> int:
@@ -46,7 +38,7 @@ def main() -> int:
     cfgs = [H.H2Config(*(int(v) for v in c.split(":"))) for c in args.cfgs.split(",")]
     print(f"{'variant':42s} {'regs':>5s} {'local':>5s} {'loop':>5s} {'w/thr':>6s} {'ins/w':>6s}  top opcodes")
     for fmt in (int(f) for f in args.formats.split(",")):
-        p = prepared(fmt, 17408, 5120)
+        p = S.empty_prepared(fmt, 17408, 5120)
         for m in (int(x) for x in args.ms.split(",")):
             for cfg in cfgs:
                 name = f"q{fmt} M={m} {cfg.describe()}"

@@ -142,6 +142,17 @@ def analyse(name: str, kernel, weights_per_thread: int, dump: Path | None) -> St
     return Stats(name, regs, kernel.metadata.shared, local, len(body), weights_per_thread, counts)
 
 
+def empty_prepared(fmt: int, n: int, k: int):
+    """A kernels.Prepared weight of never-read tensors in the shapes of format `fmt` (a q4/q5/q6/q8
+    id), for compile-only launches."""
+    from ninfer_plugins.quant_int import kernels as K
+
+    e = torch.empty
+    return K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
+                      scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
+                      qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
+
+
 def variants(n: int, k: int):
     from ninfer_plugins.quant_int import kernels as K
     from ninfer_plugins.quant_int import skinny as SK
