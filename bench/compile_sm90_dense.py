@@ -76,6 +76,14 @@ def cases():
         cfg = GV.default_config(fmt, n, k, 132)
         yield f"gemv q{fmt} {n}x{k}", lambda p=p, cfg=cfg, k=k: GV.launch(e(1, k, dtype=BF), p, cfg)
         yield f"mma q{fmt} {n}x{k} M=4", lambda p=p, k=k: K.launch(e(4, k, dtype=BF), p)
+    from ninfer_plugins.quant_int import gemv_tc as TC
+
+    TC.COMPILE_ONLY = True
+    for fmt, n, k in ((4, 34816, 5120), (5, 5120, 17408)):
+        p = S.empty_prepared(fmt, n, k)
+        for cfg in (TC.TCConfig(), TC.TCConfig(4, 4, 1, 8), TC.TCConfig(8, 2, 4, 2)):
+            K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+            yield f"tc q{fmt} {n}x{k} {cfg.describe()}", lambda p=p, k=k, cfg=cfg: TC.launch(e(1, k, dtype=BF), p, cfg)
 
 
 def main() -> int:

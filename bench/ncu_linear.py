@@ -7,8 +7,8 @@ limiter hunt: static instruction counts did not predict speed, BENCHMARKS.md "De
         python3 bench/ncu_linear.py --scheme q5_g64 --n 17408 --k 5120 --m 1 --path gemv
 
 --path: gemv (the CUDA-core GEMV, its tuned or default config), mma (the fused MMA kernel, its
-tuned config), skinny (q4 only, quant_int/skinny.py's default), dispatch (kernels.launch as the
-engine calls it). Launches 5 times (ncu -s 3 -c 1 profiles the fourth) and checks the result
+tuned config), skinny (q4 only, quant_int/skinny.py's default), h2 (gemv_h2.py, --h2), tc
+(gemv_tc.py, --tc), dispatch (kernels.launch as the engine calls it). Launches 5 times (ncu -s 3 -c 1 profiles the fourth) and checks the result
 against dequantize-then-matmul in fp32, so a profile of a wrong kernel cannot pass unnoticed.
 """
 
@@ -26,8 +26,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=17408)
     ap.add_argument("--k", type=int, default=5120)
     ap.add_argument("--m", type=int, default=1)
-    ap.add_argument("--path", choices=("gemv", "mma", "skinny", "h2", "dispatch"), default="dispatch")
+    ap.add_argument("--path", choices=("gemv", "mma", "skinny", "h2", "tc", "dispatch"), default="dispatch")
     ap.add_argument("--h2", default="32,8,4,4", help="f16x2 GEMV config: block_n,kbs,ctas,num_warps")
+    ap.add_argument("--tc", default="4,4,4,4", help="tensor-core GEMV config: kb,stages,num_warps,ctas")
     args = ap.parse_args()
 
     from ninfer_plugins.quant_int import formats as F
@@ -68,6 +69,12 @@ def main() -> int:
         hcfg = H2.H2Config(*(int(v) for v in args.h2.split(",")))
         K.Workspace.get(x.device).reserve(*H2.workspace_need(p, hcfg))
         run, what = (lambda: H2.launch(x, p, hcfg)), hcfg.describe()
+    elif args.path == "tc":
+        from ninfer_plugins.quant_int import gemv_tc as TC
+
+        tcfg = TC.TCConfig(*(int(v) for v in args.tc.split(",")))
+        K.Workspace.get(x.device).reserve(*tcfg.workspace(p))
+        run, what = (lambda: TC.launch(x, p, tcfg)), tcfg.describe()
     else:
         K.reserve_workspace(p)
         run, what = (lambda: K.launch(x, p)), "kernels.launch"

@@ -131,6 +131,16 @@ def _word_asm_q5(j: int) -> list[str]:
     k = 1, 16, 2, 32; x's pairs carry 1/k."""
     w = f"%W{j}"
     out = [f"shr.b32 w8, {w}, 7;", _shift("ul", "sa", 4 * j - 4), _shift("uh", "sb", 4 * j - 8)]
+    out += q5_pair_lines(w)
+    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
+    return out
+
+
+def q5_pair_lines(w: str) -> list[str]:
+    """q5: the four biased f16x2 pairs of word `w` (and w8 = w >> 7) with their fifth bits from
+    ul / uh (elements 4j, 4j+1 on bits 4, 5 and 20, 21 of ul; the high group's on 8, 9, 24, 25
+    of uh); gemv_tc.py shares it."""
+    out = []
     for reg, src, u, nmask, mag, hmask in (
         ("pa", w, "ul", "0x000F000F", "0x64106410", "0x00100010"),
         ("pc", "w8", "ul", "0x001E001E", "0x64206420", "0x00200020"),
@@ -138,7 +148,6 @@ def _word_asm_q5(j: int) -> list[str]:
         ("pd", "w8", "uh", "0x01E001E0", "0x66006600", "0x02000200"),
     ):
         out += [f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;", f"lop3.b32 {reg}, {u}, {hmask}, t1, 0x6a;"]
-    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
 
 

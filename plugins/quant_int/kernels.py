@@ -533,7 +533,7 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     if p.device.type != "cuda":
         return
     ws = Workspace.get(p.device)
-    for m in (1, 4):  # pick_gemv answers M = 2..4 alike
+    for m in (1, 4, 8):  # pick_gemv answers M = 2..4 alike, and 5..8
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
             ws.reserve(*gcfg.workspace(p))
@@ -564,20 +564,28 @@ GEMV_DEFAULT_MAX_N = 65536
 
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
-    """The decode kernel for an M <= 4 launch: an f16x2 GEMV config (gemv_h2.py), a CUDA-core
-    GEMV config (gemv.py), or None where the MMA kernel is the faster one. Both config kinds
-    launch with `.run(x2, p, fast)` and size their scratch with `.workspace(p)`.
+    """The decode kernel for an M <= 8 launch: a tensor-core GEMV config (gemv_tc.py), an f16x2
+    GEMV config (gemv_h2.py), a CUDA-core GEMV config (gemv.py), or None where the MMA kernel is
+    the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch
+    with `.workspace(p)`.
 
-    Order (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
+    Order: a measured tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
+    then for M <= 4 (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
     (tuned.TUNED_H2); at M = 1 with no TUNED_H2 entry, the f16x2 GEMV's default for q4/q5/q6/q8
     (it beat everything else on every 27B/35B shape measured, BENCHMARKS.md "f16x2 GEMV"); a
     measured CUDA-core winner (TUNED_GEMV); gemv.py's rules. A () entry in either table means
     that kernel lost there."""
+    if m > 8:
+        return None
+    from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_tc
+    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_TC
+
+    if gemv_tc.enabled():
+        hit = TUNED_TC.get((fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8"))
+        if hit:
+            return gemv_tc.TCConfig(*hit)
     if m > 4:
         return None
-    from ninfer_plugins.quant_int import gemv, gemv_h2
-    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2
-
     key = (fmt, n, k, "m1" if m == 1 else "m4")
     if gemv_h2.enabled():
         hit = TUNED_H2.get(key)

@@ -344,3 +344,9 @@ TUNED_H2: dict[tuple[int, int, int, str], tuple] = {
     (8, 17408, 5120, 'm1'): (16, 4, 8, 4, True),
     (8, 17408, 5120, 'm4'): (),
 }
+
+
+# The tensor-core decode GEMV (gemv_tc.py): (fmt, n, k, "m1" | "m4" | "m8") -> TCConfig fields
+# (kb, stages, num_warps, ctas), from bench/tc_tune.py on the H200; () = it lost to the dispatch
+# there. Empty: no measured shape has it winning yet (BENCHMARKS.md "Tensor-core decode GEMV").
+TUNED_TC: dict[tuple[int, int, int, str], tuple] = {}

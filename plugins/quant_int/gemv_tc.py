@@ -1,0 +1,459 @@
+"""Tensor-core decode GEMV (Gluon): packed q4/q5 words decoded in registers straight into the
+A fragments of `mma.sync m16n8k16`, weights streamed through a cp.async ring in shared memory.
+
+Why: the f16x2 GEMV (gemv_h2.py) pays one `fma.rn.f16x2` per two weights per activation row, so
+M = 4 (the speculative verify) costs about twice M = 1, and it keeps at most one tile of weights
+in flight in registers, which Nsight Compute showed latency-bound (BENCHMARKS.md). Here:
+* the multiply-adds are tensor-core MMAs (swap-AB: the weights are A, 16 rows x 16 k; x is B,
+  16 k x 8 tokens), so any M <= 8 costs the same instructions;
+* decode is gemv_h2's fp16 magic-number decode (`lop3` + exact `sub.f16x2`) followed by one
+  `mul.f16x2` by the group scale: about 1.6 instructions a weight for q4;
+* bytes in flight do not cost registers: NS stages of the CTA's tile are copied with cp.async
+  (16 bytes a copy) while the tensor cores work on the oldest one.
+
+Layout trick (no shared-memory round trip for A): within one 128-element K block, the order of
+k inside an MMA is free as long as x uses the same relabelling. Lane (g, t) of a warp (g = lane
+/ 4, t = lane % 4) loads the 16-byte vector t of rows g and g + 8 of the block (four words, j =
+0..3). Word j decodes into four f16x2 registers pa, pc (low nibbles: elements 16t + 4j + {0, 2}
+and {1, 3}, group 2kb) and pb, pd (high nibbles, group 2kb + 1, decoded as 16 x code). Give
+element 64 grp + 16 t + 4 j + 2 half + sel the logical k = half + 2 t + 8 sel + 16 grp + 32 j
+(sel: pa/pb = 0, pc/pd = 1): then lane (g, t)'s registers are exactly its A fragments, and x is
+stored in shared memory once per CTA in the matching order (`_x_index`), so each lane's B
+fragment for a block is four 16-byte loads. The layouts are checked at compile time to meet
+with no data movement (only a register renaming): see tests/plugins/quant_int/test_gemv_tc.py.
+
+Scaling: decoded codes are multiplied by their fp16 group scale (one rounding, as a bf16
+dequantize would) and x by a power of two per token and CTA (largest |x| of the slice in
+[2^14, 2^15)), undone in fp32 at the end; the MMAs accumulate in fp32. The high-nibble values
+carry 16 x (q5: 2, 16, 32) on the weight side, divided out on x's side (exact powers of two).
+Weights whose scale times that factor could pass fp16's range are refused (`supports`).
+
+Work split as gemv_h2: a CTA owns a K slice (KB blocks) and a chunk of rows, streams the chunk
+R = 16 x num_warps rows a trip, writes fp32 partials; the last CTA of each row chunk sums the
+slices in a fixed order (bit-reproducible, CUDA-graph safe).
+
+Gluon has no interpreter: on the CPU `launch` runs `reference` (the same relabelling done in
+torch), and the kernel itself is tested on the GPU (`-m gpu`) and compiled for sm_90 in
+bench/compile_sm90_dense.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ninfer_plugins.quant_int import gemv_h2 as H2
+from ninfer_plugins.quant_int import kernels as QK
+
+try:  # Gluon ships with Triton >= 3.5; its API is experimental
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    HAVE_GLUON = True
+except Exception:  # pragma: no cover - older Triton
+    HAVE_GLUON = False
+
+MAX_M = 8
+# set by bench/compile_sm90_dense.py: launch the kernel on CPU tensors (a compile-only driver)
+COMPILE_ONLY = False
+FORMATS = (4, 5)
+# x is scaled so that its largest |value| in a CTA's slice lies in [2^XHEAD, 2^(XHEAD+1))
+XHEAD = 14
+
+
+def word_asm(fmt: int) -> tuple[str, str]:
+    """PTX decoding one packed word into 8 biased fp16 weights, bias + factor x code (gemv_h2's
+    decode without its subtraction; the bias comes off in fp32 after the MMA, `bias_of`):
+    outputs $0..$3 = pa, pc, pb, pd (element order half + 2 sel + 4 grp); inputs (8 copies
+    each, pack = 8): the word and, for q5, its ul / uh bit words (the kernel's `ul`, `uh`)."""
+    names = ["W"] + (["UL", "UH"] if fmt == 5 else [])
+    reg = {name: f"${4 + 8 * i}" for i, name in enumerate(names)}
+    lines = ["{", ".reg .b32 w8, t1, ul, uh, pa, pb, pc, pd;"]
+    if fmt == 4:
+        lines += [line.replace("%W0", "%W") for line in H2._word_asm(4, 0) if not line.startswith("sub.")]
+    else:
+        lines += ["shr.b32 w8, %W, 7;", "mov.b32 ul, %UL;", "mov.b32 uh, %UH;"]
+        lines += H2.q5_pair_lines("%W")
+    # outputs written last: an output may share a register with an input
+    lines += ["mov.b32 $0, pa;", "mov.b32 $1, pc;", "mov.b32 $2, pb;", "mov.b32 $3, pd;", "}"]
+    text = "\n".join(lines)
+    for name, r in sorted(reg.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(f"%{name}", r)
+    constr = ",".join(["=r"] * 4 + ["r"] * (8 * len(names)))
+    return text, constr
+
+
+def bias_of(fmt: int, i: int) -> float:
+    """The bias the decode leaves on register i (0..3 = pa, pb, pc, pd): the fp16 value of
+    gemv_h2's constant for it (q4: 1024 + 8, 1024 + 128; q5: 1024 + 16, 1024 + 256, ...)."""
+    bits = int(H2._SUB[fmt][i], 16) & 0xFFFF
+    return float(torch.tensor([bits], dtype=torch.int16).view(torch.float16).item())
+
+
+def x_factor(fmt: int, grp: int, sel: int) -> float:
+    """What x at (grp, sel) is multiplied by so that the decoded weight's factor cancels."""
+    return H2.X_FACTORS[fmt][grp + 2 * sel]
+
+
+def logical_to_element(k: torch.Tensor) -> torch.Tensor:
+    """Logical k (0..127, the MMA's order) -> element of the 128-wide K block it holds."""
+    half, t, sel, grp, j = k % 2, (k // 2) % 4, (k // 8) % 2, (k // 16) % 2, k // 32
+    return 64 * grp + 16 * t + 4 * j + 2 * half + sel
+
+
+# --- the kernel ------------------------------------------------------------------------------
+
+if HAVE_GLUON:
+    XHEAD_C = gl.constexpr(XHEAD)
+
+    @gluon.jit
+    def _issue(W, H, S, wsm, hsm, ssm, slot, row0, kb0, stride_wn, stride_hn, stride_sn,
+               FMT: gl.constexpr, KB: gl.constexpr, R: gl.constexpr, LCW: gl.constexpr, LCS: gl.constexpr,
+               LCH: gl.constexpr):
+        """cp.async one trip's tile into ring slot `slot`, one copy op per buffer (Triton's
+        barrier pass would put a bar.sync between two copies into one buffer): words [KB x R,
+        4 t, 4 j] (16 bytes a copy), scales [KB x R] (the int32 fp16 pair of each row's block),
+        q5 bit words [KB x R, 4 t, 2]; row kb x R + r is block kb of row r."""
+        rr = gl.arange(0, KB * R, layout=gl.SliceLayout(1, gl.SliceLayout(2, LCW)))
+        tt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LCW)))
+        jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LCW)))
+        woff = (row0 + rr % R).to(gl.int64) * stride_wn + (kb0 + rr // R) * 16
+        cp.async_copy_global_to_shared(wsm.index(slot), W + woff[:, None, None] + (tt * 4)[None, :, None] + jj[None, None, :])
+        sr = gl.arange(0, KB * R, layout=LCS)
+        cp.async_copy_global_to_shared(ssm.index(slot), S + (row0 + sr % R).to(gl.int64) * stride_sn + (kb0 + sr // R))
+        if FMT == 5:
+            hr = gl.arange(0, KB * R, layout=gl.SliceLayout(1, gl.SliceLayout(2, LCH)))
+            ht = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LCH)))
+            hh = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, LCH)))
+            # lane t's low-group bit word is word t // 2 of the block's four, its high-group one 2 + t // 2
+            hoff = (row0 + hr % R).to(gl.int64) * stride_hn + (kb0 + hr // R) * 4
+            cp.async_copy_global_to_shared(hsm.index(slot), H + hoff[:, None, None] + (ht // 2)[None, :, None]
+                                           + (hh * 2)[None, None, :])
+
+    @gluon.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
+    def _gemv_tc_kernel(
+        X, W, H, S, Y, WS, CNT,
+        M, N,
+        stride_xm, stride_wn, stride_hn, stride_sn, stride_ym,
+        ROWS_PER_CTA, N_SLICES,
+        FMT: gl.constexpr, KB: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, SLICES_P2: gl.constexpr,
+        RED: gl.constexpr,
+        ASM: gl.constexpr, CONSTR: gl.constexpr,
+        XF_A: gl.constexpr, XF_B: gl.constexpr, XF_C: gl.constexpr, XF_D: gl.constexpr,
+        BIAS_A: gl.constexpr, BIAS_B: gl.constexpr, BIAS_C: gl.constexpr, BIAS_D: gl.constexpr,
+        L5: gl.constexpr, LCW: gl.constexpr, LCS: gl.constexpr, LCH: gl.constexpr, LX: gl.constexpr,
+        LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
+        MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SH4: gl.constexpr, SH3: gl.constexpr, SH1: gl.constexpr,
+    ):
+        pid_c = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        kb0 = pid_s * KB
+        row_lo = pid_c * ROWS_PER_CTA
+        row_hi = gl.minimum(row_lo + ROWS_PER_CTA, N)
+        trips = gl.cdiv(row_hi - row_lo, R)
+
+        wsm = gl.allocate_shared_memory(gl.int32, [NS, KB * R, 4, 4], SH3)
+        ssm = gl.allocate_shared_memory(gl.int32, [NS, KB * R], SH1)
+        if FMT == 5:
+            hsm = gl.allocate_shared_memory(gl.int32, [NS, KB * R, 4, 2], SH3)
+        else:
+            hsm = ssm
+        # x per (block, group): [2 jh, 8 n, 4 t, 8 v], v = half + 2 sel + 4 jl (j = jl + 2 jh)
+        xsm = gl.allocate_shared_memory(gl.float16, [KB * 2, 2, 8, 4, 8], SH4)
+        # per (block, group) and token: sum over the group of bias x stored x (the decode's bias)
+        csm = gl.allocate_shared_memory(gl.float32, [KB * 2, 8], SH1)
+
+        # the first stages go out before x is prepared (they do not depend on it)
+        for i in gl.static_range(NS - 1):
+            r0 = row_lo + gl.minimum(i, trips - 1) * R
+            _issue(W, H, S, wsm, hsm, ssm, i, r0, kb0, stride_wn, stride_hn, stride_sn, FMT, KB, R, LCW, LCS, LCH)
+            cp.commit_group()
+
+        # x of this slice, times a power of two per token (largest |x| in [2^14, 2^15)) and the
+        # decode's factor (XF), rounded to fp16, in the MMA's k order (see logical_to_element)
+        jh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(1, LX)))
+        nn = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+        tv = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+        v = tv % 8
+        sel = (v // 2) % 2
+        elem = (16 * (tv // 8) + 4 * (v // 4) + 2 * (v % 2) + sel)[None, :] + 8 * jh[:, None]  # [2, 32]
+        xp = X + nn[None, :, None].to(gl.int64) * stride_xm + (kb0 * 128 + elem)[:, None, :]
+        xmask = (nn < M)[None, :, None]
+        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+        for kg in gl.static_range(KB * 2):
+            xv = gl.load(xp + (kg // 2) * 128 + (kg % 2) * 64, mask=xmask, other=0.0).to(gl.float32)
+            amax = gl.maximum(amax, gl.max(gl.max(gl.abs(xv), axis=2), axis=0))
+        ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
+        f = ((e + 127) << 23).to(gl.float32, bitcast=True)
+        inv = ((127 - e) << 23).to(gl.float32, bitcast=True)
+        for kg in gl.static_range(KB * 2):
+            xv = gl.load(xp + (kg // 2) * 128 + (kg % 2) * 64, mask=xmask, other=0.0).to(gl.float32)
+            if kg % 2 == 0:
+                fac = gl.where(sel == 0, XF_A, XF_C)
+                bias = gl.where(sel == 0, BIAS_A, BIAS_C)
+            else:
+                fac = gl.where(sel == 0, XF_B, XF_D)
+                bias = gl.where(sel == 0, BIAS_B, BIAS_D)
+            xs = (xv * f[None, :, None] * fac[None, None, :]).to(gl.float16)
+            xsm.index(kg).store(gl.reshape(xs, [2, 8, 4, 8]))
+            xcorr = gl.sum(gl.sum(xs.to(gl.float32) * bias[None, None, :], axis=2), axis=0)
+            csm.index(kg).store(xcorr)
+        inv_n = gl.convert_layout(inv, gl.SliceLayout(0, MMA))
+
+        ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
+        yn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
+        if FMT == 5:
+            ht = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LH3)))
+            hsh = (ht % 2) * 16
+            j4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L5))))
+        for i in range(trips):
+            cp.wait_group(NS - 2)
+            gl.thread_barrier()
+            slot = i % NS
+            nxt = i + NS - 1
+            r_n = row_lo + gl.minimum(nxt, trips - 1) * R
+            s_n = nxt % NS
+            _issue(W, H, S, wsm, hsm, ssm, s_n, r_n, kb0, stride_wn, stride_hn, stride_sn, FMT, KB, R, LCW, LCS, LCH)
+            cp.commit_group()
+
+            acc = gl.zeros([R, 8], gl.float32, layout=MMA)
+            for kb in gl.static_range(KB):
+                w = wsm.index(slot).slice(kb * R, R).load(gl.SliceLayout(3, L5))  # [R, 4 t, 4 j]
+                s = ssm.index(slot).slice(kb * R, R).load(gl.SliceLayout(1, MMA))  # fp16 pair (group 2kb, 2kb + 1)
+                s_lo = (s & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+                s_hi = ((s >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+                wb = gl.broadcast(w[:, :, :, None], gl.full([R, 4, 4, 8], 0, gl.int32, layout=L5))[0]
+                if FMT == 5:
+                    hw = hsm.index(slot).slice(kb * R, R).load(LH3)  # [R, 4 t, 2]: low-group, high-group bit words
+                    hl, hh = gl.split(hw)
+                    sa = (hl >> hsh[None, :]) & 0xFFFF
+                    sa = sa | (sa << 14)
+                    sb = (hh >> hsh[None, :]) & 0xFFFF
+                    sb = sb | (sb << 14)
+                    sa4 = gl.convert_layout(sa, gl.SliceLayout(2, gl.SliceLayout(3, L5)))[:, :, None]
+                    sb4 = gl.convert_layout(sb, gl.SliceLayout(2, gl.SliceLayout(3, L5)))[:, :, None]
+                    jb = j4[None, None, :]
+                    # word j reads its elements' fifth bits from sa >> (4 j - 4) and sb >> (4 j - 8)
+                    ul = gl.where(jb == 0, sa4 << 4, sa4 >> gl.maximum(4 * jb - 4, 0))
+                    uh = gl.where(jb == 0, sb4 << 8, gl.where(jb == 1, sb4 << 4, sb4 >> gl.maximum(4 * jb - 8, 0)))
+                    ulb = gl.broadcast(ul[:, :, :, None], wb)[0]
+                    uhb = gl.broadcast(uh[:, :, :, None], wb)[0]
+                    d = gl.inline_asm_elementwise(ASM, CONSTR, [wb, ulb, uhb], dtype=gl.float16, is_pure=True, pack=8)
+                else:
+                    d = gl.inline_asm_elementwise(ASM, CONSTR, [wb], dtype=gl.float16, is_pure=True, pack=8)
+                # [R, t, j, (grp, sel, half)] -> per group [R, j, sel, t, half] = logical k of the group
+                d = gl.reshape(d, [R, 4, 4, 2, 2, 2])
+                d = gl.permute(d, [0, 2, 4, 1, 5, 3])
+                d_lo, d_hi = gl.split(d)
+                for g in gl.static_range(2):
+                    if g == 0:
+                        a = gl.convert_layout(gl.reshape(d_lo, [R, 64]), A_L)
+                        sg = s_lo
+                    else:
+                        a = gl.convert_layout(gl.reshape(d_hi, [R, 64]), A_L)
+                        sg = s_hi
+                    xb = xsm.index(kb * 2 + g).load(LB4)  # [jh, n, t, v]
+                    xb = gl.reshape(xb, [2, 8, 4, 2, 2, 2])
+                    xb = gl.permute(xb, [0, 3, 4, 2, 5, 1])  # [jh, jl, sel, t, half, n]
+                    b = gl.convert_layout(gl.reshape(xb, [64, 8]), B_L)
+                    c = mma_v2(a, b, gl.zeros([R, 8], gl.float32, layout=MMA))
+                    cg = csm.index(kb * 2 + g).load(gl.SliceLayout(0, MMA))
+                    acc += (c - cg[None, :]) * sg[:, None]
+            rows = row_lo + i * R + ym
+            # partials WS[slice, token, row]: a warp's rows of one token are contiguous
+            dst = WS + rows.to(gl.int64)[:, None] + ((pid_s * 8 + yn) * N).to(gl.int64)[None, :]
+            keep = (rows < row_hi)[:, None] & (yn < M)[None, :]
+            gl.store(dst, acc * inv_n[None, :], mask=keep)
+        cp.wait_group(0)
+
+        # the last slice of this row chunk to arrive sums all slices, in slice order
+        gl.thread_barrier()
+        arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+        if arrived == N_SLICES - 1:
+            # RED rows a step, every token at once: [slices, 8 x RED] (column = token x RED + row)
+            sl_ = gl.arange(0, SLICES_P2, layout=gl.SliceLayout(1, LRED))
+            cc = gl.arange(0, RED * 8, layout=gl.SliceLayout(0, LRED))
+            tok = cc // RED
+            for r0 in range(row_lo, row_hi, RED):
+                rr = r0 + cc % RED
+                ok = (rr < row_hi) & (tok < M)
+                p = gl.load(WS + ((sl_[:, None] * 8 + tok[None, :]) * N).to(gl.int64) + rr[None, :],
+                            mask=(sl_ < N_SLICES)[:, None] & ok[None, :], other=0.0, cache_modifier=".cg")
+                gl.store(Y + tok * stride_ym + rr, gl.sum(p, 0).to(Y.dtype.element_ty), mask=ok)
+            gl.atomic_xchg(CNT + pid_c, 0)
+
+
+
+# --- host side -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TCConfig:
+    kb: int = 4  # K blocks of 128 per slice
+    stages: int = 4  # cp.async ring depth
+    num_warps: int = 4  # R = 16 x num_warps rows a trip
+    ctas: int = 4  # target CTAs per SM (sets the row chunk)
+
+    def describe(self) -> str:
+        return f"TC KB{self.kb} S{self.stages} w{self.num_warps} C{self.ctas}"
+
+    def workspace(self, p: QK.Prepared) -> tuple[int, int]:
+        chunks, n_slices, _ = grid_of(p, self)
+        return n_slices * MAX_M * p.n, chunks
+
+    def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
+        return launch(x2, p, self)
+
+
+def enabled() -> bool:
+    """NINFER_TC=0 takes this kernel out of the dispatch; on by default where Gluon exists."""
+    return HAVE_GLUON and os.environ.get("NINFER_TC", "1") != "0"
+
+
+def supports(p: QK.Prepared, cfg: TCConfig) -> bool:
+    return p.fmt in FORMATS and p.k % (128 * cfg.kb) == 0 and QK.ROW_PAD % (16 * cfg.num_warps) == 0
+
+
+def grid_of(p: QK.Prepared, cfg: TCConfig) -> tuple[int, int, int]:
+    """(row chunks, K slices, rows per chunk) of a launch."""
+    r = 16 * cfg.num_warps
+    n_slices = p.k // (128 * cfg.kb)
+    row_blocks = -(-p.n // r)
+    want = max(1, (cfg.ctas * p.sm_count) // n_slices)
+    trips = max(1, -(-row_blocks // want))
+    chunks = -(-row_blocks // trips)
+    return chunks, n_slices, trips * r
+
+
+_CONSTS: dict = {}
+
+
+def _consts(fmt: int, cfg: TCConfig) -> dict:
+    key = (fmt, cfg.kb, cfg.num_warps)
+    if key in _CONSTS:
+        return _CONSTS[key]
+    nw, kb = cfg.num_warps, cfg.kb
+    r = 16 * nw
+    wbits = [1 << i for i in range(nw.bit_length() - 1)]
+    kbits = [1 << i for i in range(kb.bit_length() - 1)]
+    # decoded tile [R, 4 t, 4 j, 8 e]: e (the asm's pack) innermost, then j, row + 8; lanes t, g
+    l5 = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 1, 0], [0, 0, 2, 0], [8, 0, 0, 0]],
+        lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+        warp_bases=[[16 * w, 0, 0, 0] for w in wbits], block_bases=[], shape=[r, 4, 4, 8])
+    # cp.async of one block's words [R, 4 t, 4 j]: 16 bytes a copy (j), each lane its rows g, g + 8
+    lcw = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]] + [[r * b, 0, 0] for b in kbits],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 * w, 0, 0] for w in wbits], block_bases=[], shape=[kb * r, 4, 4])
+    lcs = gl.BlockedLayout([1], [32], [nw], [0])
+    lch = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]] + [[r * b, 0, 0] for b in kbits],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 * w, 0, 0] for w in wbits], block_bases=[], shape=[kb * r, 4, 2])
+    # the q5 bit words as a lane reads them: [R, 4 t, 2 (low, high group)]
+    lh3 = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 * w, 0, 0] for w in wbits], block_bases=[], shape=[r, 4, 2])
+    lx = gl.BlockedLayout([1, 1, 8], [2, 4, 4], [1, nw, 1], [2, 1, 0])  # x's [2 jh, 8 n, 32 (t, v)] per group
+    # x's B fragments per group [2 jh, 8 n, 4 t, 8 v]: lane (g = n, t) reads its 2 x 16 bytes; all warps alike
+    lb4 = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [1, 0, 0, 0]],
+        lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
+        warp_bases=[[0, 0, 0, 0] for _ in wbits], block_bases=[], shape=[2, 8, 4, 8])
+    lred = gl.BlockedLayout([1, 4], [1, 32], [1, nw], [1, 0])
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[nw, 1], instr_shape=[16, 8])
+    out = dict(
+        L5=l5, LCW=lcw, LCS=lcs, LCH=lch, LX=lx, LB4=lb4, LH3=lh3, LRED=lred, MMA=mma,
+        A_L=gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2),
+        B_L=gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2),
+        SH4=gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]), SH3=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
+        SH1=gl.SwizzledSharedLayout(1, 1, 1, [0]),
+    )
+    asm, constr = word_asm(fmt)
+    xf = H2.X_FACTORS[fmt]
+    bias = [bias_of(fmt, i) for i in range(4)]
+    out.update(ASM=asm, CONSTR=constr, XF_A=xf[0], XF_B=xf[1], XF_C=xf[2], XF_D=xf[3],
+               BIAS_A=bias[0], BIAS_B=bias[1], BIAS_C=bias[2], BIAS_D=bias[3])
+    _CONSTS[key] = out
+    return out
+
+
+def red_rows(slices_p2: int, num_warps: int) -> int:
+    """Rows the last CTA sums a step: [slices, rows x 8 tokens] at <= 32 values a thread."""
+    r = max(1, (32 * 32 * num_warps) // (8 * slices_p2))
+    return max(4, min(128, 1 << (r.bit_length() - 1)))
+
+
+def reference(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
+    """The kernel's arithmetic in torch (CPU path and test oracle): codes times fp16 scales
+    rounded to fp16, x scaled per token and slice by the same power of two and rounded to fp16,
+    fp32 sums per slice, slices summed in order."""
+    from ninfer.linear import PackedWeight
+    from ninfer_plugins.quant_int import formats as F
+
+    m = x2.shape[0]
+    fmt = next(f for f in F.FORMATS.values() if f.bits == p.fmt)
+    parts = {"qweight": p.qweight[: p.n], "scales": p.scales[: p.n]}
+    if p.qhigh is not None:
+        parts["qhigh"] = p.qhigh[: p.n]
+    codes = F.unpack_codes(PackedWeight(fmt.name, (p.n, p.k), parts)).to(torch.float32)  # [n, Kp]
+    scales = p.scales[: p.n].to(torch.float32).repeat_interleave(64, dim=1)
+    w16 = (codes * scales).to(torch.float16).to(torch.float32)
+    kp = codes.shape[1]
+    xs = torch.zeros((m, kp), dtype=torch.float32, device=x2.device)
+    xs[:, : x2.shape[1]] = x2.to(torch.float32)
+    slice_k = 128 * cfg.kb
+    y = torch.zeros((m, p.n), dtype=torch.float32, device=x2.device)
+    for s in range(kp // slice_k):
+        xsl = xs[:, s * slice_k:(s + 1) * slice_k]
+        amax = xsl.abs().amax(dim=1)
+        ex = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-38))), torch.full_like(amax, -127.0))
+        e = XHEAD - ex.clamp(-100, 100)
+        xq = (xsl * torch.exp2(e)[:, None]).to(torch.float16).to(torch.float32)
+        y += (xq @ w16[:, s * slice_k:(s + 1) * slice_k].T) * torch.exp2(-e)[:, None]
+    return y.to(x2.dtype)
+
+
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 8 rows."""
+    m = x2.shape[0]
+    if m > MAX_M:
+        raise ValueError(f"the tensor-core GEMV takes at most {MAX_M} rows, got {m}")
+    if not supports(p, cfg):
+        raise ValueError(f"the tensor-core GEMV needs q4/q5 and K % {128 * cfg.kb} == 0 "
+                         f"(format {p.fmt}, K={p.k}, {cfg.describe()})")
+    if (x2.device.type != "cuda" and not COMPILE_ONLY) or QK.interpreting():
+        return reference(x2, p, cfg)
+    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    chunks, n_slices, rows_per_cta = grid_of(p, cfg)
+    ws = QK.Workspace.get(x2.device)
+    need, tiles = cfg.workspace(p)
+    if ws.partials.numel() < need or ws.counters.numel() < tiles:
+        if x2.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
+        ws.reserve(need, tiles)
+    w = p.qweight.view(torch.int32)
+    h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
+    s = p.scales.view(torch.int32)
+    c = _consts(p.fmt, cfg)
+    slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
+    _gemv_tc_kernel[(chunks, n_slices)](
+        x2, w, h, s, y, ws.partials, ws.counters,
+        m, p.n,
+        x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+        rows_per_cta, n_slices,
+        FMT=p.fmt, KB=cfg.kb, NS=cfg.stages, R=16 * cfg.num_warps,
+        SLICES_P2=slices_p2, RED=red_rows(slices_p2, cfg.num_warps),
+        num_warps=cfg.num_warps,
+        **c,
+    )
+    return y
