@@ -175,34 +175,33 @@ if HAVE_GLUON:
 
         # x of this slice, times a power of two per token (largest |x| in [2^14, 2^15)) and the
         # decode's factor (XF), rounded to fp16, in the MMA's k order (see logical_to_element)
-        jh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(1, LX)))
-        nn = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
-        tv = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
-        v = tv % 8
-        sel = (v // 2) % 2
-        elem = (16 * (tv // 8) + 4 * (v // 4) + 2 * (v % 2) + sel)[None, :] + 8 * jh[:, None]  # [2, 32]
-        xp = X + nn[None, :, None].to(gl.int64) * stride_xm + (kb0 * 128 + elem)[:, None, :]
-        xmask = (nn < M)[None, :, None]
-        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+        # loaded in element order ([8 tokens, 64] a group, 8-byte vectors), relabelled in registers
+        nn = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
+        ee = gl.arange(0, 64, layout=gl.SliceLayout(0, LX))
+        xp = X + nn[:, None].to(gl.int64) * stride_xm + (kb0 * 128 + ee)[None, :]
+        xmask = (nn < M)[:, None]
+        sel = ee % 2
+        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(1, LX))
         for kg in gl.static_range(KB * 2):
-            xv = gl.load(xp + (kg // 2) * 128 + (kg % 2) * 64, mask=xmask, other=0.0).to(gl.float32)
-            amax = gl.maximum(amax, gl.max(gl.max(gl.abs(xv), axis=2), axis=0))
+            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
+            amax = gl.maximum(amax, gl.max(gl.abs(xv), axis=1))
         ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
         e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
         f = ((e + 127) << 23).to(gl.float32, bitcast=True)
         inv = ((127 - e) << 23).to(gl.float32, bitcast=True)
         for kg in gl.static_range(KB * 2):
-            xv = gl.load(xp + (kg // 2) * 128 + (kg % 2) * 64, mask=xmask, other=0.0).to(gl.float32)
+            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
             if kg % 2 == 0:
                 fac = gl.where(sel == 0, XF_A, XF_C)
                 bias = gl.where(sel == 0, BIAS_A, BIAS_C)
             else:
                 fac = gl.where(sel == 0, XF_B, XF_D)
                 bias = gl.where(sel == 0, BIAS_B, BIAS_D)
-            xs = (xv * f[None, :, None] * fac[None, None, :]).to(gl.float16)
+            xs = (xv * f[:, None] * fac[None, :]).to(gl.float16)
+            csm.index(kg).store(gl.sum(xs.to(gl.float32) * bias[None, :], axis=1))
+            # element e = 16 t + 8 jh + 4 jl + 2 half + sel -> [jh, n, t, (jl, sel, half)]
+            xs = gl.permute(gl.reshape(xs, [8, 4, 2, 2, 2, 2]), [2, 0, 1, 3, 5, 4])
             xsm.index(kg).store(gl.reshape(xs, [2, 8, 4, 8]))
-            xcorr = gl.sum(gl.sum(xs.to(gl.float32) * bias[None, None, :], axis=2), axis=0)
-            csm.index(kg).store(xcorr)
         inv_n = gl.convert_layout(inv, gl.SliceLayout(0, MMA))
 
         ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
@@ -361,7 +360,7 @@ def _consts(fmt: int, cfg: TCConfig) -> dict:
         reg_bases=[[0, 0, 1], [8, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=[[16 * w, 0, 0] for w in wbits], block_bases=[], shape=[r, 4, 2])
-    lx = gl.BlockedLayout([1, 1, 8], [2, 4, 4], [1, nw, 1], [2, 1, 0])  # x's [2 jh, 8 n, 32 (t, v)] per group
+    lx = gl.BlockedLayout([1, 4], [2, 16], [nw, 1], [1, 0])  # x's [8 n, 64 elements] per group
     # x's B fragments per group [2 jh, 8 n, 4 t, 8 v]: lane (g = n, t) reads its 2 x 16 bytes; all warps alike
     lb4 = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [1, 0, 0, 0]],
@@ -386,7 +385,7 @@ def _consts(fmt: int, cfg: TCConfig) -> dict:
 
 
 def red_rows(slices_p2: int, num_warps: int) -> int:
-    """Rows the last CTA sums a step: [slices, rows x 8 tokens] at <= 32 values a thread."""
+    """Rows the last CTA sums a step: [slices, 8 tokens x rows] at <= 32 values a thread."""
     r = max(1, (32 * 32 * num_warps) // (8 * slices_p2))
     return max(4, min(128, 1 << (r.bit_length() - 1)))
 
