@@ -348,5 +348,26 @@ TUNED_H2: dict[tuple[int, int, int, str], tuple] = {
 
 # The tensor-core decode GEMV (gemv_tc.py): (fmt, n, k, "m1" | "m4" | "m8") -> TCConfig fields
 # (kb, stages, num_warps, ctas), from bench/tc_tune.py on the H200; () = it lost to the dispatch
-# there. Empty: no measured shape has it winning yet (BENCHMARKS.md "Tensor-core decode GEMV").
-TUNED_TC: dict[tuple[int, int, int, str], tuple] = {}
+# there (BENCHMARKS.md "Tensor-core decode GEMV").
+TUNED_TC: dict[tuple[int, int, int, str], tuple] = {
+    # python3 bench/tc_tune.py (H200, 2026-12-03, copy 4.19 TB/s, tree 05ad776): it wins at M = 4
+    # and 8 on the big q4/q5 shapes (the speculative verify), loses at M = 1 and on down/k/v
+    (4, 1024, 5120, 'm1'): (),
+    (4, 1024, 5120, 'm4'): (),
+    (4, 1024, 5120, 'm8'): (),
+    (4, 34816, 5120, 'm1'): (),
+    (4, 34816, 5120, 'm4'): (8, 2, 4, 2),
+    (4, 34816, 5120, 'm8'): (8, 2, 4, 2),
+    (5, 5120, 6144, 'm1'): (),
+    (5, 5120, 6144, 'm4'): (4, 2, 1, 12),
+    (5, 5120, 6144, 'm8'): (8, 2, 1, 6),
+    (5, 5120, 17408, 'm1'): (),
+    (5, 5120, 17408, 'm4'): (),
+    (5, 5120, 17408, 'm8'): (),
+    (5, 13312, 5120, 'm1'): (),
+    (5, 13312, 5120, 'm4'): (8, 2, 4, 2),
+    (5, 13312, 5120, 'm8'): (8, 2, 4, 2),
+    (5, 16384, 5120, 'm1'): (),
+    (5, 16384, 5120, 'm4'): (8, 2, 4, 2),
+    (5, 16384, 5120, 'm8'): (8, 2, 4, 2),
+}

@@ -9,14 +9,19 @@ tails, a zero activation row, CUDA-graph replay with bit-equal repeats.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from ninfer_plugins.quant_int import formats as F
-from ninfer_plugins.quant_int import gemv_h2 as H
-from ninfer_plugins.quant_int import gemv_tc as TC
-from ninfer_plugins.quant_int import kernels as K
-from ninfer_plugins.quant_int.linear import prepare_int
+if not torch.cuda.is_available():  # as the other quant_int tests: Triton must see this before its import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ninfer_plugins.quant_int import formats as F  # noqa: E402
+from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
+from ninfer_plugins.quant_int import gemv_tc as TC  # noqa: E402
+from ninfer_plugins.quant_int import kernels as K  # noqa: E402
+from ninfer_plugins.quant_int.linear import prepare_int  # noqa: E402
 from test_ptx_decode import f16_value, run_ptx  # noqa: E402  (same folder: pytest puts it on sys.path)
 
 CUDA = torch.cuda.is_available()
@@ -160,3 +165,43 @@ def test_gpu_tc_graph_replay_and_bit_equal_repeats():
         torch.cuda.synchronize()
         assert torch.equal(y, first)
     assert rel_err(first, x.float() @ deq.T) < 4e-3
+
+
+@gpu
+@needs_gpu
+def test_gpu_dispatched_tc_configs_in_a_graph():
+    """Every shape of tuned.TUNED_TC through kernels.launch as the engine calls it: workspace
+    reserved at load (a fresh one), then M = 1..8 captured in a CUDA graph against the fp32
+    reference (M = 2..8 take the tensor-core GEMV where TUNED_TC names a winner)."""
+    from ninfer_plugins.quant_int.tuned import TUNED_TC
+
+    torch.manual_seed(2)
+    names = {4: "q4_g64", 5: "q5_g64"}
+    K.Workspace._by_device.pop(torch.device("cuda", torch.cuda.current_device()), None)
+    for fmt, n, k in sorted({(f, n, k) for (f, n, k, _), c in TUNED_TC.items() if c}):
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), names[fmt])
+        K.reserve_workspace(p)
+        for m in (1, 2, 4, 6, 8):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            K.launch(x, p)  # compile outside the capture
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = K.launch(x, p)
+            g.replay()
+            torch.cuda.synchronize()
+            assert rel_err(y, x.float() @ deq.T) < 6e-3, (fmt, n, k, m)
+        del p, deq
+
+
+def test_dispatch_picks_tc_where_tuned():
+    from ninfer_plugins.quant_int.tuned import TUNED_TC
+
+    if not TC.enabled():
+        pytest.skip("Gluon missing")
+    for (fmt, n, k, bucket), cfg in TUNED_TC.items():
+        m = {"m1": 1, "m4": 4, "m8": 8}[bucket]
+        got = K.pick_gemv(fmt, m, n, k, 132)
+        if cfg:
+            assert got == TC.TCConfig(*cfg)
+        else:
+            assert not isinstance(got, TC.TCConfig)
