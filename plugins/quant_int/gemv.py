@@ -357,11 +357,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None 
     grid_n = -(-p.n // cfg.block_n)
     ws = QK.Workspace.get(x2.device)
     if split > 1:
-        need = grid_n * split * cfg.block_n * MAX_M
-        if ws.partials.numel() < need or ws.counters.numel() < grid_n:
-            if x2.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
-            ws.reserve(need, grid_n)
+        ws.ensure(grid_n * split * cfg.block_n * MAX_M, grid_n, QK.capturing(x2))
     # split is a runtime value: the kernel's split-K branch is compiled whatever it is, so the
     # workspace pointers always have their real types (unused when split == 1)
     partials, counters = ws.partials, ws.counters

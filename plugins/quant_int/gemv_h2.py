@@ -636,11 +636,8 @@ def default_config(fmt: int, n: int, k: int) -> H2Config | None:
 def grid_of(p: QK.Prepared, cfg: H2Config) -> tuple[int, int, int]:
     """(row chunks, K slices, rows per chunk) of a launch."""
     n_slices = p.k // (128 * cfg.kbs)
-    row_blocks = -(-p.n // cfg.block_n)
-    want = max(1, (cfg.ctas * p.sm_count) // n_slices)
-    trips = max(1, -(-row_blocks // want))
-    chunks = -(-row_blocks // trips)
-    return chunks, n_slices, trips * cfg.block_n
+    chunks, rows = QK.row_chunks(p, cfg.block_n, n_slices, cfg.ctas)
+    return chunks, n_slices, rows
 
 
 def workspace_need(p: QK.Prepared, cfg: H2Config) -> tuple[int, int]:
@@ -662,11 +659,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     block_m = 1 if m == 1 else 2 if m == 2 else 4
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
     ws = QK.Workspace.get(x2.device)
-    need, tiles = workspace_need(p, cfg)
-    if ws.partials.numel() < need or ws.counters.numel() < tiles:
-        if x2.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
-        ws.reserve(need, tiles)
+    ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
     w = p.qweight.view(torch.int32)
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = p.scales if p.fmt == 8 else p.scales.view(torch.int32)

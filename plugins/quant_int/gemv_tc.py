@@ -94,11 +94,6 @@ def bias_of(fmt: int, i: int) -> float:
     return float(torch.tensor([bits], dtype=torch.int16).view(torch.float16).item())
 
 
-def x_factor(fmt: int, grp: int, sel: int) -> float:
-    """What x at (grp, sel) is multiplied by so that the decoded weight's factor cancels."""
-    return H2.X_FACTORS[fmt][grp + 2 * sel]
-
-
 def logical_to_element(k: torch.Tensor) -> torch.Tensor:
     """Logical k (0..127, the MMA's order) -> element of the 128-wide K block it holds."""
     half, t, sel, grp, j = k % 2, (k // 2) % 4, (k // 8) % 2, (k // 16) % 2, k // 32
@@ -320,13 +315,9 @@ def supports(p: QK.Prepared, cfg: TCConfig) -> bool:
 
 def grid_of(p: QK.Prepared, cfg: TCConfig) -> tuple[int, int, int]:
     """(row chunks, K slices, rows per chunk) of a launch."""
-    r = 16 * cfg.num_warps
     n_slices = p.k // (128 * cfg.kb)
-    row_blocks = -(-p.n // r)
-    want = max(1, (cfg.ctas * p.sm_count) // n_slices)
-    trips = max(1, -(-row_blocks // want))
-    chunks = -(-row_blocks // trips)
-    return chunks, n_slices, trips * r
+    chunks, rows = QK.row_chunks(p, 16 * cfg.num_warps, n_slices, cfg.ctas)
+    return chunks, n_slices, rows
 
 
 _CONSTS: dict = {}
@@ -391,32 +382,23 @@ def red_rows(slices_p2: int, num_warps: int) -> int:
 
 
 def reference(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
-    """The kernel's arithmetic in torch (CPU path and test oracle): codes times fp16 scales
-    rounded to fp16, x scaled per token and slice by the same power of two and rounded to fp16,
-    fp32 sums per slice, slices summed in order."""
-    from ninfer.linear import PackedWeight
-    from ninfer_plugins.quant_int import formats as F
+    """The kernel's arithmetic in torch (CPU path and test oracle): exact fp32 weights (the
+    kernel multiplies codes by x, then by the fp32 scale), x scaled per token and slice by the
+    same power of two and rounded to fp16, fp32 sums per slice, slices summed in order."""
+    from ninfer_plugins.quant_int.linear import dequantize_int_prepared
 
     m = x2.shape[0]
-    fmt = next(f for f in F.FORMATS.values() if f.bits == p.fmt)
-    parts = {"qweight": p.qweight[: p.n], "scales": p.scales[: p.n]}
-    if p.qhigh is not None:
-        parts["qhigh"] = p.qhigh[: p.n]
-    codes = F.unpack_codes(PackedWeight(fmt.name, (p.n, p.k), parts)).to(torch.float32)  # [n, Kp]
-    scales = p.scales[: p.n].to(torch.float32).repeat_interleave(64, dim=1)
-    w16 = (codes * scales).to(torch.float16).to(torch.float32)
-    kp = codes.shape[1]
-    xs = torch.zeros((m, kp), dtype=torch.float32, device=x2.device)
-    xs[:, : x2.shape[1]] = x2.to(torch.float32)
+    w = dequantize_int_prepared(p)  # [n, k]; k is whole slices (supports)
+    xs = x2.to(torch.float32)
     slice_k = 128 * cfg.kb
     y = torch.zeros((m, p.n), dtype=torch.float32, device=x2.device)
-    for s in range(kp // slice_k):
+    for s in range(p.k // slice_k):
         xsl = xs[:, s * slice_k:(s + 1) * slice_k]
         amax = xsl.abs().amax(dim=1)
         ex = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-38))), torch.full_like(amax, -127.0))
         e = XHEAD - ex.clamp(-100, 100)
         xq = (xsl * torch.exp2(e)[:, None]).to(torch.float16).to(torch.float32)
-        y += (xq @ w16[:, s * slice_k:(s + 1) * slice_k].T) * torch.exp2(-e)[:, None]
+        y += (xq @ w[:, s * slice_k:(s + 1) * slice_k].T) * torch.exp2(-e)[:, None]
     return y.to(x2.dtype)
 
 
@@ -435,11 +417,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
         return y
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
     ws = QK.Workspace.get(x2.device)
-    need, tiles = cfg.workspace(p)
-    if ws.partials.numel() < need or ws.counters.numel() < tiles:
-        if x2.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
-        ws.reserve(need, tiles)
+    ws.ensure(*cfg.workspace(p), QK.capturing(x2))
     w = p.qweight.view(torch.int32)
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = p.scales.view(torch.int32)

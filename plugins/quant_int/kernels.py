@@ -493,6 +493,13 @@ class Workspace:
             ws = cls._by_device[device] = cls(device)
         return ws
 
+    def ensure(self, partial_elems: int, tiles: int, capturing: bool) -> None:
+        """Grow to at least this much at launch time, which a CUDA graph capture cannot do."""
+        if self.partials.numel() < partial_elems or self.counters.numel() < tiles:
+            if capturing:
+                raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
+            self.reserve(partial_elems, tiles)
+
     def reserve(self, partial_elems: int, tiles: int) -> None:
         if self.partials.numel() < partial_elems:
             self.partials = torch.empty(partial_elems, dtype=torch.float32, device=self.partials.device)
@@ -518,6 +525,20 @@ class Prepared:
     @property
     def device(self) -> torch.device:
         return self.qweight.device
+
+
+def row_chunks(p: Prepared, rows_per_trip: int, n_slices: int, ctas: int) -> tuple[int, int]:
+    """(chunks, rows per chunk) of a split-K GEMV that streams rows: enough chunks for about
+    `ctas` CTAs an SM over all K slices, each chunk whole trips of rows_per_trip."""
+    row_blocks = -(-p.n // rows_per_trip)
+    want = max(1, (ctas * p.sm_count) // n_slices)
+    trips = max(1, -(-row_blocks // want))
+    return -(-row_blocks // trips), trips * rows_per_trip
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether x's stream is being captured into a CUDA graph (no allocation may happen)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -619,11 +640,7 @@ def launch(x2: torch.Tensor, p: Prepared, cfg: Config | None = None, fast: bool 
     split, kb_step, kb_per_split = resolve_split(cfg, p.k)
     if split > 1:
         ws = Workspace.get(x2.device)
-        need = grid_n * grid_m * split * cfg.block_n * cfg.block_m
-        if ws.partials.numel() < need or ws.counters.numel() < grid_n * grid_m:
-            if x2.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
-            ws.reserve(need, grid_n * grid_m)
+        ws.ensure(grid_n * grid_m * split * cfg.block_n * cfg.block_m, grid_n * grid_m, capturing(x2))
         partials, counters = ws.partials, ws.counters
     else:
         partials, counters = y, y  # unused

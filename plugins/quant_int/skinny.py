@@ -281,11 +281,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: SkinnyConfig | None = None) ->
     split, per = resolve_split(cfg, p.k)
     ws = QK.Workspace.get(x2.device)
     if split > 1:
-        need, tiles = workspace_need(cfg, p.n, p.k, m)
-        if ws.partials.numel() < need or ws.counters.numel() < tiles:
-            if x2.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("split-K workspace too small inside a CUDA graph: call reserve_workspace at load")
-            ws.reserve(need, tiles)
+        ws.ensure(*workspace_need(cfg, p.n, p.k, m), QK.capturing(x2))
         partials, counters = ws.partials, ws.counters
     else:
         partials, counters = y, y  # unused

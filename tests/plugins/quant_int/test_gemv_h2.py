@@ -251,13 +251,20 @@ def test_gpu_dispatched_configs_in_a_graph():
     reference."""
     from ninfer_plugins.quant_int.tuned import TUNED_H2
 
+    dispatched_in_a_graph(TUNED_H2, (1, 2, 3, 4))
+
+
+def dispatched_in_a_graph(table: dict, ms: tuple[int, ...]) -> None:
+    """Every shape a tuned table names a winner for, through kernels.launch as the engine calls
+    it: workspace reserved at load (a fresh one), each M captured in a CUDA graph, against the
+    fp32 reference (test_gemv_tc shares it)."""
     torch.manual_seed(2)
     names = {4: "q4_g64", 5: "q5_g64", 6: "q6_g64", 8: "q8_g32"}
     K.Workspace._by_device.pop(torch.device("cuda", torch.cuda.current_device()), None)
-    for fmt, n, k in sorted({(f, n, k) for (f, n, k, _), c in TUNED_H2.items() if c}):
+    for fmt, n, k in sorted({(f, n, k) for (f, n, k, _), c in table.items() if c}):
         p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), names[fmt])
         K.reserve_workspace(p)
-        for m in (1, 2, 3, 4):
+        for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             K.launch(x, p)  # compile outside the capture
             g = torch.cuda.CUDAGraph()

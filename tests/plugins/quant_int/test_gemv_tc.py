@@ -17,29 +17,15 @@ import torch
 if not torch.cuda.is_available():  # as the other quant_int tests: Triton must see this before its import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from ninfer_plugins.quant_int import formats as F  # noqa: E402
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_tc as TC  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from ninfer_plugins.quant_int.linear import prepare_int  # noqa: E402
+from test_gemv_h2 import _code, dispatched_in_a_graph, packed_and_ref, rel_err  # noqa: E402  (same folder)
 from test_ptx_decode import f16_value, run_ptx  # noqa: E402  (same folder: pytest puts it on sys.path)
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not (CUDA and TC.HAVE_GLUON), reason="needs a GPU and Triton's Gluon")
-
-
-def packed_and_ref(w: torch.Tensor, scheme: str):
-    pk = F.quantize(w, scheme)
-    return prepare_int(pk), F.dequantize(pk)
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
-def _code(u: int, bits: int) -> int:
-    return u - (1 << bits) if u >> (bits - 1) else u
 
 
 @pytest.mark.parametrize("fmt", [4, 5])
@@ -175,22 +161,7 @@ def test_gpu_dispatched_tc_configs_in_a_graph():
     reference (M = 2..8 take the tensor-core GEMV where TUNED_TC names a winner)."""
     from ninfer_plugins.quant_int.tuned import TUNED_TC
 
-    torch.manual_seed(2)
-    names = {4: "q4_g64", 5: "q5_g64"}
-    K.Workspace._by_device.pop(torch.device("cuda", torch.cuda.current_device()), None)
-    for fmt, n, k in sorted({(f, n, k) for (f, n, k, _), c in TUNED_TC.items() if c}):
-        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), names[fmt])
-        K.reserve_workspace(p)
-        for m in (1, 2, 4, 6, 8):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            K.launch(x, p)  # compile outside the capture
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                y = K.launch(x, p)
-            g.replay()
-            torch.cuda.synchronize()
-            assert rel_err(y, x.float() @ deq.T) < 6e-3, (fmt, n, k, m)
-        del p, deq
+    dispatched_in_a_graph(TUNED_TC, (1, 2, 4, 6, 8))
 
 
 def test_dispatch_picks_tc_where_tuned():
