@@ -61,6 +61,22 @@ def build(scheme: str, n: int, k: int, copies: int):
     return out
 
 
+def timing_copies(scheme: str, n: int, k: int):
+    """(prepared copies, fp32 dequantized first copy, bytes of one copy): enough copies of an
+    [n, k] weight that cycling through them defeats the L2 (QL.L2_DEFEAT_BYTES, 2..256)."""
+    first = build(scheme, n, k, 1)
+    one = packed_bytes(first[0][0])
+    copies = max(2, min(256, math.ceil(QL.L2_DEFEAT_BYTES / one)))
+    built = first + build(scheme, n, k, copies - 1)
+    return [p for p, _ in built], built[0][1], one
+
+
+def write_tuned(path: Path, table: str, tuned: dict) -> None:
+    """A tuned-table update (`TABLE.update({...})`) to paste into quant_int/tuned.py."""
+    lines = [f"{table}.update({{"] + [f"    {key!r}: {val!r}," for key, val in sorted(tuned.items())] + ["})"]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def packed_bytes(p) -> int:
     b = p.qweight[: p.n].numel() * p.qweight.element_size() + p.scales[: p.n].numel() * p.scales.element_size()
     if p.qhigh is not None:
@@ -136,11 +152,7 @@ def main() -> int:
                 skipped.append(f"{scheme} {name}")
                 continue
             n, k, _ = shapes[name]
-            one = packed_bytes(build(scheme, n, k, 1)[0][0])
-            copies = max(2, min(256, math.ceil(QL.L2_DEFEAT_BYTES / one)))
-            ws = build(scheme, n, k, copies)
-            ps = [p for p, _ in ws]
-            deq = ws[0][1]
+            ps, deq, one = timing_copies(scheme, n, k)
 
             def time_cfg(m: int, cfg) -> float:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -185,12 +197,11 @@ def main() -> int:
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 log(f"{scheme} {name}: ERROR {row['error'][:300]}")
             results.append(row)
-            del ws, ps, deq
+            del ps, deq
             torch.cuda.empty_cache()
 
     (out / "gemv.json").write_text(json.dumps({"copy_tbs": bw, "tests": tests, "skipped": skipped, "rows": results}, indent=1))
-    lines = ["TUNED_GEMV.update({"] + [f"    {key!r}: {val!r}," for key, val in sorted(tuned.items())] + ["})"]
-    (out / "tuned_gemv.py").write_text("\n".join(lines) + "\n")
+    write_tuned(out / "tuned_gemv.py", "TUNED_GEMV", tuned)
     log(f"\n=== GEMV vs MMA, M=1 and M=4 (copy {bw:.2f} TB/s; {time.time() - T0:.0f} s) ===\ntests: {tests}")
     log(f"{'format':7s} {'shape':28s} {'MB':>6s} {'mma1 µs':>8s} {'gemv1 µs':>8s} {'share':>6s} {'mma4':>7s} {'gemv4':>7s}  best M=1")
     for r in results:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -70,10 +69,7 @@ def main() -> int:
             continue
         fmt = GT.FORMAT_IDS[scheme]
         n, k, _ = shapes[name]
-        one = GT.packed_bytes(GT.build(scheme, n, k, 1)[0][0])
-        copies = max(2, min(256, math.ceil(QL.L2_DEFEAT_BYTES / one)))
-        built = GT.build(scheme, n, k, copies)
-        ps, deq = [p for p, _ in built], built[0][1]
+        ps, deq, one = GT.timing_copies(scheme, n, k)
         for p in ps:
             K.reserve_workspace(p)
 
@@ -118,11 +114,10 @@ def main() -> int:
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"{pair}: ERROR {row['error'][:400]}", flush=True)
         rows.append(row)
-        del built, ps, deq
+        del ps, deq
         torch.cuda.empty_cache()
     (out / "h2.json").write_text(json.dumps({"copy_tbs": bw, "skipped": skipped, "rows": rows}, indent=1))
-    lines = ["TUNED_H2.update({"] + [f"    {key!r}: {val!r}," for key, val in sorted(tuned.items())] + ["})"]
-    (out / "tuned_h2.py").write_text("\n".join(lines) + "\n")
+    GT.write_tuned(out / "tuned_h2.py", "TUNED_H2", tuned)
     print(f"\n=== f16x2 GEMV vs dispatch (copy {bw:.2f} TB/s; {time.time() - T0:.0f} s) ===")
     print(f"{'format':7s} {'shape':26s} {'MB':>6s} {'disp1':>7s} {'h2 1':>7s} {'share':>6s} {'disp4':>7s} {'h2 4':>7s} {'4/1':>5s}  best")
     for r in rows:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -63,10 +62,7 @@ def main() -> int:
             continue
         fmt = GT.FORMAT_IDS[scheme]
         n, k, _ = shapes[name]
-        one = GT.packed_bytes(GT.build(scheme, n, k, 1)[0][0])
-        copies = max(2, min(256, math.ceil(QL.L2_DEFEAT_BYTES / one)))
-        built = GT.build(scheme, n, k, copies)
-        ps, deq = [p for p, _ in built], built[0][1]
+        ps, deq, one = GT.timing_copies(scheme, n, k)
         for p in ps:
             K.reserve_workspace(p)
 
@@ -113,11 +109,10 @@ def main() -> int:
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"{pair}: ERROR {row['error'][:600]}", flush=True)
         rows.append(row)
-        del built, ps, deq
+        del ps, deq
         torch.cuda.empty_cache()
     (out / "tc.json").write_text(json.dumps({"copy_tbs": bw, "skipped": skipped, "rows": rows}, indent=1))
-    lines = ["TUNED_TC.update({"] + [f"    {key!r}: {val!r}," for key, val in sorted(tuned.items())] + ["})"]
-    (out / "tuned_tc.py").write_text("\n".join(lines) + "\n")
+    GT.write_tuned(out / "tuned_tc.py", "TUNED_TC", tuned)
     print(f"\n=== tensor-core GEMV vs dispatch (copy {bw:.2f} TB/s; {time.time() - T0:.0f} s) ===")
     print(f"{'format':7s} {'shape':26s} {'MB':>6s} {'disp1':>7s} {'tc1':>7s} {'share':>6s} {'disp4':>7s} {'tc4':>7s} "
           f"{'disp8':>7s} {'tc8':>7s}  best M=1")
