@@ -299,6 +299,34 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
         "combine": [lambda y=y: GV.combine(y, T, TOP_K + 1, torch.bfloat16) for y in ys],
         "layer": [lambda x=x, L=L: _layer_step(moe, x, L) for x, L in zip(xs, layers)],
     }
+    if moe.takes_pairs(T, layers[0].experts, layers[0].shared):
+        # the pair kernels (pair_gemv.py) that `layer` runs at this T, each timed alone: they read
+        # the chosen experts once per pair, and down writes the combined output
+        from ninfer_plugins.moe_triton import pair_gemv as PG
+
+        nbytes["route"] = nbytes["route + plan"] - pairs * 8
+        nbytes["pair gate_up"] = used * gu_b + T * sgu_b + pairs * H * 2 + pairs * I * 2
+        nbytes["pair down+combine"] = used * dn_b + T * sdn_b + pairs * I * 2 + T * H * 2
+        calls["route"] = [lambda lg=lg, x=x, L=L: route(lg, TOP_K, x=x, shared_gate_weight=L.shared_gate)
+                          for lg, x, L in zip(logits, xs, layers)]
+        calls["pair gate_up"] = [lambda x=x, r=r, L=L: PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E)
+                                 for x, r, L in zip(xs, plans, layers)]
+        hp = [PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E) for x, r, L in zip(xs, plans, layers)]
+        calls["pair down+combine"] = [
+            lambda h=h, r=r, L=L: PG.down(h, r.ids, r.weights, L.experts.down, L.shared.down, H, E, torch.bfloat16)
+            for h, r, L in zip(hp, plans, layers)]
+        # the model's decode path at T <= 4: router GEMV and routing in one launch (route_gemv)
+        from ninfer_plugins.moe_triton.router import route_gemv
+        from ninfer_plugins.quant_int import kernels as QK
+
+        ws = QK.Workspace.get(xs[0].device)
+        scratch = lambda: (ws.partials, ws.counters)  # noqa: E731 (read at call time: the sweep may grow it)
+        nbytes["route_gemv"] = nbytes["router gemv"] + nbytes["route"]
+        calls["route_gemv"] = [lambda x=x, L=L: route_gemv(x, L.router, TOP_K, L.shared_gate, scratch()) for x, L in zip(xs, layers)]
+        # `layer` last: its bytes are the pair kernels' then
+        nbytes["layer"] = nbytes["route_gemv"] + nbytes["pair gate_up"] + nbytes["pair down+combine"]
+        calls.pop("layer")
+        calls["layer"] = [lambda x=x, L=L: _pair_layer(x, L, scratch()) for x, L in zip(xs, layers)]
     for name, fns in calls.items():
         try:
             ms = graph_ms_per_call(fns)
@@ -312,12 +340,60 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
         log(f"  T={T:2d} {name:13s} {ms * 1e3:8.2f} us  {nbytes[name] / 1e6:8.2f} MB  {gbs:8.0f} GB/s  {gbs / 1e3 / bw:6.1%}")
 
 
+def _pair_layer(x, L, scratch):
+    """The model's decode layer at T <= 4 (TritonMoe.forward_layer): route_gemv, then the pairs."""
+    import torch
+
+    from ninfer_plugins.moe_triton import pair_gemv as PG
+    from ninfer_plugins.moe_triton.router import route_gemv
+
+    r = route_gemv(x, L.router, TOP_K, L.shared_gate, scratch)
+    h = PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E)
+    return PG.down(h, r.ids, r.weights, L.experts.down, L.shared.down, H, E, torch.bfloat16)
+
+
+def pair_sweep(layers: list[Layer], bw: float, results: list, deadline: float) -> None:
+    """Block sizes of the pair kernels (pair_gemv.PairConfig) at T = 1 and 4, int4 layers."""
+    import torch
+
+    from ninfer_plugins.moe_triton import pair_gemv as PG
+    from ninfer_plugins.moe_triton.router import route
+
+    gu_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64) for w in (2, 4)
+               if kbs * 16 * bn >= 128 * w]
+    dn_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64, 128) for w in (2, 4)
+               if kbs * 16 * bn >= 128 * w]
+    for T in (1, 4):
+        xs = [torch.randn(T, H, device=DEV).bfloat16() for _ in layers]
+        rs = [route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate)
+              for x, L in zip(xs, layers)]
+        hs = [PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E) for x, r, L in zip(xs, rs, layers)]
+        for kind, cfgs in (("gate_up", gu_cfgs), ("down", dn_cfgs)):
+            for cfg in cfgs:
+                if time.time() > deadline:
+                    return
+                if kind == "gate_up":
+                    fns = [lambda x=x, r=r, L=L, c=cfg: PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E, c)
+                           for x, r, L in zip(xs, rs, layers)]
+                else:
+                    fns = [lambda h=h, r=r, L=L, c=cfg: PG.down(h, r.ids, r.weights, L.experts.down, L.shared.down, H, E,
+                                                                torch.bfloat16, c) for h, r, L in zip(hs, rs, layers)]
+                try:
+                    us = graph_ms_per_call(fns) * 1e3
+                except Exception as e:  # noqa: BLE001
+                    log(f"  pair sweep T={T} {kind} {cfg.describe()}: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                results.append({"T": T, "op": f"pair {kind}", "config": cfg.describe(), "us": us})
+                log(f"  pair sweep T={T} {kind:7s} {cfg.describe():28s} {us:7.2f} us")
+
+
 def _layer_step(moe, x, L):
     import torch
 
     from ninfer_plugins.moe_triton.router import route
 
-    r = route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate, plan=True)
+    plan = not moe.takes_pairs(x.shape[0], L.experts, L.shared)
+    r = route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate, plan=plan)
     return moe.run(x, r, L.experts, L.shared)
 
 
@@ -605,6 +681,7 @@ def main() -> int:
     ap.add_argument("--no-e2e", action="store_true", help="skip `ninfer bench`")
     ap.add_argument("--recipes", default="int4", help="kernel timings for these of int4,int8,bf16")
     ap.add_argument("--sweep", action="store_true", help="also sweep block sizes (several minutes)")
+    ap.add_argument("--pair-sweep", action="store_true", help="sweep the pair kernels' block sizes (T = 1, 4)")
     ap.add_argument("--floor", action="store_true", help="print the decode floor (arithmetic, no GPU) and exit")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)
@@ -617,7 +694,7 @@ def main() -> int:
         return 0
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-        DEV, E, H, I, TOP_K, LAYERS, DECODE_T, PREFILL_T = "cpu", 8, 128, 64, 3, 2, (1, 16), (40,)
+        DEV, E, H, I, TOP_K, LAYERS, DECODE_T, PREFILL_T = "cpu", 8, 128, 128, 3, 2, (1, 16), (40,)
         args.no_tests = True
 
     t_start = time.time()
@@ -684,6 +761,8 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - one failing section must not end the campaign
                     results["prefill"].append({"recipe": recipe, "T": PREFILL_T[-1], "error": f"{type(e).__name__}: {str(e)[:200]}"})
                     log(f"  prefill {recipe}: {type(e).__name__}: {str(e)[:300]}")
+            if args.pair_sweep and recipe == "int4":
+                pair_sweep(layers, bw, results["sweep"], kernels_deadline)
             if args.sweep and recipe == "int4":
                 sweep(layers, bw, results["sweep"], kernels_deadline)
         except Exception as e:  # noqa: BLE001

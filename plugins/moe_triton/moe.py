@@ -23,7 +23,9 @@ from ninfer.device import Requirements
 from ninfer.linear import DENSE, PackedWeight
 from ninfer_plugins.moe_triton import grouped_gemm as GM
 from ninfer_plugins.moe_triton import grouped_gemv as GV
-from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, Routing, route
+from ninfer_plugins.moe_triton import pair_gemv as PG
+from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, ROUTE_GEMV_FASTER_T, Routing, route, route_gemv
+from ninfer_plugins.quant_int import kernels as QK
 from ninfer_plugins.quant_int.formats import FORMATS
 
 # Any CUDA GPU on which Triton compiles bf16 tl.dot (Ampere and later).
@@ -136,6 +138,7 @@ class TritonMoe:
         decode_max: int = DECODE_BLOCK_M,
         configs: dict[str, GV.TileConfig] | None = None,
         fast: bool | None = None,
+        pairs: bool = True,
     ) -> None:
         self.requirements = requirements
         self.fused_dtypes = fused_dtypes
@@ -148,17 +151,24 @@ class TritonMoe:
             **(configs or {}),
         }
         self.fast = fast
+        # decode at T <= PAIR_MAX through pair_gemv.py where the layer's formats allow it
+        self.pairs = pairs
 
     # --- the ninfer_moe_kernel contract -----------------------------------------------------------
 
     def prepare(self, bank: Any, gate_up: list[PackedWeight], down: list[PackedWeight]) -> ExpertWeights:
-        return ExpertWeights(
+        w = ExpertWeights(
             stack_experts(gate_up, bank.stacked.get("gate_up"), bank.gate_up),
             stack_experts(down, bank.stacked.get("down"), bank.down),
             bank.num_experts,
             down[0].shape[0],
             bank.inner,
         )
+        if self.pairs and w.gate_up.fmt in PG.INT_FMTS:
+            # the pair kernels' split-K scratch, sized now (a graph cannot grow it): top_k is the
+            # router's, unknown here, so up to 16 routed slots and the shared one
+            PG.reserve(w.gate_up.q.device, min(16, w.num_experts) + 1, w.hidden, w.inner)
+        return w
 
     def experts(self, bank: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """sum_k weights[:, k] * expert_{ids[:, k]}(x), routed experts only."""
@@ -173,18 +183,27 @@ class TritonMoe:
         if x.shape[0] == 0:
             return torch.zeros_like(x)
         x = x.contiguous()
+        shared = shared_weights(moe)
+        router = self._fused_router(moe, x, w, shared)
+        if router is not None:
+            # one decode token: router GEMV and routing in one launch, then the two pair kernels
+            ws = QK.Workspace.get(x.device)
+            ws.ensure(x.shape[0] * (w.num_experts + 1), 1, QK.capturing(x))
+            r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters))
+            return self.run(x, r, w, shared)
         logits = moe.gate(x)
         decode = x.shape[0] <= self.decode_max
-        shared = shared_weights(moe)
         if shared is None:
             r = self._route(logits, moe.top_k, w.num_experts, decode)
             routed = self.run(x, r, w)
             gate = torch.sigmoid(moe.shared_expert_gate(x).float())
             return (routed.float() + gate * moe.shared_expert(x).float()).to(x.dtype)
+        # the pair kernels read ids and weights only: no tile plan to build
+        plan = decode and not self.takes_pairs(x.shape[0], w, shared)
         if shared.gate_weight is not None:
-            r = self._route(logits, moe.top_k, w.num_experts, decode, x=x, shared_gate_weight=shared.gate_weight)
+            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, x=x, shared_gate_weight=shared.gate_weight)
         else:
-            r = self._route(logits, moe.top_k, w.num_experts, decode, shared_gate_logit=moe.shared_expert_gate(x))
+            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, shared_gate_logit=moe.shared_expert_gate(x))
         return self.run(x, r, w, shared)
 
     # --- steps ---------------------------------------------------------------------------------------
@@ -195,13 +214,35 @@ class TritonMoe:
             raise RuntimeError(f"{type(bank).__name__}: the expert weights were never loaded")
         return w
 
-    def _route(self, logits: torch.Tensor, top_k: int, num_experts: int, decode: bool, **shared: Any) -> Routing:
+    def _route(self, logits: torch.Tensor, top_k: int, num_experts: int, decode: bool, plan: bool = True,
+               **shared: Any) -> Routing:
         if decode:
-            return route(logits, top_k, plan=True, **shared)
+            return route(logits, top_k, plan=plan, **shared)
         return GM.plan(route(logits, top_k, **shared), num_experts, self.configs["prefill_gate_up"].block_m)
+
+    def _fused_router(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights | None) -> torch.Tensor | None:
+        """The dense router weight [E, H] when this call routes with route_gemv (the pair path at
+        T = 1, where it was measured faster, with a dense router and shared gate in x's dtype),
+        else None."""
+        if x.shape[0] > ROUTE_GEMV_FASTER_T or not self.takes_pairs(x.shape[0], w, shared) or shared.gate_weight is None:
+            return None
+        rw = moe.gate.prepared
+        if not (isinstance(rw, torch.Tensor) and rw.dim() == 2 and rw.shape == (w.num_experts, w.hidden)
+                and rw.stride(-1) == 1 and rw.dtype == x.dtype and shared.gate_weight.dtype == x.dtype):
+            return None
+        return rw
+
+    def takes_pairs(self, tokens: int, w: ExpertWeights, shared: SharedWeights | None) -> bool:
+        """Whether `tokens` tokens run the pair kernels (pair_gemv.py) rather than the tiles."""
+        if not self.pairs or shared is None or not 0 < tokens <= PG.PAIR_MAX:
+            return False
+        return PG.supports(w.gate_up, w.down, (shared.gate, shared.up, shared.down), w.hidden, w.inner, shared.inner)
 
     def run(self, x: torch.Tensor, r: Routing, w: ExpertWeights, shared: SharedWeights | None = None) -> torch.Tensor:
         """The grouped kernels over a routing; plans it first when it has none."""
+        if r.slots > r.top_k and self.takes_pairs(r.num_tokens, w, shared):
+            h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast)
+            return PG.down(h, r.ids, r.weights, w.down, shared.down, w.hidden, w.num_experts, x.dtype, fast=self.fast)
         decode = r.num_tokens <= self.decode_max
         cu, cd = (self.configs["decode_gate_up"], self.configs["decode_down"]) if decode else (
             self.configs["prefill_gate_up"], self.configs["prefill_down"])

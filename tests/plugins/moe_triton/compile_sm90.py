@@ -108,10 +108,33 @@ def run_variant(GV, gu, dn, sh, cu, cd, T, fast) -> None:
     GV.combine(y, T, slots, torch.bfloat16)
 
 
-def route_variants():
-    from ninfer_plugins.moe_triton.router import route
+def pair_variants(quick: bool):
+    """The pair kernels of decode at T <= 4 (pair_gemv.py): int formats only."""
+    for gu, dn, sh in ((4, 5, 8), (4, 6, 8), (8, 8, 8))[: 1 if quick else None]:
+        for fast in (True, False) if not quick else (True,):
+            yield f"pairs {gu}/{dn}/{sh}{'' if fast else ' plain'}", (lambda a=(gu, dn, sh, fast): run_pairs(*a))
 
-    for T, plan in ((1, True), (16, True), (64, False)):
+
+def run_pairs(gu, dn, sh, fast) -> None:
+    from ninfer_plugins.moe_triton import grouped_gemv as GV
+    from ninfer_plugins.moe_triton import pair_gemv as PG
+
+    T, slots = 4, TOP_K + 1
+    ids = torch.zeros(T, slots, dtype=torch.int32)
+    x = torch.empty(T, H, dtype=torch.bfloat16)
+    h = PG.gate_up(x, ids, _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H), I, E, fast=fast)
+    PG.down(h, ids, torch.zeros(T, slots), _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), H, E, torch.bfloat16, fast=fast)
+
+
+def route_variants():
+    from ninfer_plugins.moe_triton.router import route, route_gemv
+
+    for T in (1, 4):
+        yield f"route_gemv T={T}", (lambda t=T: route_gemv(
+            torch.empty(t, H, dtype=torch.bfloat16), torch.empty(E, H, dtype=torch.bfloat16), TOP_K,
+            torch.empty(1, H, dtype=torch.bfloat16), (torch.empty(4 * (E + 1)), torch.zeros(1, dtype=torch.int32))))
+
+    for T, plan in ((1, True), (16, True), (64, False), (1, False), (4, False)):
         for mode in ("dot", "logit", None):
             logits = torch.empty(T, E, dtype=torch.bfloat16)
             kw = {}
@@ -126,6 +149,7 @@ def main() -> int:
     quick = "--quick" in sys.argv
     install()
     jobs = [(name, lambda a=args: run_variant(*a)) for name, args in variants(quick)]
+    jobs += list(pair_variants(quick))
     jobs += list(route_variants())[: 2 if quick else None]
     if "--shard" in sys.argv:
         i, n = (int(v) for v in sys.argv[sys.argv.index("--shard") + 1].split("/"))

@@ -143,8 +143,14 @@ def test_gpu_35b_layer_int4_through_the_modules():
     # linear kernel keeps a layout of its own, and so no packed weight)
     first = moe.experts.gate_up[0].packed
     assert first is None or first.tensors["qweight"].data_ptr() == w.gate_up.q.data_ptr()
-    for T in (1, 5, 16, 100):
+    from ninfer_plugins.moe_triton.moe import shared_weights
+
+    for T in (1, 2, 4, 5, 16, 100):
         x = torch.randn(T, H, generator=g, device="cuda").bfloat16()
+        # T = 1: the fused router; T <= 4 the pair kernels; past that the tiles
+        fused = moe.experts.kernel._fused_router(moe, x, w, shared_weights(moe)) is not None
+        assert fused == (T == 1)
+        assert moe.experts.kernel.takes_pairs(T, w, shared_weights(moe)) == (T <= 4)
         out = moe(x)
         kernel, moe.experts.kernel = moe.experts.kernel, ReferenceMoe()
         try:

@@ -1,0 +1,362 @@
+"""Decode MoE experts as one split-K GEMV per (token, expert) pair, on quant_int's f16x2 GEMV step.
+
+Why: at one to four tokens the tile kernels of grouped_gemv.py pad each expert's tile to 16 pairs
+for the MMA and walk K in one program: measured 37.6 µs for gate_up at T = 1 (11 MB, 7% of the
+copy bandwidth; BENCHMARKS.md "35B-A3B MoE"). Here every pair p = t * slots + j (router.py) is a
+GEMV of one activation row, split over K slices and row chunks like gemv_h2.py, with its decode
+(`lop3` magic numbers, f16x2 FMAs, fp32 scales) and its tile and trip functions reused as they are.
+
+Two launches per layer, no host sync, grids fixed by shapes (CUDA-graph safe):
+* gate_up: grid (row chunks, K slices, pairs). A chunk is R gate rows and the same R up rows of
+  the pair's expert (both read against the same x slice). The last CTA of a (pair, chunk) to
+  arrive sums the slices in order and writes h = silu(gate) * up, rounded to x's dtype.
+* down: grid (row chunks, K slices, pairs), x = h of the pair. The last CTA of a chunk over every
+  pair and slice writes out[t, rows] = sum_j weight[t, j] * sum_s partial[t * slots + j, s]: the
+  routing weights and the per-token combine are fused, in a fixed order (bit-reproducible).
+The shared expert is the pair with id E (router.py), read from its own matrices in its own
+format by a runtime branch (one more compiled body, no extra launch).
+
+Weights are read once per pair: two tokens that pick the same expert read it twice, which at
+T <= 4 and 8 of 256 experts costs little (the shared expert is read T times: 2 MB each at q8).
+
+Needs: int formats (q4/q5/q6/q8) for the routed and the shared experts, K % (128 KBS) == 0 for
+both K (hidden and inner), the expert widths a multiple of the rows per trip. `supports` says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
+import triton
+import triton.language as tl
+from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue
+from ninfer_plugins.moe_triton.grouped_gemv import INT_FMTS, Matrix
+from ninfer_plugins.quant_int import gemv_h2 as H2
+from ninfer_plugins.quant_int import kernels as QK
+
+# the largest token count the pair kernels serve (one row per pair: past this the tile kernels,
+# which read an expert once for all its tokens, win)
+PAIR_MAX = 4
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    block_n: int = 32  # rows a trip
+    kbs: int = 4  # K blocks of 128 per slice
+    rows: int = 32  # rows a chunk (gate_up: R gate and R up rows)
+    num_warps: int = 4
+
+    def describe(self) -> str:
+        return f"pair BN{self.block_n} KBS{self.kbs} R{self.rows} w{self.num_warps}"
+
+
+# Measured on the H200 (bench/moe.py --pair-sweep, 35B int4 layers: I 512, H 2048; BENCHMARKS.md
+# "35B-A3B MoE"): best at T = 1 and 4 both, gate_up 2 K blocks a slice, 32 rows, 2 warps (8.7 /
+# 23.1 µs; 4 blocks and 4 warps, the first choice: 9.3 / 23.8); down the whole K = 512 in one
+# slice, 32 rows, 2 warps (7.6 / 17.6 µs; first choice 2 blocks, 64 rows, 4 warps: 8.3 / 21.6).
+GATE_UP = PairConfig(block_n=32, kbs=2, rows=32, num_warps=2)
+DOWN = PairConfig(block_n=32, kbs=4, rows=32, num_warps=2)
+
+
+def configs_for(hidden: int, inner: int) -> tuple[PairConfig, PairConfig] | None:
+    """(gate_up, down) configs for a layer's widths: GATE_UP / DOWN where they divide the
+    shapes, else the same with fewer K blocks a slice or fewer rows a chunk; None if nothing fits."""
+    out = []
+    for base, k, rows in ((GATE_UP, hidden, inner), (DOWN, inner, hidden)):
+        kbs = next((b for b in (base.kbs, 2, 1) if b <= base.kbs and k % (128 * b) == 0), None)
+        chunk = next((r for r in (base.rows, 32) if r <= base.rows and rows % r == 0), None)
+        if kbs is None or chunk is None:
+            return None
+        out.append(PairConfig(base.block_n, kbs, chunk, base.num_warps))
+    return out[0], out[1]
+
+
+@triton.jit
+def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, pid_s, ws_row0, ws_off1, rows,
+                    SEGS: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr,
+                    HEAD: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr):
+    """Partials of x_row's K slice `pid_s` against `rows` rows from W0 (and SEGS = 2: as many from
+    W1), pointers already at the chunk's first row, stored to WS_p rows ws_row0.. (W1's at
+    ws_row0 + ws_off1), laid out as gemv_h2's workspace: [row, slice, 4] with lane 0 used."""
+    WPB: tl.constexpr = 32 if FMT == 8 else 16
+    C: tl.constexpr = KBS * WPB
+    c = tl.arange(0, C)
+    t = c % WPB
+    kb_abs = pid_s * KBS + c // WPB
+    w_cols = pid_s * C + c
+    if FMT == 8:
+        g_cols = kb_abs * 4 + t // 8
+    else:
+        g_cols = kb_abs
+    v = t // 4
+    if FMT == 5:
+        h_cols = kb_abs * 4 + v // 2
+        h_shift = (v % 2) * 16
+    else:
+        h_cols = kb_abs * 8 + v
+        h_shift = v * 0
+    lead = (c % 4) == 0
+    jj = (c % 4)[:, None]
+    rn = tl.arange(0, BLOCK_N)
+    base = kb_abs * 128 + t * 4
+    xa, xb, xc, xd, p0, p1, p2, p3, inv0 = H2._xrow_prep(X_row, 0, 0, 1, base, FMT, HEAD, FAST)
+    cols4 = tl.arange(0, 4)[:, None]
+    inv = tl.where(cols4 == 0, inv0, 0.0)
+    rn64 = rn.to(tl.int64)[None, :]
+    for seg in tl.static_range(SEGS):
+        if seg == 0:
+            wp = W0 + rn64 * sw + w_cols[:, None]
+            sp = S0 + rn64 * ss + g_cols[:, None]
+            hp = H0 + rn64 * sh + h_cols[:, None]
+            r_base = ws_row0
+        else:
+            wp = W1 + rn64 * sw + w_cols[:, None]
+            sp = S1 + rn64 * ss + g_cols[:, None]
+            hp = H1 + rn64 * sh + h_cols[:, None]
+            r_base = ws_row0 + ws_off1
+        w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+        for r0 in range(0, rows, BLOCK_N):
+            w = w_n
+            hl = hl_n
+            hh = hh_n
+            s = s_n
+            # the next trip's tile (or this one again after the last: stays in bounds)
+            step = tl.where(r0 + BLOCK_N < rows, BLOCK_N, 0).to(tl.int64)
+            wp += step * sw
+            sp += step * ss
+            hp += step * sh
+            w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+            H2._trip(w, hl, hh, s, r_base + r0, rn, r_base + rows, h_shift, jj, cols4, inv, WS_p, N_SLICES, pid_s,
+                     xa, xb, xc, xd, p0, p1, p2, p3, xa, xb, xc, xd, p0, p1, p2, p3,
+                     xa, xb, xc, xd, p0, p1, p2, p3, xa, xb, xc, xd, p0, p1, p2, p3,
+                     FMT, 1, ASM, CONSTR, FAST)
+
+
+@triton.jit
+def _ws_sum(WS_p, rows, N_SLICES, SLICES_P2: tl.constexpr):
+    """sum over slices of WS_p[rows, slice, 0] -> fp32 [BLOCK_N] (in slice order)."""
+    sl = tl.arange(0, SLICES_P2)[:, None]
+    p = tl.load(WS_p + (rows[None, :].to(tl.int64) * N_SLICES + sl) * 4, mask=sl < N_SLICES, other=0.0,
+                cache_modifier=".cg")
+    return tl.sum(p, 0)
+
+
+@triton.jit(do_not_specialize=["N_SLICES", "CHUNKS"])
+def _pair_gate_up_kernel(
+    X, IDS, HOUT, WS, CNT,
+    W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS,
+    INNER, E, SLOTS, N_SLICES, CHUNKS,
+    sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
+    FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
+    SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+    ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_prologue(PDL)
+    pid_c = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    p = tl.program_id(2)
+    e = tl.load(IDS + p)
+    tok = p // SLOTS
+    x_row = X + tok.to(tl.int64) * sx
+    row0 = pid_c * ROWS
+    # this pair's workspace: [2 * INNER rows (gate, then up), slices, 4]
+    ws_p = WS + p.to(tl.int64) * (2 * INNER) * N_SLICES * 4
+    if e == E:
+        r64 = row0.to(tl.int64)
+        _slice_partials(x_row, GW + r64 * sgw, GWH + r64 * sgwh, GWS + r64 * sgws,
+                        UW + r64 * sgw, UWH + r64 * sgwh, UWS + r64 * sgws, sgw, sgwh, sgws,
+                        ws_p, N_SLICES, pid_s, row0, INNER, ROWS,
+                        2, SFMT, BLOCK_N, KBS, SHEAD, SASM, SCONSTR, FAST)
+    else:
+        g64 = e.to(tl.int64) * 2 * INNER + row0
+        u64 = g64 + INNER
+        _slice_partials(x_row, W + g64 * sw, WH + g64 * swh, WS_ + g64 * sws,
+                        W + u64 * sw, WH + u64 * swh, WS_ + u64 * sws, sw, swh, sws,
+                        ws_p, N_SLICES, pid_s, row0, INNER, ROWS,
+                        2, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST)
+    tl.debug_barrier()
+    cnt = CNT + p * CHUNKS + pid_c
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if arrived == N_SLICES - 1:
+        rn = tl.arange(0, BLOCK_N)
+        for r0 in range(row0, row0 + ROWS, BLOCK_N):
+            rr = r0 + rn
+            g = _ws_sum(ws_p, rr, N_SLICES, SLICES_P2)
+            u = _ws_sum(ws_p, rr + INNER, N_SLICES, SLICES_P2)
+            h = g * tl.sigmoid(g) * u
+            tl.store(HOUT + p.to(tl.int64) * sh_out + rr, h.to(HOUT.dtype.element_ty))
+        tl.atomic_xchg(cnt, 0)
+
+
+@triton.jit(do_not_specialize=["N_SLICES", "N_PAIRS", "T"])
+def _pair_down_kernel(
+    HIN, IDS, WEIGHTS, OUT, WS, CNT,
+    W, WH, WS_, SW, SWH, SWS,
+    N, E, SLOTS, N_SLICES, N_PAIRS, T,
+    shin, so, sw, swh, sws, ssw, sswh, ssws,
+    FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
+    SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+    ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_prologue(PDL)
+    pid_c = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    p = tl.program_id(2)
+    e = tl.load(IDS + p)
+    x_row = HIN + p.to(tl.int64) * shin
+    row0 = pid_c * ROWS
+    ws_p = WS + p.to(tl.int64) * N * N_SLICES * 4
+    if e == E:
+        r64 = row0.to(tl.int64)
+        _slice_partials(x_row, SW + r64 * ssw, SWH + r64 * sswh, SWS + r64 * ssws, SW, SWH, SWS, ssw, sswh, ssws,
+                        ws_p, N_SLICES, pid_s, row0, 0, ROWS,
+                        1, SFMT, BLOCK_N, KBS, SHEAD, SASM, SCONSTR, FAST)
+    else:
+        r64 = e.to(tl.int64) * N + row0
+        _slice_partials(x_row, W + r64 * sw, WH + r64 * swh, WS_ + r64 * sws, W, WH, WS_, sw, swh, sws,
+                        ws_p, N_SLICES, pid_s, row0, 0, ROWS,
+                        1, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+    if arrived == N_PAIRS * N_SLICES - 1:
+        # every slot and slice of a token in one load ([slot x slice, the chunk's rows]), so the
+        # tail this CTA adds is one round trip a token (offsets are small: int32)
+        rr = row0 + tl.arange(0, ROWS)
+        js = tl.arange(0, SLOTS_P2 * SLICES_P2)
+        j = js // SLICES_P2
+        sl = js % SLICES_P2
+        ok = (j < SLOTS) & (sl < N_SLICES)
+        for t in range(0, T):
+            q = t * SLOTS + j
+            wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0)
+            part = tl.load(WS + ((q * N)[:, None] + rr[None, :]) * (N_SLICES * 4) + (sl * 4)[:, None],
+                           mask=ok[:, None], other=0.0, cache_modifier=".cg")
+            acc = tl.sum(part * wt[:, None], 0)
+            tl.store(OUT + t * so + rr, acc.to(OUT.dtype.element_ty))
+        tl.atomic_xchg(CNT + pid_c, 0)
+
+
+# --- host side --------------------------------------------------------------------------------------
+
+
+def _fits(m: Matrix, k: int, rows: int, cfg: PairConfig) -> bool:
+    if m.fmt not in INT_FMTS or m.fmt not in H2.FORMATS:
+        return False
+    words = cfg.kbs * H2.WORDS[m.fmt] * cfg.block_n
+    return (k % (128 * cfg.kbs) == 0 and rows % cfg.rows == 0 and cfg.rows % cfg.block_n == 0
+            and words >= 4 * 32 * cfg.num_warps)
+
+
+def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None,
+             hidden: int, inner: int, shared_inner: int) -> bool:
+    """Whether a layer's experts (and its shared expert) can take the pair kernels."""
+    cfgs = configs_for(hidden, inner)
+    if shared is None or shared_inner != inner or cfgs is None:
+        return False
+    gu, dn = cfgs
+    sg, su, sd = shared
+    return (_fits(routed_gu, hidden, inner, gu) and _fits(sg, hidden, inner, gu) and _fits(su, hidden, inner, gu)
+            and sg.fmt == su.fmt and _fits(routed_dn, inner, hidden, dn) and _fits(sd, inner, hidden, dn))
+
+
+def _int_args(m: Matrix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(words int32, high-bit words, scales) as gemv_h2 reads them."""
+    w = m.q.view(torch.int32)
+    h = m.h.view(torch.int32) if m.h is not None else w
+    s = m.s if m.fmt == 8 else m.s.view(torch.int32)
+    return w, h, s
+
+
+def _workspace(pairs: int, rows: int, n_slices: int, counters: int) -> tuple[int, int]:
+    return pairs * rows * n_slices * 4, counters
+
+
+def workspace_need(tokens: int, slots: int, hidden: int, inner: int) -> tuple[int, int]:
+    """(fp32 partials, counters) the two launches need at `tokens` tokens."""
+    gu, dn = configs_for(hidden, inner) or (GATE_UP, DOWN)
+    pairs = tokens * slots
+    a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), pairs * (inner // gu.rows))
+    b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows)
+    return max(a[0], b[0]), max(a[1], b[1])
+
+
+def reserve(device: torch.device, slots: int, hidden: int, inner: int) -> None:
+    """Size quant_int's split-K workspace for up to PAIR_MAX tokens (load time, before any graph)."""
+    if device.type == "cuda":
+        QK.Workspace.get(device).reserve(*workspace_need(PAIR_MAX, slots, hidden, inner))
+
+
+def _fast(fast: bool | None) -> bool:
+    return (True if fast is None else fast) and not interpreting()
+
+
+def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Matrix, shared_up: Matrix,
+            inner: int, num_experts: int, cfg: PairConfig | None = None, fast: bool | None = None) -> torch.Tensor:
+    """h [T * slots, I] = silu(G_e x_t) * U_e x_t for every pair (e = ids[t, j]; e == E: shared)."""
+    T, slots = ids.shape
+    pairs = T * slots
+    hidden = x.shape[1]
+    cfg = cfg or configs_for(hidden, inner)[0]
+    h = torch.empty(pairs, inner, dtype=x.dtype, device=x.device)
+    if pairs == 0:
+        return h
+    n_slices = hidden // (128 * cfg.kbs)
+    chunks = inner // cfg.rows
+    ws = QK.Workspace.get(x.device)
+    ws.ensure(*_workspace(pairs, 2 * inner, n_slices, pairs * chunks), QK.capturing(x))
+    w, wh, wsc = _int_args(routed)
+    gw, gwh, gws = _int_args(shared_gate)
+    uw, uwh, uws = _int_args(shared_up)
+    if (gw.stride(0), gwh.stride(0), gws.stride(0)) != (uw.stride(0), uwh.stride(0), uws.stride(0)):
+        raise ValueError("the shared expert's gate and up weights must share their row strides")
+    asm, constr = H2._asm(routed.fmt, 1)
+    sasm, sconstr = H2._asm(shared_gate.fmt, 1)
+    _pair_gate_up_kernel[(chunks, n_slices, pairs)](
+        x, ids, h, ws.partials, ws.counters,
+        w, wh, wsc, gw, gwh, gws, uw, uwh, uws,
+        inner, num_experts, slots, n_slices, chunks,
+        x.stride(0), h.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), gw.stride(0), gwh.stride(0), gws.stride(0),
+        FMT=routed.fmt, SFMT=shared_gate.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
+        SLICES_P2=triton.next_power_of_2(n_slices), HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared_gate.fmt],
+        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), num_warps=cfg.num_warps,
+        **pdl_kwargs(x.device),
+    )
+    return h
+
+
+def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matrix, shared: Matrix,
+         hidden: int, num_experts: int, dtype: torch.dtype, cfg: PairConfig | None = None,
+         fast: bool | None = None) -> torch.Tensor:
+    """out [T, H] = sum_j weights[t, j] * D_e h_{t, j}, summed in slot order, rounded once."""
+    T, slots = ids.shape
+    pairs = T * slots
+    inner = h.shape[1]
+    cfg = cfg or configs_for(hidden, inner)[1]
+    out = torch.empty(T, hidden, dtype=dtype, device=h.device)
+    if pairs == 0:
+        return out
+    n_slices = inner // (128 * cfg.kbs)
+    chunks = hidden // cfg.rows
+    ws = QK.Workspace.get(h.device)
+    ws.ensure(*_workspace(pairs, hidden, n_slices, chunks), QK.capturing(h))
+    w, wh, wsc = _int_args(routed)
+    sw, swh, sws = _int_args(shared)
+    asm, constr = H2._asm(routed.fmt, 1)
+    sasm, sconstr = H2._asm(shared.fmt, 1)
+    _pair_down_kernel[(chunks, n_slices, pairs)](
+        h, ids, weights, out, ws.partials, ws.counters,
+        w, wh, wsc, sw, swh, sws,
+        hidden, num_experts, slots, n_slices, pairs, T,
+        h.stride(0), out.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), sw.stride(0), swh.stride(0), sws.stride(0),
+        FMT=routed.fmt, SFMT=shared.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
+        SLICES_P2=triton.next_power_of_2(n_slices), SLOTS_P2=triton.next_power_of_2(slots),
+        HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],
+        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), num_warps=cfg.num_warps,
+        **pdl_kwargs(h.device),
+    )
+    return out

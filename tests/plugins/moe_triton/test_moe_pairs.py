@@ -1,0 +1,140 @@
+"""The pair kernels of decode (pair_gemv.py: one split-K GEMV per (token, expert) pair, the
+shared expert as one more pair, silu * up and the routing-weighted combine fused) against the
+fp32 oracle of the decoded weights.
+
+CPU (CI): interpreted, E 8, H 256, I 128, top 3, T = 1..4, routings that pick experts 0 and E-1
+and repeat a token's choice (two pairs reading one expert); every int format on either side.
+GPU (`-m gpu`): the real shapes (256 experts, H 2048, I 512, top 8) of the int4 and int8
+recipes, T = 1..4, bit-reproducible, and replayed in a CUDA graph over changing routings.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from moe_cases import ACT, DEV, expert_bank, logits_hitting, shared_expert
+
+from ninfer.kernels import reference as R
+from ninfer.kernels.triton.launch import interpreting
+from ninfer_plugins.moe_triton import pair_gemv as PG
+from ninfer_plugins.moe_triton.grouped_gemv import experts_reference
+from ninfer_plugins.moe_triton.moe import TritonMoe
+from ninfer_plugins.moe_triton.router import route
+
+CUDA = torch.cuda.is_available()
+interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where there is no GPU (CI)")
+needs_cuda = pytest.mark.skipif(not CUDA or interpreting(), reason="needs a CUDA device")
+ATOL, RTOL = R.TOLERANCES["bf16_reduction"]
+
+
+def _close(out, ref):
+    assert bool(torch.isfinite(out).all())
+    err = (out.double() - ref.double()).abs()
+    normwise = float(err.norm() / ref.double().norm())
+    worst = float((err / (ATOL + RTOL * ref.double().abs())).max())
+    assert normwise <= RTOL and worst <= R.GROSS_CAP, (normwise, worst)
+
+
+def _run(bank, shared, T, top_k, seed, moe=None, logits=None):
+    (w, gu, dn), (sw, sdec, sg) = bank, shared
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(T, w.hidden, generator=g, device=DEV).to(torch.bfloat16).to(ACT)
+    moe = moe or TritonMoe(fused_dtypes=(ACT,))
+    assert moe.takes_pairs(T, w, sw)
+    if logits is None:
+        logits = logits_hitting(T, w.num_experts, seed=seed)
+    r = route(logits, top_k, x=x, shared_gate_weight=sg)
+    out = moe.run(x, r, w, sw)
+    ref = experts_reference(x, r.ids[:, :top_k].long(), r.weights[:, :top_k], gu, dn, sdec, r.weights[:, top_k])
+    return out, ref
+
+
+CPU_CASES = [("q4_g64", "q5_g64", "q8_g32"), ("q4_g64", "q6_g64", "q8_g32"), ("q8_g32", "q8_g32", "q4_g64"),
+             ("q5_g64", "q4_g64", "q6_g64")]
+
+
+@interp
+@pytest.mark.parametrize("gu,dn,sh", CPU_CASES)
+@pytest.mark.parametrize("T", [1, 3])
+def test_interpreted_pairs_equal_the_oracle(gu, dn, sh, T):
+    bank = expert_bank(8, 256, 128, gu, dn, seed=T)
+    shared = shared_expert(256, 128, sh, seed=T + 1)
+    out, ref = _run(bank, shared, T, 3, seed=T)
+    assert out.dtype == ACT and out.shape == (T, 256)
+    _close(out, ref)
+    again, _ = _run(bank, shared, T, 3, seed=T)
+    assert torch.equal(out, again)  # fixed summation order, counters reset by the last CTA
+
+
+@interp
+def test_interpreted_pair_configs_and_fallbacks():
+    assert PG.configs_for(2048, 512) == (PG.GATE_UP, PG.DOWN)
+    gu, dn = PG.configs_for(256, 128)
+    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, 32, 1, 32)
+    assert PG.configs_for(136, 40) is None  # K not a multiple of 128: the tile kernels run
+    w, _, _ = expert_bank(4, 256, 128, "q4_g64", "q5_g64", seed=0)
+    sw, _, _ = shared_expert(256, 128, "q8_g32", seed=1)
+    moe = TritonMoe(fused_dtypes=(ACT,))
+    assert moe.takes_pairs(4, w, sw) and not moe.takes_pairs(5, w, sw) and not moe.takes_pairs(1, w, None)
+    assert not TritonMoe(fused_dtypes=(ACT,), pairs=False).takes_pairs(1, w, sw)
+    wd, _, _ = expert_bank(4, 256, 128, "bf16", "bf16", seed=0)
+    assert not moe.takes_pairs(1, wd, sw)  # dense experts: the tiles
+
+
+E, H, I, TOP_K = 256, 2048, 512, 8
+GPU_RECIPES = [("q4_g64", "q5_g64", "q8_g32"), ("q4_g64", "q6_g64", "q8_g32"), ("q8_g32", "q8_g32", "q8_g32")]
+
+
+@pytest.fixture(scope="module", params=GPU_RECIPES, ids=lambda r: "/".join(r))
+def real(request):
+    gu, dn, sh = request.param
+    bank = expert_bank(E, H, I, gu, dn, seed=0)
+    yield bank, shared_expert(H, I, sh, seed=1)
+    del bank
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 2, 3, 4])
+def test_gpu_pairs_real_shapes(real, T):
+    bank, shared = real
+    out, ref = _run(bank, shared, T, TOP_K, seed=T)
+    _close(out, ref)
+    again, _ = _run(bank, shared, T, TOP_K, seed=T)
+    assert torch.equal(out, again)
+    if T == 1:
+        plain, _ = _run(bank, shared, T, TOP_K, seed=T, moe=TritonMoe(fused_dtypes=(ACT,), fast=False))
+        _close(plain, ref)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
+    (w, gu, dn), (sw, sdec, sg) = real
+    moe = TritonMoe(fused_dtypes=(ACT,))
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    logits = torch.randn(T, E, device="cuda")
+
+    def step():
+        r = route(logits, TOP_K, x=x, shared_gate_weight=sg)
+        return moe.run(x, r, w, sw), r
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, r = step()
+    for seed in range(3):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
+        logits.copy_(torch.randn(T, E, generator=g, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
+        _close(out, ref)
