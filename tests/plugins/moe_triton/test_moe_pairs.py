@@ -70,7 +70,7 @@ def test_interpreted_pairs_equal_the_oracle(gu, dn, sh, T):
 def test_interpreted_pair_configs_and_fallbacks():
     assert PG.configs_for(2048, 512) == (PG.GATE_UP, PG.DOWN)
     gu, dn = PG.configs_for(256, 128)
-    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, 32, 1, 32)
+    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, 32, 1, 64)
     assert PG.configs_for(136, 40) is None  # K not a multiple of 128: the tile kernels run
     w, _, _ = expert_bank(4, 256, 128, "q4_g64", "q5_g64", seed=0)
     sw, _, _ = shared_expert(256, 128, "q8_g32", seed=1)
@@ -138,3 +138,18 @@ def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
         torch.cuda.synchronize()
         ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
         _close(out, ref)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_swept_pair_configs_equal_the_oracle(real, T):
+    # the sweep's faster block sizes (pair_gemv.SWEPT_*), checked before they become the defaults
+    (w, gu, dn), (sw, sdec, sg) = real
+    g = torch.Generator(device=DEV).manual_seed(T)
+    x = torch.randn(T, H, generator=g, device=DEV).bfloat16()
+    r = route(logits_hitting(T, E, seed=T), TOP_K, x=x, shared_gate_weight=sg)
+    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, PG.SWEPT_GATE_UP)
+    out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, PG.SWEPT_DOWN)
+    ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
+    _close(out, ref)
