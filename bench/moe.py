@@ -324,7 +324,8 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
         nbytes["route_gemv"] = nbytes["router gemv"] + nbytes["route"]
         calls["route_gemv"] = [lambda x=x, L=L: route_gemv(x, L.router, TOP_K, L.shared_gate, scratch()) for x, L in zip(xs, layers)]
         # `layer` last: its bytes are the pair kernels' then
-        nbytes["layer"] = nbytes["route_gemv"] + nbytes["pair gate_up"] + nbytes["pair down+combine"]
+        nbytes["layer"] = nbytes["route_gemv"] + nbytes["pair gate_up"] + nbytes["pair down+combine"] + (
+            T * E * 2 if T > 1 else 0)  # past one token the logits round-trip memory
         calls.pop("layer")
         calls["layer"] = [lambda x=x, L=L: _pair_layer(x, L, scratch()) for x, L in zip(xs, layers)]
     for name, fns in calls.items():
@@ -341,13 +342,16 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
 
 
 def _pair_layer(x, L, scratch):
-    """The model's decode layer at T <= 4 (TritonMoe.forward_layer): route_gemv, then the pairs."""
+    """The model's decode layer at T <= 4 (TritonMoe.forward_layer): the routing, then the pairs."""
     import torch
 
     from ninfer_plugins.moe_triton import pair_gemv as PG
-    from ninfer_plugins.moe_triton.router import route_gemv
+    from ninfer_plugins.moe_triton.router import ROUTE_GEMV_FASTER_T, route, route_gemv
 
-    r = route_gemv(x, L.router, TOP_K, L.shared_gate, scratch)
+    if x.shape[0] <= ROUTE_GEMV_FASTER_T:
+        r = route_gemv(x, L.router, TOP_K, L.shared_gate, scratch)
+    else:  # as the model does past one token: the router linear, then `route`
+        r = route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate)
     h = PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E)
     return PG.down(h, r.ids, r.weights, L.experts.down, L.shared.down, H, E, torch.bfloat16)
 

@@ -9,9 +9,10 @@ weights of the experts it selected, each once however many tokens chose it, and 
 empty tiles exit before any load. The grids depend on shapes only.
 
 Weights. The routed experts of a layer are stacked along rows (`Matrix`): gate_up row
-e * 2I + r (r < I gate, I <= r < 2I up), down row e * H + n, in bf16 or in quant_int's packed
-layout ("kb128-v1": see quant_int/formats.py), decoded in registers by quant_int's own block step
-(`_kb_step`: the same decode, scales and PTX fast path as its linear kernel). The shared expert
+e * 2I + r (r < I gate, I <= r < 2I up), down row e * H + n, in bf16, in quant_int's packed
+layout ("kb128-v1": see quant_int/formats.py) or in quant_nvfp4's prepared one ("g16-split8",
+a fp32 global scale per row, applied to the accumulator), decoded in registers by quant_int's own
+block step (`_kb_step`: the same decode, scales and PTX fast path as its linear kernel). The shared expert
 is expert id E (router.py), read from its own QLinears' weights, in its own format (SFMT), by a
 runtime branch of the same program: one launch covers routed and shared experts.
 
@@ -34,9 +35,11 @@ from ninfer.kernels.triton.launch import interpreting
 from ninfer_plugins.moe_triton.router import Routing
 from ninfer_plugins.quant_int.kernels import _kb_step
 
-# Format ids: quant_int's (the code width) for the int formats, 0 for weights in a float dtype.
+# Format ids: quant_int's (the code width) for the int formats, 16 for NVFP4 (quant_nvfp4's
+# "g16-split8" layout, quant_int's kernel id), 0 for weights in a float dtype.
 DENSE_FMT = 0
 INT_FMTS = (4, 5, 6, 8)
+NVFP4_FMT = 16
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Matrix:
     k: int
     s: torch.Tensor | None = None
     h: torch.Tensor | None = None
+    # NVFP4: the fp32 global scale of each row [rows]
+    g: torch.Tensor | None = None
 
     def args(self) -> tuple:
         """(q, h, s) pointers and their row strides; unused planes point at q."""
@@ -58,9 +63,14 @@ class Matrix:
         s = self.s if self.s is not None else self.q
         return (self.q, h, s), (self.q.stride(0), h.stride(0), s.stride(0))
 
+    def gscale(self) -> torch.Tensor:
+        """The per-row global scale pointer (NVFP4), else q (never read)."""
+        return self.g if self.g is not None else self.q
+
     @property
     def nbytes_per_row(self) -> int:
-        return sum(t.stride(0) * t.element_size() for t in (self.q, self.s, self.h) if t is not None)
+        rows = sum(t.stride(0) * t.element_size() for t in (self.q, self.s, self.h) if t is not None)
+        return rows + (self.g.element_size() if self.g is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,15 @@ def _acc_pair(g, u, GW, GWH, GWS, UW, UWH, UWS, g_rows, u_rows, sgw, sgwh, sgws,
 
 
 @triton.jit
+def _global_scale(acc, G, rows, FMT: tl.constexpr):
+    """NVFP4: acc [BN, BM] times each row's fp32 global scale (the block step decodes e2m1 times
+    the e4m3 block scale only); other formats: acc."""
+    if FMT == 16:
+        acc = acc * tl.load(G + rows)[:, None]
+    return acc
+
+
+@triton.jit
 def _tile(TILE_EXPERT, TILE_ROWS, BLOCK_M: tl.constexpr):
     tile = tl.program_id(0)
     e = tl.load(TILE_EXPERT + tile)
@@ -160,7 +179,7 @@ def _tile(TILE_EXPERT, TILE_ROWS, BLOCK_M: tl.constexpr):
 @triton.jit
 def _gate_up_kernel(
     X, TILE_EXPERT, TILE_ROWS, HOUT,
-    W, WH, WS, GW, GWH, GWS, UW, UWH, UWS,
+    W, WH, WS, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
     K, INNER, S_INNER, E, SLOTS,
     sx, sh, sw, swh, sws, sgw, sgwh, sgws, suw, suwh, suws,
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -181,10 +200,14 @@ def _gate_up_kernel(
             rows_s = tl.minimum(n, S_INNER - 1)
             g, u = _acc_pair(g, u, GW, GWH, GWS, UW, UWH, UWS, rows_s, rows_s, sgw, sgwh, sgws, suw, suwh, suws,
                              x_rows, m_ok, K, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            g = _global_scale(g, GWG, rows_s, SFMT)
+            u = _global_scale(u, UWG, rows_s, SFMT)
         else:
             rows_e = e.to(tl.int64) * 2 * INNER + tl.minimum(n, INNER - 1)
             g, u = _acc_pair(g, u, W, WH, WS, W, WH, WS, rows_e, rows_e + INNER, sw, swh, sws, sw, swh, sws,
                              x_rows, m_ok, K, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            g = _global_scale(g, WG, rows_e, FMT)
+            u = _global_scale(u, WG, rows_e + INNER, FMT)
         h = g * tl.sigmoid(g) * u
         out = HOUT + pairs[None, :].to(tl.int64) * sh + n[:, None]
         tl.store(out, h.to(HOUT.dtype.element_ty), mask=(n < n_lim)[:, None] & m_ok[None, :])
@@ -193,7 +216,7 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     HIN, TILE_EXPERT, TILE_ROWS, WEIGHTS, Y,
-    W, WH, WS, SW, SWH, SWS,
+    W, WH, WS, SW, SWH, SWS, WG, SWG,
     N, INNER, S_INNER, E,
     sh, sy, sw, swh, sws, ssw, sswh, ssws,
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -208,8 +231,11 @@ def _down_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if e == E:
             acc = _acc_rows(acc, SW, SWH, SWS, r, ssw, sswh, ssws, x_rows, m_ok, S_INNER, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            acc = _global_scale(acc, SWG, r, SFMT)
         else:
-            acc = _acc_rows(acc, W, WH, WS, e.to(tl.int64) * N + r, sw, swh, sws, x_rows, m_ok, INNER, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            rows_e = e.to(tl.int64) * N + r
+            acc = _acc_rows(acc, W, WH, WS, rows_e, sw, swh, sws, x_rows, m_ok, INNER, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
+            acc = _global_scale(acc, WG, rows_e, FMT)
         wt = tl.load(WEIGHTS + p64, mask=m_ok, other=0.0)
         tl.store(Y + p64[None, :] * sy + n[:, None], acc * wt[None, :], mask=(n < N)[:, None] & m_ok[None, :])
 
@@ -258,7 +284,7 @@ def gate_up(
     grid = (r.n_tiles, triton.cdiv(width, cfg.block_n))
     _gate_up_kernel[grid](
         x, r.tile_expert, r.tile_rows, h,
-        w, wh, ws, gw, gwh, gws, uw, uwh, uws,
+        w, wh, ws, gw, gwh, gws, uw, uwh, uws, routed.gscale(), g.gscale(), u.gscale(),
         x.shape[1], inner, shared_inner if shared else 1, num_experts, r.slots,
         x.stride(0), h.stride(0), sw, swh, sws, sgw, sgwh, sgws, suw, suwh, suws,
         FMT=routed.fmt, SFMT=g.fmt, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
@@ -291,7 +317,7 @@ def down(
     grid = (r.n_tiles, triton.cdiv(hidden, cfg.block_n))
     _down_kernel[grid](
         h, r.tile_expert, r.tile_rows, r.weights, y,
-        w, wh, ws, qw, qwh, qws,
+        w, wh, ws, qw, qwh, qws, routed.gscale(), s.gscale(),
         hidden, inner, shared_inner if shared is not None else 1, num_experts,
         h.stride(0), y.stride(0), sw, swh, sws, ssw, sswh, ssws,
         FMT=routed.fmt, SFMT=s.fmt, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,

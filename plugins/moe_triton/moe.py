@@ -1,19 +1,25 @@
 """`TritonMoe`: the sparse-MoE layer on the grouped Triton kernels (the `ninfer_moe_kernel` object).
 
-A layer's step, decode (T <= 16) in five launches and no host sync:
-  router logits (the `gate` QLinear) -> route (softmax, top-k, renormalise, shared gate, tile
-  plan) -> gate_up (routed and shared) -> down (routed and shared, times the weights) -> combine.
-Prefill is the same with bigger tiles and a torch-sorted plan (grouped_gemm.py).
+A layer's step, no host sync in any case:
+* decode at T <= 4 with int experts and a shared expert (`takes_pairs`): route_gemv at T = 1
+  (router GEMV and routing in one launch; at 2..4 the `gate` QLinear, then route without a plan)
+  -> pair_gemv.gate_up -> pair_gemv.down (routing weights and the combine fused);
+* other decode (T <= 16): router logits (the `gate` QLinear) -> route (softmax, top-k,
+  renormalise, shared gate, tile plan) -> gate_up (routed and shared) -> down (routed and shared,
+  times the weights) -> combine;
+* prefill: the same tile kernels with bigger tiles and a torch-sorted plan (grouped_gemm.py).
 
-Weights. `prepare` stacks the experts' packed weights of a layer along rows (grouped_gemv.Matrix)
-and points each expert's QLinear at a view of the stack, so the weights are held once. The shared
-expert and its gate are read from their QLinears at call time (a pointer each): a dense weight,
-or quant_int's prepared layout (its `Prepared`: fmt, qweight, scales, qhigh). Any other shared
-layout makes the layer run the routed part here and the shared expert through its QLinears.
+Weights. `prepare` stacks the experts' packed weights of a layer along rows (grouped_gemv.Matrix;
+NVFP4 repacked once into quant_nvfp4's prepared layout) and points each expert's QLinear at a
+view of the stack, so the weights are held once. The shared expert and its gate are read from
+their QLinears at call time (a pointer each): a dense weight, or quant_int's / quant_nvfp4's
+prepared layout (`Prepared`: fmt, qweight, scales, qhigh, gscale). Any other shared layout makes
+the layer run the routed part here and the shared expert through its QLinears.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +36,8 @@ from ninfer_plugins.quant_int.formats import FORMATS
 
 # Any CUDA GPU on which Triton compiles bf16 tl.dot (Ampere and later).
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
-SCHEMES = (DENSE, *FORMATS)
+NVFP4 = "nvfp4"
+SCHEMES = (DENSE, *FORMATS, NVFP4)
 
 
 @dataclass
@@ -72,6 +79,8 @@ def stack_experts(packed: list[PackedWeight], dense_stack: torch.Tensor | None =
     if scheme == DENSE:
         w = dense_stack if dense_stack is not None else torch.stack([p.tensors["weight"] for p in packed])
         return GV.Matrix(GV.DENSE_FMT, w.reshape(-1, k), k)
+    if scheme == NVFP4:
+        return _stack_nvfp4(packed, linears)
     shared = {name: _row_stack([p.tensors[name] for p in packed]) for name in packed[0].tensors}
     if all(t is not None for t in shared.values()):
         # quantized as one stack by the loader: the experts' weights already are its row slices
@@ -91,6 +100,27 @@ def stack_experts(packed: list[PackedWeight], dense_stack: torch.Tensor | None =
     return GV.Matrix(fmt, q.reshape(rows, -1), k, parts["scales"].reshape(rows, -1), None if h is None else h.reshape(rows, -1))
 
 
+def _stack_nvfp4(packed: list[PackedWeight], linears: Any) -> GV.Matrix:
+    """NVFP4 experts -> one Matrix in quant_nvfp4's prepared layout ("g16-split8"), rows e * n + r,
+    a global scale per row (experts may differ). Where the experts' own QLinears repack (the GPU
+    kernel), they are pointed at views of the stack, so the layer's weights are held once (rows
+    must then be a multiple of the kernel's row padding, which the views also need)."""
+    from ninfer_plugins.quant_int import kernels as QK
+    from ninfer_plugins.quant_nvfp4.importer import concat_rows
+    from ninfer_plugins.quant_nvfp4.kernels import prepare_nvfp4
+
+    n, k = packed[0].shape
+    p = prepare_nvfp4(concat_rows(packed))
+    rows = len(packed) * n
+    if n % QK.ROW_PAD == 0:
+        for e, linear in enumerate(linears):
+            mine = linear.prepared
+            if getattr(linear.kernel, "repacks", False) and getattr(mine, "fmt", None) == QK.NVFP4:
+                sl = slice(e * n, (e + 1) * n)
+                linear.prepared = dataclasses.replace(mine, qweight=p.qweight[sl], scales=p.scales[sl], gscale=p.gscale[sl])
+    return GV.Matrix(GV.NVFP4_FMT, p.qweight[:rows], k, p.scales[:rows], None, p.gscale[:rows])
+
+
 def matrix_of(linear: Any) -> GV.Matrix | None:
     """A QLinear's weight as the grouped kernels read it, or None for a layout they do not know."""
     p = linear.prepared
@@ -99,6 +129,8 @@ def matrix_of(linear: Any) -> GV.Matrix | None:
     fmt = getattr(p, "fmt", None)
     if fmt in GV.INT_FMTS and isinstance(getattr(p, "qweight", None), torch.Tensor):
         return GV.Matrix(fmt, p.qweight, linear.k, p.scales, p.qhigh)
+    if fmt == GV.NVFP4_FMT and isinstance(getattr(p, "gscale", None), torch.Tensor):
+        return GV.Matrix(fmt, p.qweight, linear.k, p.scales, None, p.gscale)
     return None
 
 

@@ -1,20 +1,23 @@
 """Fused sparse-MoE kernels in Triton (Qwen3.6-35B-A3B: 256 experts, top 8, plus a gated shared
 expert, hidden 2048, expert width 512).
 
-Hookimpl: `ninfer_moe_kernel`, tried first, for routed experts in bf16 or quant_int's formats
-(q4_g64 / q5_g64 / q6_g64 / q8_g32); it needs CUDA sm_80+ and takes bf16 activations, and the
+Hookimpl: `ninfer_moe_kernel`, tried first, for routed experts in bf16, quant_int's formats
+(q4_g64 / q5_g64 / q6_g64 / q8_g32) or NVFP4; it needs CUDA sm_80+ and takes bf16 activations, and the
 family's torch reference serves everything else.
 Files: moe.py (the kernel object: prepare, experts, forward_layer), router.py (softmax, top-k,
-renormalise, shared gate and the decode tile plan, one launch), grouped_gemv.py (the grouped
-gate_up / down / combine kernels, decode configs), grouped_gemm.py (prefill plan and configs).
+renormalise, shared gate and the decode tile plan, one launch; route_gemv: the router GEMV and
+the routing in one launch for a decode token), pair_gemv.py (decode at T <= 4: one GEMV per
+token-expert pair, combine fused), grouped_gemv.py (the grouped gate_up / down / combine tile
+kernels, decode configs), grouped_gemm.py (prefill plan and configs).
 """
 
 from __future__ import annotations
 
 from ninfer import hookimpl
 
-# routed-expert schemes the grouped kernels read (ninfer.linear.DENSE and quant_int's formats)
-SCHEMES = ("bf16", "q4_g64", "q5_g64", "q6_g64", "q8_g32")
+# routed-expert schemes the grouped kernels read (ninfer.linear.DENSE, quant_int's formats and
+# quant_nvfp4's, decoded by quant_int's block step)
+SCHEMES = ("bf16", "q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4")
 
 
 @hookimpl(tryfirst=True)

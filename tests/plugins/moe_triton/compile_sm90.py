@@ -75,6 +75,9 @@ def _matrix(GV, fmt: int, rows: int, k: int):
         return GV.Matrix(0, torch.empty(rows, k, dtype=torch.bfloat16), k)
     if fmt == 8:
         return GV.Matrix(8, torch.empty(rows, kp, dtype=u8), k, torch.empty(rows, kp // 32, dtype=torch.float16))
+    if fmt == 16:  # NVFP4, g16-split8: codes, e4m3 block scales, fp32 global scale per row
+        return GV.Matrix(16, torch.empty(rows, kp // 2, dtype=u8), k, torch.empty(rows, kp // 16, dtype=u8), None,
+                         torch.empty(rows, dtype=torch.float32))
     high = None if fmt == 4 else torch.empty(rows, kp * (fmt - 4) // 8, dtype=u8)
     return GV.Matrix(fmt, torch.empty(rows, kp // 2, dtype=u8), k, torch.empty(rows, kp // 64, dtype=torch.float16), high)
 
@@ -85,7 +88,7 @@ def variants(quick: bool):
 
     # (routed gate_up, routed down, shared): the int4 recipe (q5 and q6 down), int8, bf16, and
     # the wider codes on the gate_up side with a dense shared expert
-    pairs = [(4, 5, 8), (4, 6, 8), (8, 8, 8), (0, 0, 0), (6, 5, 0)]
+    pairs = [(4, 5, 8), (4, 6, 8), (8, 8, 8), (0, 0, 0), (6, 5, 0), (16, 16, 16)]
     if quick:
         pairs = pairs[:1] + pairs[3:4]
     for gu, dn, sh in pairs:

@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 from ninfer.linear import DENSE, PackedWeight, dense_weight  # noqa: E402
 from ninfer_plugins.moe_triton.moe import ExpertWeights, SharedWeights, stack_experts  # noqa: E402
 from ninfer_plugins.quant_int import formats as QF  # noqa: E402
+from ninfer_plugins.quant_nvfp4 import formats as NF  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the activation dtype the kernels take on the GPU; the interpreter runs the CPU model's fp32
@@ -27,13 +28,24 @@ def pack_rows(w: torch.Tensor, scheme: str, groups: int) -> list[PackedWeight]:
     n = w.shape[0] // groups
     if scheme == DENSE:
         return [dense_weight(t) for t in w.to(ACT).view(groups, n, -1)]
+    if scheme == NF.SCHEME:
+        # one global scale per expert, as a checkpoint quantized expert by expert has
+        out = []
+        for t in w.view(groups, n, -1):
+            out.append(NF.quantize(t))
+        return out
     p = QF.quantize(w, scheme)
     parts = {name: t.view(groups, n, *t.shape[1:]) for name, t in p.tensors.items()}
     return [PackedWeight(scheme, (n, w.shape[1]), {name: t[e] for name, t in parts.items()}, dict(p.meta)) for e in range(groups)]
 
 
 def decoded(packed: list[PackedWeight]) -> torch.Tensor:
-    return torch.stack([p.tensors["weight"].float() if p.scheme == DENSE else QF.dequantize(p) for p in packed])
+    def one(p):
+        if p.scheme == DENSE:
+            return p.tensors["weight"].float()
+        return NF.dequantize(p) if p.scheme == NF.SCHEME else QF.dequantize(p)
+
+    return torch.stack([one(p) for p in packed])
 
 
 def expert_bank(E: int, H: int, I: int, scheme_gate_up: str, scheme_down: str, seed: int):

@@ -81,6 +81,21 @@ def test_gpu_kernels_equal_the_reference_moe_on_the_same_gpu_model(tiny):
             assert err < 2e-2, (T, err)
 
 
+@pytest.mark.parametrize("quant", ["int4", "nvfp4"])
+def test_gpu_quantized_experts_match_the_cpu_reference(tiny, quant):
+    # the recipes' expert formats through the tile kernels (the tiny widths are below the pair
+    # kernels' 128-wide K blocks): q4/q5 + q8 shared; NVFP4 with its per-expert global scales
+    gpu = load_model(tiny, "cuda", quant=quant)
+    assert {layer.mlp.experts.kernel.name for layer in gpu.layers} == {"triton.moe"}
+    ref = load_model(tiny, "cpu", quant=quant)
+    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(0))
+    step = torch.tensor([7, 3])
+    for out, want in zip(_logits(gpu, prompt, step), _logits(ref, prompt, step)):
+        worst = float((out - want).abs().max() / want.abs().max())
+        normwise = float((out - want).norm() / want.norm())
+        assert worst < 0.3 and normwise < 0.15, (quant, worst, normwise)
+
+
 def test_graph_and_eager_give_the_same_tokens(tiny):
     from ninfer.startup import build_engine
 

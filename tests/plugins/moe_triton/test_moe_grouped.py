@@ -77,6 +77,9 @@ CASES = [
     ("q4_g64", "q5_g64", "q8_g32"),
     ("q4_g64", "q6_g64", None),
     ("q8_g32", "q8_g32", "q4_g64"),
+    # NVFP4 experts (a global scale per expert) with an NVFP4 and an int shared expert
+    ("nvfp4", "nvfp4", "nvfp4"),
+    ("nvfp4", "nvfp4", "q8_g32"),
 ]
 
 
@@ -140,6 +143,8 @@ RECIPES = [
     ("q6_g64", "q5_g64", "bf16"),
     # int8: q8 everywhere
     ("q8_g32", "q8_g32", "q8_g32"),
+    # nvfp4 (quant_nvfp4's recipe: experts and shared expert NVFP4)
+    ("nvfp4", "nvfp4", "nvfp4"),
 ]
 
 

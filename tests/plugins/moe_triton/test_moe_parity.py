@@ -92,6 +92,18 @@ def test_int4_experts_close_interpreted(tiny):
 
 
 @interp
+def test_nvfp4_experts_close_interpreted(tiny):
+    # quant_nvfp4's recipe: routed and shared experts NVFP4 (a global scale per expert), router bf16
+    ref, fast = _load_pair(tiny, quant="nvfp4")
+    w = fast.layers[0].mlp.experts.moe_prepared
+    assert (w.gate_up.fmt, w.down.fmt) == (16, 16) and w.gate_up.g.shape == (16 * 2 * 32,)
+    prompt = torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(1))
+    for a, b in zip(_logits(fast, prompt, torch.tensor([5, 1])), _logits(ref, prompt, torch.tensor([5, 1]))):
+        assert float((a - b).norm() / b.norm()) < 2e-2
+        assert float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), 0)) > 0.999
+
+
+@interp
 def test_expert_bank_seam_interpreted(tiny):
     ref, fast = _load_pair(tiny)
     g = torch.Generator().manual_seed(2)
