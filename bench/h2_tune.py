@@ -30,7 +30,8 @@ import quant_linear as QL  # noqa: E402
 T0 = time.time()
 DEFAULT_PAIRS = ("q4_g64:27b.gate_up_merged,q4_g64:27b.gate_proj|up_proj,q5_g64:27b.down_proj,q5_g64:27b.in_proj_qkvz,"
                  "q5_g64:27b.q_v_merged,q5_g64:27b.o_proj|out_proj,q6_g64:27b.lm_head,q8_g32:35b.q_proj|in_proj_qkv,"
-                 "q8_g32:35b.o_proj|out_proj,q4_g64:27b.k_proj|v_proj,q5_g64:27b.in_proj_z,q8_g32:27b.gate_proj|up_proj")
+                 "q8_g32:35b.o_proj|out_proj,q4_g64:27b.k_proj|v_proj,q5_g64:27b.in_proj_z,q8_g32:27b.gate_proj|up_proj,"
+                 "q8_g32:35b.in_proj_qkvz,q8_g32:35b.qkv_merged,q6_g64:35b.lm_head")
 
 
 def cands():

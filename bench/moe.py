@@ -599,21 +599,24 @@ def precompile(out: Path, timeout: float = 90.0) -> dict:
 E2E_ARGS = ["--prompt-len", "8192", "--gen-len", "64"]
 
 
-def run_e2e(out: Path, quant: str, timeout: float, model: str = "qwen3.6-35b-a3b", extra: list | None = None) -> dict:
+def run_e2e(out: Path, name: str, timeout: float, model: str = "qwen3.6-35b-a3b", extra: list | None = None) -> dict:
     """`ninfer bench --model MODEL --random-weights --quant QUANT ...` in a subprocess (a crash or
-    a hang costs this run only, and the GPU's memory is its own); its JSON, or why there is none."""
-    path = out / f"bench_{quant}.json"
+    a hang costs this run only, and the GPU's memory is its own); its JSON, or why there is none.
+    `name` is the recipe, or recipe+pdl for the same with NINFER_PDL=1."""
+    quant, _, flag = name.partition("+")
+    env = {**os.environ, "NINFER_PDL": "1" if flag == "pdl" else os.environ.get("NINFER_PDL", "0")}
+    path = out / f"bench_{name.replace('+', '_')}.json"
     argv = ["bench", "--model", model, "--random-weights", "--quant", quant, *(extra or E2E_ARGS), "--json", str(path)]
     cmd = [sys.executable, "-c", "import sys; from ninfer.cli import main; sys.exit(main(sys.argv[1:]))", *argv]
     log(f"$ ninfer {' '.join(argv)}   (timeout {timeout:.0f} s)")
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
         text, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
         as_text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
         text, rc = as_text(e.stdout) + as_text(e.stderr) + f"\n(timed out after {timeout:.0f} s)", -1
-    (out / f"bench_{quant}.log").write_text(text)
+    (out / f"bench_{name.replace('+', '_')}.log").write_text(text)
     seconds = round(time.time() - t0, 1)
     if rc == 0 and path.is_file():
         result = json.loads(path.read_text())
@@ -686,6 +689,7 @@ def main() -> int:
     ap.add_argument("--recipes", default="int4", help="kernel timings for these of int4,int8,bf16")
     ap.add_argument("--sweep", action="store_true", help="also sweep block sizes (several minutes)")
     ap.add_argument("--pair-sweep", action="store_true", help="sweep the pair kernels' block sizes (T = 1, 4)")
+    ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, recipe+pdl for NINFER_PDL=1")
     ap.add_argument("--floor", action="store_true", help="print the decode floor (arithmetic, no GPU) and exit")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)
@@ -787,14 +791,14 @@ def main() -> int:
             tiny = make_tiny("qwen3.6-35b-a3b", out / "tiny_35b", vocab=512, layers=2)
             runs = [("bf16", str(tiny), ["--device", "cpu", "--prompt-len", "16", "--gen-len", "5"])]
         else:
-            runs = [("int4", "qwen3.6-35b-a3b", None), ("bf16", "qwen3.6-35b-a3b", None)]
-        for i, (quant, model, extra) in enumerate(runs):
-            # the first (int4) runs whatever the budget says: it is the figure this call is for
+            runs = [(name, "qwen3.6-35b-a3b", None) for name in args.e2e.split(",") if name]
+        for i, (name, model, extra) in enumerate(runs):
+            # the first runs whatever the budget says: it is the figure this call is for
             if i and left() < 120:
-                log(f"ninfer bench {quant}: skipped, {left():.0f} s of the budget left")
-                results["e2e"][quant] = {"error": "skipped: out of budget", "wall_s": 0}
+                log(f"ninfer bench {name}: skipped, {left():.0f} s of the budget left")
+                results["e2e"][name] = {"error": "skipped: out of budget", "wall_s": 0}
                 continue
-            results["e2e"][quant] = run_e2e(out, quant, max(left(), 240.0) if i == 0 else left(), model, extra)
+            results["e2e"][name] = run_e2e(out, name, max(left(), 240.0) if i == 0 else left(), model, extra)
             save()
 
     text = summary(results)

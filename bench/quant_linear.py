@@ -58,6 +58,8 @@ MERGED_SHAPES = {
     "27b.gate_up_merged": (34816, 5120, 64),  # q4 in --quant int4
     "27b.in_proj_qkvz": (16384, 5120, 48),  # q5
     "27b.q_v_merged": (13312, 5120, 16),  # q5 (k_proj is q4)
+    "35b.in_proj_qkvz": (12288, 2048, 30),  # q8 in --quant int4 (qkv 8192 + z 4096)
+    "35b.qkv_merged": (9216, 2048, 10),  # q8: q with its gate 8192, k 512, v 512
 }
 BIG_27B = ("27b.gate_proj|up_proj", "27b.down_proj", "27b.q_proj", "27b.in_proj_qkv", "27b.lm_head")
 FORMATS = ("q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4")
