@@ -76,6 +76,15 @@ def cases():
         cfg = GV.default_config(fmt, n, k, 132)
         yield f"gemv q{fmt} {n}x{k}", lambda p=p, cfg=cfg, k=k: GV.launch(e(1, k, dtype=BF), p, cfg)
         yield f"mma q{fmt} {n}x{k} M=4", lambda p=p, k=k: K.launch(e(4, k, dtype=BF), p)
+    from ninfer_plugins.quant_int import gemv_h2 as H2
+
+    for n, k in ((34816, 5120), (12288, 2048)):  # NVFP4 through the f16x2 GEMV (not dispatched yet)
+        p = K.Prepared(fmt=16, n=n, k=k, qweight=e(n, k // 2, dtype=torch.uint8), scales=e(n, k // 16, dtype=torch.uint8),
+                       gscale=e(n))
+        cfg = H2.default_config(16, n, k)
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        for m in (1, 4):
+            yield f"h2 nvfp4 {n}x{k} M={m}", lambda p=p, k=k, cfg=cfg, m=m: H2.launch(e(m, k, dtype=BF), p, cfg)
     from ninfer_plugins.quant_int import gemv_tc as TC
 
     TC.COMPILE_ONLY = True

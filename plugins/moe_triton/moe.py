@@ -196,7 +196,7 @@ class TritonMoe:
             down[0].shape[0],
             bank.inner,
         )
-        if self.pairs and w.gate_up.fmt in PG.INT_FMTS:
+        if self.pairs and w.gate_up.fmt != GV.DENSE_FMT:
             # the pair kernels' split-K scratch, sized now (a graph cannot grow it): top_k is the
             # router's, unknown here, so up to 16 routed slots and the shared one
             PG.reserve(w.gate_up.q.device, min(16, w.num_experts) + 1, w.hidden, w.inner)

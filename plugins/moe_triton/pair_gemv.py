@@ -25,6 +25,7 @@ both K (hidden and inner), the expert widths a multiple of the rows per trip. `s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUD
 import triton
 import triton.language as tl
 from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue
-from ninfer_plugins.moe_triton.grouped_gemv import INT_FMTS, Matrix
+from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
@@ -94,6 +95,8 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
     w_cols = pid_s * C + c
     if FMT == 8:
         g_cols = kb_abs * 4 + t // 8
+    elif FMT == 16:
+        g_cols = kb_abs * 4 + t // 4  # NVFP4: the run's two E4M3 bytes as one int16
     else:
         g_cols = kb_abs
     v = t // 4
@@ -106,7 +109,10 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
     lead = (c % 4) == 0
     jj = (c % 4)[:, None]
     rn = tl.arange(0, BLOCK_N)
-    base = kb_abs * 128 + t * 4
+    if FMT == 16:
+        base = kb_abs * 128 + (t // 2) * 16 + (t % 2) * 4  # gemv_h2's NVFP4 word order
+    else:
+        base = kb_abs * 128 + t * 4
     xa, xb, xc, xd, p0, p1, p2, p3, inv0 = H2._xrow_prep(X_row, 0, 0, 1, base, FMT, HEAD, FAST)
     cols4 = tl.arange(0, 4)[:, None]
     inv = tl.where(cols4 == 0, inv0, 0.0)
@@ -141,6 +147,18 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
 
 
 @triton.jit
+def _row_gscale(routed_ptr, shared_ptr, is_shared, FMT: tl.constexpr, SFMT: tl.constexpr):
+    """Per element: the NVFP4 global scale of its row, from the routed or the shared expert's
+    array as `is_shared` says, where that side is NVFP4; 1 elsewhere (nothing loaded)."""
+    f = is_shared.to(tl.float32) * 0.0 + 1.0
+    if FMT == 16:
+        f = tl.where(is_shared, f, tl.load(routed_ptr, mask=~is_shared, other=1.0))
+    if SFMT == 16:
+        f = tl.where(is_shared, tl.load(shared_ptr, mask=is_shared, other=1.0), f)
+    return f
+
+
+@triton.jit
 def _ws_sum(WS_p, rows, N_SLICES, SLICES_P2: tl.constexpr):
     """sum over slices of WS_p[rows, slice, 0] -> fp32 [BLOCK_N] (in slice order)."""
     sl = tl.arange(0, SLICES_P2)[:, None]
@@ -152,7 +170,7 @@ def _ws_sum(WS_p, rows, N_SLICES, SLICES_P2: tl.constexpr):
 @triton.jit(do_not_specialize=["N_SLICES", "CHUNKS"])
 def _pair_gate_up_kernel(
     X, IDS, HOUT, WS, CNT,
-    W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS,
+    W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
     INNER, E, SLOTS, N_SLICES, CHUNKS,
     sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
@@ -192,6 +210,12 @@ def _pair_gate_up_kernel(
             rr = r0 + rn
             g = _ws_sum(ws_p, rr, N_SLICES, SLICES_P2)
             u = _ws_sum(ws_p, rr + INNER, N_SLICES, SLICES_P2)
+            if FMT == 16 or SFMT == 16:
+                # NVFP4: each row's global scale (1 for the other side's format)
+                eg = e.to(tl.int64) * 2 * INNER + rr
+                is_s = (rr * 0 + e) == E
+                g = g * _row_gscale(WG + eg, GWG + rr, is_s, FMT, SFMT)
+                u = u * _row_gscale(WG + eg + INNER, UWG + rr, is_s, FMT, SFMT)
             h = g * tl.sigmoid(g) * u
             tl.store(HOUT + p.to(tl.int64) * sh_out + rr, h.to(HOUT.dtype.element_ty))
         tl.atomic_xchg(cnt, 0)
@@ -200,7 +224,7 @@ def _pair_gate_up_kernel(
 @triton.jit(do_not_specialize=["N_SLICES", "N_PAIRS", "T"])
 def _pair_down_kernel(
     HIN, IDS, WEIGHTS, OUT, WS, CNT,
-    W, WH, WS_, SW, SWH, SWS,
+    W, WH, WS_, SW, SWH, SWS, WG, SWG,
     N, E, SLOTS, N_SLICES, N_PAIRS, T,
     shin, so, sw, swh, sws, ssw, sswh, ssws,
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
@@ -241,6 +265,12 @@ def _pair_down_kernel(
             wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0)
             part = tl.load(WS + ((q * N)[:, None] + rr[None, :]) * (N_SLICES * 4) + (sl * 4)[:, None],
                            mask=ok[:, None], other=0.0, cache_modifier=".cg")
+            if FMT == 16 or SFMT == 16:
+                eq = tl.load(IDS + q, mask=j < SLOTS, other=0)
+                is_s = (eq == E)[:, None] & (rr[None, :] >= 0)
+                eq = tl.where(eq == E, 0, eq)  # the shared pair's routed address is never read
+                f = _row_gscale(WG + (eq.to(tl.int64) * N)[:, None] + rr[None, :], SWG + rr[None, :], is_s, FMT, SFMT)
+                part = part * tl.where(ok[:, None], f, 0.0)
             acc = tl.sum(part * wt[:, None], 0)
             tl.store(OUT + t * so + rr, acc.to(OUT.dtype.element_ty))
         tl.atomic_xchg(CNT + pid_c, 0)
@@ -249,8 +279,14 @@ def _pair_down_kernel(
 # --- host side --------------------------------------------------------------------------------------
 
 
+def formats() -> tuple[int, ...]:
+    """The weight formats the pair kernels take: quant_int's; NVFP4 (gemv_h2's decode of it) only
+    with NINFER_PAIRS_NVFP4=1 until a GPU run has checked that decode."""
+    return H2.FORMATS + ((H2.NVFP4,) if os.environ.get("NINFER_PAIRS_NVFP4", "0") == "1" else ())
+
+
 def _fits(m: Matrix, k: int, rows: int, cfg: PairConfig) -> bool:
-    if m.fmt not in INT_FMTS or m.fmt not in H2.FORMATS:
+    if m.fmt not in formats():
         return False
     words = cfg.kbs * H2.WORDS[m.fmt] * cfg.block_n
     return (k % (128 * cfg.kbs) == 0 and rows % cfg.rows == 0 and cfg.rows % cfg.block_n == 0
@@ -273,8 +309,7 @@ def _int_args(m: Matrix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(words int32, high-bit words, scales) as gemv_h2 reads them."""
     w = m.q.view(torch.int32)
     h = m.h.view(torch.int32) if m.h is not None else w
-    s = m.s if m.fmt == 8 else m.s.view(torch.int32)
-    return w, h, s
+    return w, h, H2.scales_view(m.fmt, m.s)
 
 
 def _workspace(pairs: int, rows: int, n_slices: int, counters: int) -> tuple[int, int]:
@@ -323,7 +358,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
     sasm, sconstr = H2._asm(shared_gate.fmt, 1)
     _pair_gate_up_kernel[(chunks, n_slices, pairs)](
         x, ids, h, ws.partials, ws.counters,
-        w, wh, wsc, gw, gwh, gws, uw, uwh, uws,
+        w, wh, wsc, gw, gwh, gws, uw, uwh, uws, routed.gscale(), shared_gate.gscale(), shared_up.gscale(),
         inner, num_experts, slots, n_slices, chunks,
         x.stride(0), h.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), gw.stride(0), gwh.stride(0), gws.stride(0),
         FMT=routed.fmt, SFMT=shared_gate.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
@@ -355,7 +390,7 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
     sasm, sconstr = H2._asm(shared.fmt, 1)
     _pair_down_kernel[(chunks, n_slices, pairs)](
         h, ids, weights, out, ws.partials, ws.counters,
-        w, wh, wsc, sw, swh, sws,
+        w, wh, wsc, sw, swh, sws, routed.gscale(), shared.gscale(),
         hidden, num_experts, slots, n_slices, pairs, T,
         h.stride(0), out.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), sw.stride(0), swh.stride(0), sws.stride(0),
         FMT=routed.fmt, SFMT=shared.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,

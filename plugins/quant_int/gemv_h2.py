@@ -28,9 +28,15 @@ as it is):
 * Several activation rows (M <= 4, speculative verify): one decode, M chains; output lane m of
   each run's four is row m's partial, so one reduction serves every row.
 
+* NVFP4 (format 16, quant_nvfp4's "g16-split8" layout; not dispatched yet, see FORMATS): an E2M1
+  code's sign and three magnitude bits go under an f16's sign, exponent and top mantissa bits by
+  shifts, which is the code's value times 2^-14, exactly (subnormals included); a run's two E4M3
+  block scales the same way (value times 2^-8); a word's eight products chain per block; the
+  2^-22 is undone with x's scaling and the row's fp32 global scale applied in the final sum.
+
 Under TRITON_INTERPRET=1 the same tiles are decoded with plain integer arithmetic and summed in
 fp32 (x rounded to fp16 after the same power-of-two scaling); tests run the PTX strings in an
-emulator over every code (tests/plugins/quant_int/test_gemv_h2.py).
+emulator over every code (tests/plugins/quant_int/test_gemv_h2.py, test_gemv_h2_nvfp4.py).
 """
 
 from __future__ import annotations
@@ -46,13 +52,22 @@ from ninfer_plugins.quant_int import kernels as QK
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 
 MAX_M = 4
+# the formats the dispatch sends here; NVFP4 (16) is decoded too (`launch`, pair_gemv with its
+# switch) but is not dispatched until a GPU run has checked it
 FORMATS = (4, 5, 6, 8)
+NVFP4 = 16
+DECODES = (*FORMATS, NVFP4)
 # log2 of the largest |x| after scaling, per format: 8 products a lane of |code| <= 2^(bits-1)
-# (q4 8, q5 16, q6 32, q8 128) times 2^(HEAD + 1) stays <= 2^15
-HEAD = {4: 8, 5: 7, 6: 6, 8: 4}
+# (q4 8, q5 16, q6 32, q8 128) times 2^(HEAD + 1) stays <= 2^15. NVFP4: x's f16 pairs must
+# stay finite (|x| < 2^15) and a block's 16 products are at most 6 * 2^-14 * 2^15 each
+HEAD = {4: 8, 5: 7, 6: 6, 8: 4, 16: 14}
 # 32-bit words of packed codes per 128-element K block, and of the q5/q6 high plane
-WORDS = {4: 16, 5: 16, 6: 16, 8: 32}
+WORDS = {4: 16, 5: 16, 6: 16, 8: 32, 16: 16}
 HWORDS = {5: 4, 6: 8}
+# NVFP4: an E2M1 code decodes to its value times 2^-14 (its three magnitude bits under an f16's
+# exponent and mantissa: exact, subnormals included) and an E4M3 scale to its value times 2^-8
+# (its seven bits under an f16's): the fast path's sums carry 2^-22, undone with x's scaling
+NVFP4_UNDO = 22
 
 
 def _word_asm(fmt: int, j: int) -> list[str]:
@@ -60,6 +75,8 @@ def _word_asm(fmt: int, j: int) -> list[str]:
     (q8: pa, pc): pa/pc lanes are low-nibble codes (pa: bytes 0 and 2, pc: bytes 1 and 3), pb/pd
     the high-nibble codes times 16."""
     w = f"%W{j}"
+    if fmt == NVFP4:
+        return _word_asm_nvfp4(w)
     if fmt == 8:
         return [
             f"prmt.b32 pa, {w}, 0x64646464, 0x4240;",
@@ -102,6 +119,34 @@ def _word_asm(fmt: int, j: int) -> list[str]:
             ]
     out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
+
+
+def _word_asm_nvfp4(w: str) -> list[str]:
+    """NVFP4 ("g16-split8": byte i holds element i of its 8-element half-block in the low nibble,
+    element 8 + i in the high one): pa = the low nibbles of bytes 0 and 2, pb their high nibbles,
+    pc / pd the same for bytes 1 and 3; each nibble s.mmm becomes the f16 with sign s and bits
+    9-11 = mmm, which is the E2M1 value times 2^-14."""
+    out = []
+    # (register, left shift putting the nibble's magnitude on bits 9-11, left shift putting its
+    # sign on bit 15; negative: right)
+    for reg, mag, sign in (("pa", 9, 12), ("pb", 5, 8), ("pc", 1, 4), ("pd", -3, 0)):
+        out.append(_shift("t1", w, -mag))
+        out.append("and.b32 t1, t1, 0x0E000E00;")
+        src = w
+        if sign:
+            out.append(_shift("hb", w, -sign))
+            src = "hb"
+        out.append(f"lop3.b32 {reg}, {src}, 0x80008000, t1, 0xea;")
+    return out
+
+
+def _nvfp4_scales() -> list[str]:
+    """NVFP4, once a run: %S's bytes 0 and 1 (the E4M3 scales of the run's two 16-element blocks)
+    into the f16 pair sa (block 0 in the low half): each scale's 7 bits under an f16's, its value
+    times 2^-8."""
+    return ["prmt.b32 sa, %S, 0, 0x4140;",  # byte 0 -> bits 0-7, byte 1 -> bits 16-23
+            "shl.b32 t1, sa, 7;", "and.b32 t1, t1, 0x3F803F80;", "shl.b32 hb, sa, 8;",
+            "lop3.b32 sa, hb, 0x80008000, t1, 0xea;"]
 
 
 def _q5_run_prologue() -> list[str]:
@@ -159,7 +204,10 @@ _SUB = {4: ("0x64086408", "0x64806480", "0x64086408", "0x64806480"),
 # what x's pairs A, B, C, D are multiplied by (besides the power-of-two scaling), so that each
 # lane's product is code * x: 1 / (the factor the decode leaves on the code)
 X_FACTORS = {4: (1.0, 0.0625, 1.0, 0.0625), 5: (1.0, 0.0625, 0.5, 0.03125), 6: (1.0, 0.0625, 1.0, 0.0625),
-             8: (1.0, 1.0, 1.0, 1.0)}
+             8: (1.0, 1.0, 1.0, 1.0), 16: (1.0, 1.0, 1.0, 1.0)}
+# where a word's high-nibble elements sit, after its low ones: the next 64 (the K block's second
+# group, int formats) or the next 8 (the other half of NVFP4's 16-element block)
+HI_OFFSET = {4: 64, 5: 64, 6: 64, 8: 64, 16: 8}
 
 
 def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
@@ -186,11 +234,9 @@ def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
         ".reg .b32 " + ", ".join(f"al{m}, ah{m}" for m in range(block_m)) + ";",
         ".reg .b16 h0, h1;",
         ".reg .f32 f0, f1, s0, s1, lo, hi;",
-        f"mov.b32 ka, {_SUB[fmt][0]};",
-        f"mov.b32 kb, {_SUB[fmt][1]};",
-        f"mov.b32 kc, {_SUB[fmt][2]};",
-        f"mov.b32 kd, {_SUB[fmt][3]};",
     ]
+    if fmt in _SUB:  # the int formats' magic-number bias (NVFP4 decodes without one)
+        lines += [f"mov.b32 k{r}, {_SUB[fmt][i]};" for i, r in enumerate("abcd")]
     if fmt == 5:
         lines += _q5_run_prologue()
     for m in range(block_m):
@@ -198,11 +244,20 @@ def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
     for j in range(4):
         lines += _word_asm(fmt, j)
         for m in range(block_m):
+            if fmt == NVFP4:
+                # a word's eight codes share one block scale: words 0-1 chain into al (block 0 of
+                # the run), 2-3 into ah (block 1)
+                acc = f"al{m}" if j < 2 else f"ah{m}"
+                lines += [f"fma.rn.f16x2 {acc}, {reg}, %X{part}{m}_{j}, {acc};"
+                          for reg, part in (("pa", "A"), ("pc", "C"), ("pb", "B"), ("pd", "D"))]
+                continue
             lines += [f"fma.rn.f16x2 al{m}, pa, %XA{m}_{j}, al{m};", f"fma.rn.f16x2 al{m}, pc, %XC{m}_{j}, al{m};"]
             if fmt != 8:
                 lines += [f"fma.rn.f16x2 ah{m}, pb, %XB{m}_{j}, ah{m};", f"fma.rn.f16x2 ah{m}, pd, %XD{m}_{j}, ah{m};"]
     if fmt == 8:
         lines += ["mov.b32 s0, %S;"]
+    elif fmt == NVFP4:
+        lines += _nvfp4_scales() + ["mov.b32 {h0, h1}, sa;", "cvt.f32.f16 s0, h0;", "cvt.f32.f16 s1, h1;"]
     else:
         lines += ["mov.b32 {h0, h1}, %S;", "cvt.f32.f16 s0, h0;", "cvt.f32.f16 s1, h1;"]
     for m in range(4):
@@ -259,10 +314,11 @@ def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, 
     l3 = tl.load(xr + 3, mask=ok, other=0.0).to(tl.float32)
     amax = tl.max(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))), 0)
     if FMT != 8:
-        h0 = tl.load(xr + 64, mask=ok, other=0.0).to(tl.float32)
-        h1 = tl.load(xr + 65, mask=ok, other=0.0).to(tl.float32)
-        h2 = tl.load(xr + 66, mask=ok, other=0.0).to(tl.float32)
-        h3 = tl.load(xr + 67, mask=ok, other=0.0).to(tl.float32)
+        HI: tl.constexpr = 8 if FMT == 16 else 64  # HI_OFFSET
+        h0 = tl.load(xr + HI, mask=ok, other=0.0).to(tl.float32)
+        h1 = tl.load(xr + HI + 1, mask=ok, other=0.0).to(tl.float32)
+        h2 = tl.load(xr + HI + 2, mask=ok, other=0.0).to(tl.float32)
+        h3 = tl.load(xr + HI + 3, mask=ok, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))), 0))
     else:
         h0 = l0
@@ -275,7 +331,12 @@ def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, 
     inv = _pow2(-e)
     if FAST:
         # 1 / the factor each pair's decode leaves on its codes (X_FACTORS)
-        fb = f * 0.0625
+        if FMT == 16:
+            fb = f
+            # the decode's 2^-22 (NVFP4_UNDO) is undone with the scaling
+            inv = _pow2(22 - e)
+        else:
+            fb = f * 0.0625
         if FMT == 5:
             fc = f * 0.5
             fd = f * 0.03125
@@ -302,6 +363,8 @@ def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
     if FMT == 8:
         c = ((byte ^ 0x80) - 0x80).to(tl.float32)
         return c, c
+    if FMT == 16:
+        return _e2m1(byte & 0xF), _e2m1((byte >> 4) & 0xF)
     lo = byte & 0xF
     hi = (byte >> 4) & 0xF
     if FMT == 4:
@@ -313,6 +376,25 @@ def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
     ul = lo | (((hl >> sh) & MASK) << 4)
     uh = hi | (((hh >> sh) & MASK) << 4)
     return ((ul ^ HALF) - HALF).to(tl.float32), ((uh ^ HALF) - HALF).to(tl.float32)
+
+
+@triton.jit
+def _e2m1(n):
+    """Interpreter path: E2M1 codes (int) -> their values (fp32)."""
+    mag = n & 7
+    e = mag >> 1
+    m = (mag & 1).to(tl.float32)
+    v = tl.where(e == 0, m * 0.5, (2.0 + m) * _pow2(e - 2))
+    return tl.where((n & 8) != 0, -v, v)
+
+
+@triton.jit
+def _e4m3(b):
+    """Interpreter path: E4M3 bytes (int) -> their values (fp32); NaN never occurs in a scale."""
+    e = (b >> 3) & 15
+    m = (b & 7).to(tl.float32)
+    v = tl.where(e == 0, m * 0.001953125, (8.0 + m) * _pow2(e - 10))
+    return tl.where((b & 0x80) != 0, -v, v)
 
 
 @triton.jit
@@ -365,6 +447,8 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         sb = s
         if FMT == 8:
             sb = s.to(tl.float32)
+        if FMT == 16:
+            sb = s.to(tl.int32)  # the run's two E4M3 bytes (an int16 load)
         # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
         if FMT == 8:
             if BLOCK_M == 1:
@@ -374,7 +458,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
             else:
                 args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
                         _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
-        elif FMT == 4:
+        elif FMT == 4 or FMT == 16:
             if BLOCK_M == 1:
                 args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
             elif BLOCK_M == 2:
@@ -415,6 +499,10 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         if FMT == 8:
             s_lo = s.to(tl.float32)
             s_hi = s_lo
+        elif FMT == 16:
+            # a word's codes share its 16-element block's scale: byte (word in run) // 2 of the pair
+            s_lo = _e4m3((s.to(tl.int32) >> (8 * (jj // 2))) & 0xFF)
+            s_hi = s_lo
         else:
             s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -445,7 +533,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
 
 @triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
 def _gemv_h2_kernel(
-    X, W, H, S, Y, WS, CNT,
+    X, W, H, S, Y, WS, CNT, G,
     M, N, K,
     stride_xm, stride_wn, stride_hn, stride_sn, stride_ym,
     ROWS_PER_CTA, N_SLICES,
@@ -473,6 +561,8 @@ def _gemv_h2_kernel(
     # per word: its scale column (q4-q6: the int32 fp16 pair of its K block; q8: its group of 32)
     if FMT == 8:
         g_cols = kb_abs * 4 + t // 8
+    elif FMT == 16:
+        g_cols = kb_abs * 4 + t // 4  # the run's two E4M3 bytes, read as one int16
     else:
         g_cols = kb_abs
     # per word (q5/q6): the word holding its run's high bits and the shift to the run
@@ -501,7 +591,12 @@ def _gemv_h2_kernel(
     if PREFETCH != 0 and (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
-    base = kb_abs * 128 + t * 4  # x index of byte 0 of each word (low group; high group +64)
+    # x index of byte 0 of each word (low group; high group + HI_OFFSET); NVFP4: word t of a K
+    # block is half t % 2 of its 16-element block t // 2
+    if FMT == 16:
+        base = kb_abs * 128 + (t // 2) * 16 + (t % 2) * 4
+    else:
+        base = kb_abs * 128 + t * 4
     xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0 = _xrow_prep(X, 0, stride_xm, M, base, FMT, HEAD, FAST)
     if BLOCK_M > 1:
         xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = _xrow_prep(X, 1, stride_xm, M, base, FMT, HEAD, FAST)
@@ -572,7 +667,10 @@ def _gemv_h2_kernel(
             for mm in tl.static_range(BLOCK_M):
                 p = tl.load(WS + (rr[None, :].to(tl.int64) * N_SLICES + sl) * 4 + mm, mask=(sl < N_SLICES) & ok[None, :],
                             other=0.0, cache_modifier=".cg")
-                tl.store(Y + mm * stride_ym + rr, tl.sum(p, 0).to(Y.dtype.element_ty), mask=ok & ((rr * 0 + mm) < M))
+                y = tl.sum(p, 0)
+                if FMT == 16:
+                    y = y * tl.load(G + rr, mask=ok, other=0.0)  # NVFP4's per-row global scale
+                tl.store(Y + mm * stride_ym + rr, y.to(Y.dtype.element_ty), mask=ok & ((rr * 0 + mm) < M))
         tl.atomic_xchg(CNT + pid_c, 0)
 
 
@@ -608,6 +706,14 @@ def _asm(fmt: int, block_m: int) -> tuple[str, str]:
     return _ASM[key]
 
 
+def scales_view(fmt: int, scales: torch.Tensor) -> torch.Tensor:
+    """The scales as the kernel reads them: q8 fp16 per group; q4-q6 int32 (a K block's fp16
+    pair); NVFP4 int16 (a run's two E4M3 bytes)."""
+    if fmt == 8:
+        return scales
+    return scales.view(torch.int16) if fmt == NVFP4 else scales.view(torch.int32)
+
+
 def enabled() -> bool:
     """NINFER_H2=0 takes this kernel out of the dispatch (A/B measurements); on by default."""
     return os.environ.get("NINFER_H2", "1") != "0"
@@ -621,7 +727,7 @@ def _fits(fmt: int, k: int, cfg: H2Config) -> bool:
     # a tile of fewer than 4 words a thread would be laid out 2 a thread, and the asm's pack of 4
     # would be padded with undefined registers (Triton pads silently): wrong results on the GPU
     words = cfg.kbs * WORDS[fmt] * cfg.block_n if fmt in WORDS else 0
-    return (fmt in FORMATS and k % (128 * cfg.kbs) == 0 and QK.ROW_PAD % cfg.block_n == 0
+    return (fmt in DECODES and k % (128 * cfg.kbs) == 0 and QK.ROW_PAD % cfg.block_n == 0
             and words >= 4 * 32 * cfg.num_warps)
 
 
@@ -651,7 +757,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     if m > MAX_M:
         raise ValueError(f"the f16x2 GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
-        raise ValueError(f"the f16x2 GEMV needs q4/q5/q6/q8, K % {128 * cfg.kbs} == 0 and at least four words a "
+        raise ValueError(f"the f16x2 GEMV needs q4/q5/q6/q8 or NVFP4, K % {128 * cfg.kbs} == 0 and at least four words a "
                          f"thread a trip (format {p.fmt}, K={p.k}, {cfg.describe()})")
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
@@ -662,12 +768,13 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
     w = p.qweight.view(torch.int32)
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
-    s = p.scales if p.fmt == 8 else p.scales.view(torch.int32)
+    s = scales_view(p.fmt, p.scales)
+    g = p.gscale if p.gscale is not None else s
     fast = (p.fast if fast is None else fast) and not QK.interpreting()
     asm, constr = _asm(p.fmt, block_m)
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
     _gemv_h2_kernel[(chunks, n_slices)](
-        x2, w, h, s, y, ws.partials, ws.counters,
+        x2, w, h, s, y, ws.partials, ws.counters, g,
         m, p.n, p.k,
         x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
         rows_per_cta, n_slices,

@@ -113,7 +113,7 @@ def run_variant(GV, gu, dn, sh, cu, cd, T, fast) -> None:
 
 def pair_variants(quick: bool):
     """The pair kernels of decode at T <= 4 (pair_gemv.py): int formats only."""
-    for gu, dn, sh in ((4, 5, 8), (4, 6, 8), (8, 8, 8))[: 1 if quick else None]:
+    for gu, dn, sh in ((4, 5, 8), (4, 6, 8), (8, 8, 8), (16, 16, 16), (16, 16, 8))[: 1 if quick else None]:
         for fast in (True, False) if not quick else (True,):
             yield f"pairs {gu}/{dn}/{sh}{'' if fast else ' plain'}", (lambda a=(gu, dn, sh, fast): run_pairs(*a))
 
