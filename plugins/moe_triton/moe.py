@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 
 from ninfer.device import Requirements
 from ninfer.linear import DENSE, PackedWeight
@@ -216,11 +217,15 @@ class TritonMoe:
             return torch.zeros_like(x)
         x = x.contiguous()
         shared = shared_weights(moe)
+        if self.pairs and x.is_cuda and not QK.capturing(x) and self.takes_pairs(1, w, shared):
+            # the load-time reserve assumed at most 16 routed slots: the real top_k, sized on the
+            # first eager call (a prefill), before any graph holds the workspace; then a no-op
+            PG.reserve(x.device, moe.top_k + 1, w.hidden, w.inner)
         router = self._fused_router(moe, x, w, shared)
         if router is not None:
             # one decode token: router GEMV and routing in one launch, then the two pair kernels
             ws = QK.Workspace.get(x.device)
-            ws.ensure(x.shape[0] * (w.num_experts + 1), 1, QK.capturing(x))
+            ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
             r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters))
             return self.run(x, r, w, shared)
         logits = moe.gate(x)

@@ -301,6 +301,9 @@ def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix,
         return False
     gu, dn = cfgs
     sg, su, sd = shared
+    if [t.stride(0) if t is not None else None for t in (sg.q, sg.h, sg.s)] != [
+            t.stride(0) if t is not None else None for t in (su.q, su.h, su.s)]:
+        return False  # gate_up reads both with one set of row strides
     return (_fits(routed_gu, hidden, inner, gu) and _fits(sg, hidden, inner, gu) and _fits(su, hidden, inner, gu)
             and sg.fmt == su.fmt and _fits(routed_dn, inner, hidden, dn) and _fits(sd, inner, hidden, dn))
 
