@@ -485,6 +485,11 @@ class Workspace:
     def __init__(self, device: torch.device) -> None:
         self.partials = torch.empty(0, dtype=torch.float32, device=device)
         self.counters = torch.zeros(0, dtype=torch.int32, device=device)
+        # buffers outgrown after a CUDA graph may have captured them: kept, never freed, so a graph
+        # captured before a growth still reads and writes memory that is its own (a growth at an
+        # eager warm-up of a later batch bucket must not turn an earlier graph's scratch into
+        # someone else's allocation)
+        self._retired: list[torch.Tensor] = []
 
     @classmethod
     def get(cls, device: torch.device) -> Workspace:
@@ -501,10 +506,16 @@ class Workspace:
             self.reserve(partial_elems, tiles)
 
     def reserve(self, partial_elems: int, tiles: int) -> None:
+        # growth at least doubles, so the retired buffers stay under the live ones' size
         if self.partials.numel() < partial_elems:
-            self.partials = torch.empty(partial_elems, dtype=torch.float32, device=self.partials.device)
+            if self.partials.numel():
+                self._retired.append(self.partials)
+            size = max(partial_elems, 2 * self.partials.numel())
+            self.partials = torch.empty(size, dtype=torch.float32, device=self.partials.device)
         if self.counters.numel() < tiles:
-            self.counters = torch.zeros(tiles, dtype=torch.int32, device=self.counters.device)
+            if self.counters.numel():
+                self._retired.append(self.counters)
+            self.counters = torch.zeros(max(tiles, 2 * self.counters.numel()), dtype=torch.int32, device=self.counters.device)
 
 
 @dataclass

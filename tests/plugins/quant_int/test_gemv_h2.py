@@ -274,3 +274,16 @@ def dispatched_in_a_graph(table: dict, ms: tuple[int, ...]) -> None:
             torch.cuda.synchronize()
             assert rel_err(y, x.float() @ deq.T) < 6e-3, (fmt, n, k, m)
         del p, deq
+
+
+def test_workspace_growth_keeps_the_outgrown_buffers():
+    # a graph captured before a growth keeps pointing at the old buffers: they must stay allocated
+    ws = K.Workspace(torch.device("cpu"))
+    ws.reserve(100, 10)
+    old_p, old_c = ws.partials.data_ptr(), ws.counters.data_ptr()
+    ws.reserve(150, 12)
+    assert ws.partials.numel() >= 200 and ws.counters.numel() >= 20  # at least doubled
+    assert {t.data_ptr() for t in ws._retired} == {old_p, old_c}
+    assert int(ws.counters.abs().sum()) == 0
+    ws.reserve(150, 12)  # fits: nothing moves
+    assert len(ws._retired) == 2
