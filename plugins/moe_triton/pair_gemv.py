@@ -87,32 +87,8 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
     """Partials of x_row's K slice `pid_s` against `rows` rows from W0 (and SEGS = 2: as many from
     W1), pointers already at the chunk's first row, stored to WS_p rows ws_row0.. (W1's at
     ws_row0 + ws_off1), laid out as gemv_h2's workspace: [row, slice, 4] with lane 0 used."""
-    WPB: tl.constexpr = 32 if FMT == 8 else 16
-    C: tl.constexpr = KBS * WPB
-    c = tl.arange(0, C)
-    t = c % WPB
-    kb_abs = pid_s * KBS + c // WPB
-    w_cols = pid_s * C + c
-    if FMT == 8:
-        g_cols = kb_abs * 4 + t // 8
-    elif FMT == 16:
-        g_cols = kb_abs * 4 + t // 4  # NVFP4: the run's two E4M3 bytes as one int16
-    else:
-        g_cols = kb_abs
-    v = t // 4
-    if FMT == 5:
-        h_cols = kb_abs * 4 + v // 2
-        h_shift = (v % 2) * 16
-    else:
-        h_cols = kb_abs * 8 + v
-        h_shift = v * 0
-    lead = (c % 4) == 0
-    jj = (c % 4)[:, None]
+    w_cols, g_cols, h_cols, h_shift, lead, jj, base = H2.slice_columns(pid_s, FMT, KBS)
     rn = tl.arange(0, BLOCK_N)
-    if FMT == 16:
-        base = kb_abs * 128 + (t // 2) * 16 + (t % 2) * 4  # gemv_h2's NVFP4 word order
-    else:
-        base = kb_abs * 128 + t * 4
     xa, xb, xc, xd, p0, p1, p2, p3, inv0 = H2._xrow_prep(X_row, 0, 0, 1, base, FMT, HEAD, FAST)
     cols4 = tl.arange(0, 4)[:, None]
     inv = tl.where(cols4 == 0, inv0, 0.0)

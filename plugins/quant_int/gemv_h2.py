@@ -531,6 +531,40 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         tl.store(dst, part * inv, mask=keep)
 
 
+@triton.jit
+def slice_columns(pid_s, FMT: tl.constexpr, KBS: tl.constexpr):
+    """Per word of K slice pid_s (KBS blocks of 128, a row's words contiguous in it): its column in
+    the row; its scale column (q4-q6: the int32 fp16 pair of its K block; q8: its group of 32;
+    NVFP4: the run's two E4M3 bytes as one int16); for q5/q6 the word holding its run's high bits
+    and the shift to the run; whether it leads its run of four and its place in the run ([C, 1]);
+    the x index of its byte 0 (low group; high group + HI_OFFSET; NVFP4: word t of a K block is
+    half t % 2 of its 16-element block t // 2). pair_gemv.py shares it."""
+    WPB: tl.constexpr = 32 if FMT == 8 else 16  # words per K block of 128
+    C: tl.constexpr = KBS * WPB
+    c = tl.arange(0, C)
+    t = c % WPB
+    kb_abs = pid_s * KBS + c // WPB
+    w_cols = pid_s * C + c
+    if FMT == 8:
+        g_cols = kb_abs * 4 + t // 8
+    elif FMT == 16:
+        g_cols = kb_abs * 4 + t // 4
+    else:
+        g_cols = kb_abs
+    v = t // 4
+    if FMT == 5:
+        h_cols = kb_abs * 4 + v // 2
+        h_shift = (v % 2) * 16
+    else:
+        h_cols = kb_abs * 8 + v
+        h_shift = v * 0
+    if FMT == 16:
+        base = kb_abs * 128 + (t // 2) * 16 + (t % 2) * 4
+    else:
+        base = kb_abs * 128 + t * 4
+    return w_cols, g_cols, h_cols, h_shift, (c % 4) == 0, (c % 4)[:, None], base
+
+
 @triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
 def _gemv_h2_kernel(
     X, W, H, S, Y, WS, CNT, G,
@@ -552,29 +586,7 @@ def _gemv_h2_kernel(
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
-    WPB: tl.constexpr = 32 if FMT == 8 else 16  # words per K block of 128
-    C: tl.constexpr = KBS * WPB
-    c = tl.arange(0, C)
-    t = c % WPB
-    kb_abs = pid_s * KBS + c // WPB
-    w_cols = pid_s * C + c  # the slice's words are contiguous in a row
-    # per word: its scale column (q4-q6: the int32 fp16 pair of its K block; q8: its group of 32)
-    if FMT == 8:
-        g_cols = kb_abs * 4 + t // 8
-    elif FMT == 16:
-        g_cols = kb_abs * 4 + t // 4  # the run's two E4M3 bytes, read as one int16
-    else:
-        g_cols = kb_abs
-    # per word (q5/q6): the word holding its run's high bits and the shift to the run
-    v = t // 4
-    if FMT == 5:
-        h_cols = kb_abs * 4 + v // 2
-        h_shift = (v % 2) * 16
-    else:
-        h_cols = kb_abs * 8 + v
-        h_shift = v * 0
-    lead = (c % 4) == 0
-    jj = (c % 4)[:, None]
+    w_cols, g_cols, h_cols, h_shift, lead, jj, base = slice_columns(pid_s, FMT, KBS)
     rn = tl.arange(0, BLOCK_N)
     row_lo = pid_c * ROWS_PER_CTA
     row_hi = tl.minimum(row_lo + ROWS_PER_CTA, N)
@@ -591,12 +603,6 @@ def _gemv_h2_kernel(
     if PREFETCH != 0 and (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
-    # x index of byte 0 of each word (low group; high group + HI_OFFSET); NVFP4: word t of a K
-    # block is half t % 2 of its 16-element block t // 2
-    if FMT == 16:
-        base = kb_abs * 128 + (t // 2) * 16 + (t % 2) * 4
-    else:
-        base = kb_abs * 128 + t * 4
     xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0 = _xrow_prep(X, 0, stride_xm, M, base, FMT, HEAD, FAST)
     if BLOCK_M > 1:
         xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = _xrow_prep(X, 1, stride_xm, M, base, FMT, HEAD, FAST)
