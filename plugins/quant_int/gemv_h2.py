@@ -364,7 +364,7 @@ def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
         c = ((byte ^ 0x80) - 0x80).to(tl.float32)
         return c, c
     if FMT == 16:
-        return _e2m1(byte & 0xF), _e2m1((byte >> 4) & 0xF)
+        return QK._e2m1_f32(byte & 0xF), QK._e2m1_f32((byte >> 4) & 0xF)
     lo = byte & 0xF
     hi = (byte >> 4) & 0xF
     if FMT == 4:
@@ -379,18 +379,9 @@ def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
 
 
 @triton.jit
-def _e2m1(n):
-    """Interpreter path: E2M1 codes (int) -> their values (fp32)."""
-    mag = n & 7
-    e = mag >> 1
-    m = (mag & 1).to(tl.float32)
-    v = tl.where(e == 0, m * 0.5, (2.0 + m) * _pow2(e - 2))
-    return tl.where((n & 8) != 0, -v, v)
-
-
-@triton.jit
 def _e4m3(b):
-    """Interpreter path: E4M3 bytes (int) -> their values (fp32); NaN never occurs in a scale."""
+    """Interpreter path: E4M3 bytes (int) -> their values (fp32), sign included (kernels'
+    _e4m3_scales takes non-negative scales only); NaN never occurs in a scale."""
     e = (b >> 3) & 15
     m = (b & 7).to(tl.float32)
     v = tl.where(e == 0, m * 0.001953125, (8.0 + m) * _pow2(e - 10))
