@@ -80,3 +80,18 @@ def logits_hitting(T: int, E: int, seed: int, boundary: bool = True) -> torch.Te
         logits[0, 0] += 7.0
         logits[-1] = logits[0]
     return logits
+
+
+def captured(step, warmups: int = 1):
+    """(graph, what step returned while captured): `step` run `warmups` times on a side stream
+    (kernels compile, scratch grows), then captured in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out

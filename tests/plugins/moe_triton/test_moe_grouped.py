@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_cases import ACT, DEV, expert_bank, logits_hitting, shared_expert
+from moe_cases import ACT, DEV, captured, expert_bank, logits_hitting, shared_expert
 
 from ninfer.kernels import reference as R
 from ninfer.kernels.triton.launch import interpreting
@@ -200,14 +200,7 @@ def test_gpu_decode_layer_replays_in_a_cuda_graph(real_bank, T):
             GM.plan(r, E, moe.configs["prefill_gate_up"].block_m)
         return moe.run(x, r, w, sw)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = captured(step)
     for seed in (5, 6):
         x.copy_(torch.randn(T, H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)).bfloat16())
         graph.replay()

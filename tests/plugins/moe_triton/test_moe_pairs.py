@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_cases import ACT, DEV, expert_bank, logits_hitting, shared_expert
+from moe_cases import ACT, DEV, captured, expert_bank, logits_hitting, shared_expert
 
 from ninfer.kernels import reference as R
 from ninfer.kernels.triton.launch import interpreting
@@ -133,15 +133,7 @@ def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
         r = route(logits, TOP_K, x=x, shared_gate_weight=sg)
         return moe.run(x, r, w, sw), r
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, r = step()
+    graph, (out, r) = captured(step, warmups=2)
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
         x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_cases import DEV, logits_hitting
+from moe_cases import DEV, captured, logits_hitting
 
 from ninfer.kernels.triton.launch import interpreting
 from ninfer_plugins.moe_triton.grouped_gemm import plan_tiles
@@ -133,14 +133,7 @@ def test_gpu_route_replays_in_a_cuda_graph():
     logits = logits_hitting(T, 256, seed=1)
     x = torch.randn(T, 2048, device="cuda").bfloat16()
     sg = (torch.randn(1, 2048, device="cuda") / 45).bfloat16()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        route(logits, 8, x=x, shared_gate_weight=sg, plan=True)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        r = route(logits, 8, x=x, shared_gate_weight=sg, plan=True)
+    graph, r = captured(lambda: route(logits, 8, x=x, shared_gate_weight=sg, plan=True))
     for seed in (2, 3):
         logits.copy_(logits_hitting(T, 256, seed=seed))
         graph.replay()
