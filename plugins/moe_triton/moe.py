@@ -190,18 +190,13 @@ class TritonMoe:
     # --- the ninfer_moe_kernel contract -----------------------------------------------------------
 
     def prepare(self, bank: Any, gate_up: list[PackedWeight], down: list[PackedWeight]) -> ExpertWeights:
-        w = ExpertWeights(
+        return ExpertWeights(
             stack_experts(gate_up, bank.stacked.get("gate_up"), bank.gate_up),
             stack_experts(down, bank.stacked.get("down"), bank.down),
             bank.num_experts,
             down[0].shape[0],
             bank.inner,
         )
-        if self.pairs and w.gate_up.fmt != GV.DENSE_FMT:
-            # the pair kernels' split-K scratch, sized now (a graph cannot grow it): top_k is the
-            # router's, unknown here, so up to 16 routed slots and the shared one
-            PG.reserve(w.gate_up.q.device, min(16, w.num_experts) + 1, w.hidden, w.inner)
-        return w
 
     def experts(self, bank: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """sum_k weights[:, k] * expert_{ids[:, k]}(x), routed experts only."""
@@ -218,8 +213,8 @@ class TritonMoe:
         x = x.contiguous()
         shared = shared_weights(moe)
         if self.pairs and x.is_cuda and not QK.capturing(x) and self.takes_pairs(1, w, shared):
-            # the load-time reserve assumed at most 16 routed slots: the real top_k, sized on the
-            # first eager call (a prefill), before any graph holds the workspace; then a no-op
+            # the pair kernels' split-K scratch for the layer's top_k, sized on the first eager
+            # call (a prefill, or a graph's warm-up), never inside a capture; then a no-op
             PG.reserve(x.device, moe.top_k + 1, w.hidden, w.inner)
         router = self._fused_router(moe, x, w, shared)
         if router is not None:

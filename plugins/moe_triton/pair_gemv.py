@@ -305,7 +305,7 @@ def workspace_need(tokens: int, slots: int, hidden: int, inner: int) -> tuple[in
 
 
 def reserve(device: torch.device, slots: int, hidden: int, inner: int) -> None:
-    """Size quant_int's split-K workspace for up to PAIR_MAX tokens (load time, before any graph)."""
+    """Size quant_int's split-K workspace for up to PAIR_MAX tokens (outside any graph capture)."""
     if device.type == "cuda":
         QK.Workspace.get(device).reserve(*workspace_need(PAIR_MAX, slots, hidden, inner))
 
