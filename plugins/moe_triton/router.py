@@ -155,6 +155,15 @@ def _route_kernel(
             tl.store(TILE_ROWS + n_used * BLOCK_M + t, t * SLOTS + TOP_K, mask=t_ok)
 
 
+def _empty_routing(T: int, E: int, top_k: int, shared: bool, dev: torch.device) -> Routing:
+    """The ids / weights a routing kernel fills, [T, top_k (+1 for the shared pair)]."""
+    if top_k > E:
+        raise ValueError(f"top_k {top_k} is more than the {E} experts")
+    slots = top_k + shared
+    return Routing(torch.empty(T, slots, dtype=torch.int32, device=dev),
+                   torch.empty(T, slots, dtype=torch.float32, device=dev), top_k, slots)
+
+
 # --- decode: the router GEMV and the routing in one launch --------------------------------------------
 
 
@@ -222,13 +231,9 @@ def route_gemv(
     E = router.shape[0]
     if T > ROUTE_GEMV_MAX_T:
         raise ValueError(f"the fused router serves at most {ROUTE_GEMV_MAX_T} tokens, got {T}")
-    if top_k > E:
-        raise ValueError(f"top_k {top_k} is more than the {E} experts")
     shared = shared_gate_weight is not None
-    slots = top_k + shared
-    dev = x.device
-    r = Routing(torch.empty(T, slots, dtype=torch.int32, device=dev), torch.empty(T, slots, dtype=torch.float32, device=dev),
-                top_k, slots)
+    r = _empty_routing(T, E, top_k, shared, x.device)
+    slots = r.slots
     if T == 0:
         return r
     lws, cnt = scratch
@@ -242,7 +247,7 @@ def route_gemv(
         T, E, H, x.stride(0), router.stride(0),
         TOP_K=top_k, SLOTS=slots, SHARED=SHARED_LOGIT if shared else NO_SHARED,
         BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(H), LSTRIDE=lstride,
-        num_warps=1, **pdl_kwargs(dev),
+        num_warps=1, **pdl_kwargs(x.device),
     )
     return r
 
@@ -263,8 +268,6 @@ def route(
     plan in the same launch.
     """
     T, E = logits.shape
-    if top_k > E:
-        raise ValueError(f"top_k {top_k} is more than the {E} experts")
     mode = NO_SHARED
     if shared_gate_weight is not None:
         if x is None:
@@ -272,11 +275,9 @@ def route(
         mode = SHARED_DOT
     elif shared_gate_logit is not None:
         mode = SHARED_LOGIT
-    slots = top_k + (mode != NO_SHARED)
+    r = _empty_routing(T, E, top_k, mode != NO_SHARED, logits.device)
+    slots = r.slots
     dev = logits.device
-    ids = torch.empty(T, slots, dtype=torch.int32, device=dev)
-    weights = torch.empty(T, slots, dtype=torch.float32, device=dev)
-    r = Routing(ids, weights, top_k, slots)
     if T == 0:
         return r
     if logits.stride(-1) != 1:
@@ -303,10 +304,10 @@ def route(
     # a decode token's 256 probabilities fit one warp: its top-k reductions are then shuffles,
     # no shared memory round trips (the one-program plan at T = 16 wants 8 warps)
     warps = max(1, min(8, (block_t * block_e) // 256))
-    tile_expert = r.tile_expert if plan else ids
-    tile_rows = r.tile_rows if plan else ids
+    tile_expert = r.tile_expert if plan else r.ids
+    tile_rows = r.tile_rows if plan else r.ids
     _route_kernel[(grid,)](
-        logits, xt, sg_w, sg_l, ids, weights, tile_expert, tile_rows,
+        logits, xt, sg_w, sg_l, r.ids, r.weights, tile_expert, tile_rows,
         T, E, xt.shape[-1], logits.stride(0), xt.stride(0), sg_l.stride(0), n_tiles,
         TOP_K=top_k, SLOTS=slots, SHARED=mode,
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=min(256, triton.next_power_of_2(xt.shape[-1])),
