@@ -160,11 +160,15 @@ def _acc_pair(g, u, GW, GWH, GWS, UW, UWH, UWS, g_rows, u_rows, sgw, sgwh, sgws,
 
 
 @triton.jit
-def _global_scale(acc, G, rows, FMT: tl.constexpr):
+def _global_scale(acc, G, rows, FMT: tl.constexpr, FAST: tl.constexpr):
     """NVFP4: acc [BN, BM] times each row's fp32 global scale (the block step decodes e2m1 times
-    the e4m3 block scale only); other formats: acc."""
+    the e4m3 block scale only, and with FAST its PTX decode leaves the weights times 2^-7, undone
+    here as quant_int's linear kernel does); other formats: acc."""
     if FMT == 16:
-        acc = acc * tl.load(G + rows)[:, None]
+        g = tl.load(G + rows)
+        if FAST:
+            g = g * 128.0
+        acc = acc * g[:, None]
     return acc
 
 
@@ -200,14 +204,14 @@ def _gate_up_kernel(
             rows_s = tl.minimum(n, S_INNER - 1)
             g, u = _acc_pair(g, u, GW, GWH, GWS, UW, UWH, UWS, rows_s, rows_s, sgw, sgwh, sgws, suw, suwh, suws,
                              x_rows, m_ok, K, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
-            g = _global_scale(g, GWG, rows_s, SFMT)
-            u = _global_scale(u, UWG, rows_s, SFMT)
+            g = _global_scale(g, GWG, rows_s, SFMT, FAST)
+            u = _global_scale(u, UWG, rows_s, SFMT, FAST)
         else:
             rows_e = e.to(tl.int64) * 2 * INNER + tl.minimum(n, INNER - 1)
             g, u = _acc_pair(g, u, W, WH, WS, W, WH, WS, rows_e, rows_e + INNER, sw, swh, sws, sw, swh, sws,
                              x_rows, m_ok, K, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
-            g = _global_scale(g, WG, rows_e, FMT)
-            u = _global_scale(u, WG, rows_e + INNER, FMT)
+            g = _global_scale(g, WG, rows_e, FMT, FAST)
+            u = _global_scale(u, WG, rows_e + INNER, FMT, FAST)
         h = g * tl.sigmoid(g) * u
         out = HOUT + pairs[None, :].to(tl.int64) * sh + n[:, None]
         tl.store(out, h.to(HOUT.dtype.element_ty), mask=(n < n_lim)[:, None] & m_ok[None, :])
@@ -231,11 +235,11 @@ def _down_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if e == E:
             acc = _acc_rows(acc, SW, SWH, SWS, r, ssw, sswh, ssws, x_rows, m_ok, S_INNER, SFMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
-            acc = _global_scale(acc, SWG, r, SFMT)
+            acc = _global_scale(acc, SWG, r, SFMT, FAST)
         else:
             rows_e = e.to(tl.int64) * N + r
             acc = _acc_rows(acc, W, WH, WS, rows_e, sw, swh, sws, x_rows, m_ok, INNER, FMT, BLOCK_N, BLOCK_K, FAST, DOT_F32, SCALE_W)
-            acc = _global_scale(acc, WG, rows_e, FMT)
+            acc = _global_scale(acc, WG, rows_e, FMT, FAST)
         wt = tl.load(WEIGHTS + p64, mask=m_ok, other=0.0)
         tl.store(Y + p64[None, :] * sy + n[:, None], acc * wt[None, :], mask=(n < N)[:, None] & m_ok[None, :])
 
