@@ -25,7 +25,6 @@ both K (hidden and inner), the expert widths a multiple of the rows per trip. `s
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -54,17 +53,15 @@ class PairConfig:
         return f"pair BN{self.block_n} KBS{self.kbs} R{self.rows} w{self.num_warps}"
 
 
-# The first choices, the configs every GPU test ran (35B: I 512, H 2048; gate_up at T = 1: 9 pairs
-# x 16 chunks x 4 slices = 576 CTAs; down 9 x 32 chunks x 2 slices). The H200 sweep
-# (bench/moe.py --pair-sweep, BENCHMARKS.md "35B-A3B MoE") found faster ones at T = 1 and 4 both:
-# gate_up PairConfig(32, 2, 32, 2) 8.7 / 23.1 µs against 9.3 / 23.8, down PairConfig(32, 4, 32, 2)
-# 7.6 / 17.6 against 8.3 / 21.6. They were timed, not yet checked against the oracle on the GPU:
-# they become the defaults once `pytest -m gpu tests/plugins/moe_triton/test_moe_pairs.py` has
-# passed with them.
-GATE_UP = PairConfig(block_n=32, kbs=4, rows=32)
-DOWN = PairConfig(block_n=32, kbs=2, rows=64)
-SWEPT_GATE_UP = PairConfig(block_n=32, kbs=2, rows=32, num_warps=2)
-SWEPT_DOWN = PairConfig(block_n=32, kbs=4, rows=32, num_warps=2)
+# Defaults: the winners of the H200 sweep (bench/moe.py --pair-sweep, BENCHMARKS.md "35B-A3B MoE"),
+# checked against the oracle on the GPU (test_moe_pairs, 2026-12-03): gate_up 8.7 / 23.1 µs at
+# T = 1 / 4 against 9.3 / 23.8 for FIRST_GATE_UP, down 7.6 / 17.6 against 8.3 / 21.6 for FIRST_DOWN
+# (35B: I 512, H 2048; gate_up at T = 1: 9 pairs x 16 chunks x 8 slices). The first choices stay
+# as a tested alternative (test_gpu_first_pair_configs_equal_the_oracle).
+GATE_UP = PairConfig(block_n=32, kbs=2, rows=32, num_warps=2)
+DOWN = PairConfig(block_n=32, kbs=4, rows=32, num_warps=2)
+FIRST_GATE_UP = PairConfig(block_n=32, kbs=4, rows=32)
+FIRST_DOWN = PairConfig(block_n=32, kbs=2, rows=64)
 
 
 def configs_for(hidden: int, inner: int) -> tuple[PairConfig, PairConfig] | None:
@@ -256,9 +253,9 @@ def _pair_down_kernel(
 
 
 def formats() -> tuple[int, ...]:
-    """The weight formats the pair kernels take: quant_int's; NVFP4 (gemv_h2's decode of it) only
-    with NINFER_PAIRS_NVFP4=1 until a GPU run has checked that decode."""
-    return H2.FORMATS + ((H2.NVFP4,) if os.environ.get("NINFER_PAIRS_NVFP4", "0") == "1" else ())
+    """The weight formats the pair kernels take: quant_int's and NVFP4 (gemv_h2's decode of it,
+    checked on the H200 by test_gpu_nvfp4_pairs_real_shapes)."""
+    return H2.DECODES
 
 
 def _fits(m: Matrix, k: int, rows: int, cfg: PairConfig) -> bool:

@@ -68,12 +68,11 @@ def test_interpreted_pairs_equal_the_oracle(gu, dn, sh, T):
 
 @interp
 @pytest.mark.parametrize("gu,dn,sh", [("nvfp4", "nvfp4", "nvfp4"), ("nvfp4", "nvfp4", "q8_g32"), ("q4_g64", "q5_g64", "nvfp4")])
-def test_interpreted_nvfp4_pairs_equal_the_oracle(gu, dn, sh, monkeypatch):
-    # NVFP4 through gemv_h2's decode of it (a global scale per expert row), behind its switch
+def test_interpreted_nvfp4_pairs_equal_the_oracle(gu, dn, sh):
+    # NVFP4 through gemv_h2's decode of it (a global scale per expert row)
     bank = expert_bank(8, 256, 128, gu, dn, seed=7)
     shared = shared_expert(256, 128, sh, seed=8)
-    assert not TritonMoe(fused_dtypes=(ACT,)).takes_pairs(2, bank[0], shared[0])
-    monkeypatch.setenv("NINFER_PAIRS_NVFP4", "1")
+    assert TritonMoe(fused_dtypes=(ACT,)).takes_pairs(2, bank[0], shared[0])
     out, ref = _run(bank, shared, 2, 3, seed=2)
     _close(out, ref)
 
@@ -82,7 +81,7 @@ def test_interpreted_nvfp4_pairs_equal_the_oracle(gu, dn, sh, monkeypatch):
 def test_interpreted_pair_configs_and_fallbacks():
     assert PG.configs_for(2048, 512) == (PG.GATE_UP, PG.DOWN)
     gu, dn = PG.configs_for(256, 128)
-    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, 32, 1, 64)
+    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, 32, 1, 32)
     assert PG.configs_for(136, 40) is None  # K not a multiple of 128: the tile kernels run
     w, _, _ = expert_bank(4, 256, 128, "q4_g64", "q5_g64", seed=0)
     sw, _, _ = shared_expert(256, 128, "q8_g32", seed=1)
@@ -147,14 +146,14 @@ def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 4])
-def test_gpu_swept_pair_configs_equal_the_oracle(real, T):
-    # the sweep's faster block sizes (pair_gemv.SWEPT_*), checked before they become the defaults
+def test_gpu_first_pair_configs_equal_the_oracle(real, T):
+    # the first block sizes (pair_gemv.FIRST_*), the defaults before the sweep's winners
     (w, gu, dn), (sw, sdec, sg) = real
     g = torch.Generator(device=DEV).manual_seed(T)
     x = torch.randn(T, H, generator=g, device=DEV).bfloat16()
     r = route(logits_hitting(T, E, seed=T), TOP_K, x=x, shared_gate_weight=sg)
-    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, PG.SWEPT_GATE_UP)
-    out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, PG.SWEPT_DOWN)
+    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, PG.FIRST_GATE_UP)
+    out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, PG.FIRST_DOWN)
     ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
     _close(out, ref)
 
@@ -162,9 +161,7 @@ def test_gpu_swept_pair_configs_equal_the_oracle(real, T):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 4])
-def test_gpu_nvfp4_pairs_real_shapes(T, monkeypatch):
-    # the switch NINFER_PAIRS_NVFP4 stays off by default until this passes
-    monkeypatch.setenv("NINFER_PAIRS_NVFP4", "1")
+def test_gpu_nvfp4_pairs_real_shapes(T):
     bank = expert_bank(E, H, I, "nvfp4", "nvfp4", seed=0)
     shared = shared_expert(H, I, "nvfp4", seed=1)
     out, ref = _run(bank, shared, T, TOP_K, seed=T)
