@@ -602,9 +602,10 @@ E2E_ARGS = ["--prompt-len", "8192", "--gen-len", "64"]
 def run_e2e(out: Path, name: str, timeout: float, model: str = "qwen3.6-35b-a3b", extra: list | None = None) -> dict:
     """`ninfer bench --model MODEL --random-weights --quant QUANT ...` in a subprocess (a crash or
     a hang costs this run only, and the GPU's memory is its own); its JSON, or why there is none.
-    `name` is the recipe, or recipe+pdl for the same with NINFER_PDL=1."""
+    `name` is the recipe, or recipe+nopdl for the same with NINFER_PDL=0 (programmatic dependent
+    launch off; on by default), recipe+pdl with NINFER_PDL=1."""
     quant, _, flag = name.partition("+")
-    env = {**os.environ, "NINFER_PDL": "1" if flag == "pdl" else os.environ.get("NINFER_PDL", "0")}
+    env = {**os.environ, "NINFER_PDL": {"pdl": "1", "nopdl": "0"}.get(flag, os.environ.get("NINFER_PDL", "1"))}
     path = out / f"bench_{name.replace('+', '_')}.json"
     argv = ["bench", "--model", model, "--random-weights", "--quant", quant, *(extra or E2E_ARGS), "--json", str(path)]
     cmd = [sys.executable, "-c", "import sys; from ninfer.cli import main; sys.exit(main(sys.argv[1:]))", *argv]
@@ -689,7 +690,7 @@ def main() -> int:
     ap.add_argument("--recipes", default="int4", help="kernel timings for these of int4,int8,bf16")
     ap.add_argument("--sweep", action="store_true", help="also sweep block sizes (several minutes)")
     ap.add_argument("--pair-sweep", action="store_true", help="sweep the pair kernels' block sizes (T = 1, 4)")
-    ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, recipe+pdl for NINFER_PDL=1")
+    ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, recipe+nopdl for NINFER_PDL=0")
     ap.add_argument("--floor", action="store_true", help="print the decode floor (arithmetic, no GPU) and exit")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)

@@ -36,7 +36,7 @@ def test_graphs_only_where_the_model_allows(tmp_path):
 @pytest.mark.parametrize(
     "kv_dtype,quant,pdl",
     [("bf16", "bf16", False), ("int8", "bf16", False), ("bf16", "int4", False), ("bf16", "nvfp4", False),
-     ("bf16", "bf16", True), ("int8", "int4", True)],
+     ("bf16", "bf16", True), ("int8", "int4", True), ("bf16", "nvfp4", True)],
 )
 def test_graph_and_eager_give_the_same_tokens(tmp_path, monkeypatch, kv_dtype, quant, pdl):
     """Also with quantized weights (merged projections, the GEMV, the split-K MMA kernel's

@@ -23,7 +23,7 @@ def sm_count(device: str) -> int:
     return 4
 
 
-# --- programmatic dependent launch (opt-in, not measured yet) -----------------------------------
+# --- programmatic dependent launch (on by default on sm_90+; NINFER_PDL=0 turns it off) -----------------------------------
 #
 # A decode step is ~600 short kernels; each waits for the whole previous grid to drain and then
 # pays its own launch and prologue. With programmatic dependent launch (sm_90+) a kernel may be
@@ -32,8 +32,9 @@ def sm_count(device: str) -> int:
 # and `griddepcontrol.launch_dependents` so that its own successor may be scheduled early in turn.
 # Every kernel launched with `pdl_kwargs` must begin with `pdl_prologue(PDL)`: nothing may be read
 # or written before the wait (a CUDA graph's memory pool reuses buffers in stream order, so even a
-# write to a "fresh" output could hit a buffer the predecessor still reads). NINFER_PDL=1 turns it
-# on; off by default until BENCHMARKS.md shows what it gives.
+# write to a "fresh" output could hit a buffer the predecessor still reads). On by default since
+# the H200 A/B of 2026-12-03 (BENCHMARKS.md: 27B int4 decode 105.5 -> 109.1 tok/s, 35B-A3B int4
+# 331.2 -> 343.2, same call each); NINFER_PDL=0 turns it off.
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +45,7 @@ def _pdl_capable(device: torch.device) -> bool:
 def pdl_enabled(device: torch.device) -> bool:
     # called at every launch: the environment is read each time (tests switch it), the device
     # query once per device
-    if os.environ.get("NINFER_PDL", "0") != "1" or interpreting() or device.type != "cuda":
+    if os.environ.get("NINFER_PDL", "1") == "0" or interpreting() or device.type != "cuda":
         return False
     return _pdl_capable(device)
 
