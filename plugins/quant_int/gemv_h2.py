@@ -28,7 +28,8 @@ as it is):
 * Several activation rows (M <= 4, speculative verify): one decode, M chains; output lane m of
   each run's four is row m's partial, so one reduction serves every row.
 
-* NVFP4 (format 16, quant_nvfp4's "g16-split8" layout; not dispatched yet, see FORMATS): an E2M1
+* NVFP4 (format 16, quant_nvfp4's "g16-split8" layout; dispatched at M = 1 since the H200 check of
+  2026-12-03, see DECODES): an E2M1
   code's sign and three magnitude bits go under an f16's sign, exponent and top mantissa bits by
   shifts, which is the code's value times 2^-14, exactly (subnormals included); a run's two E4M3
   block scales the same way (value times 2^-8); a word's eight products chain per block; the
@@ -52,8 +53,8 @@ from ninfer_plugins.quant_int import kernels as QK
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 
 MAX_M = 4
-# the formats the dispatch sends here; NVFP4 (16) is decoded too (`launch`, pair_gemv with its
-# switch) but is not dispatched until a GPU run has checked it
+# the int formats; DECODES, every format this kernel decodes (and the dispatch sends here), adds
+# NVFP4 (checked on the H200: test_gemv_h2_nvfp4.py, 2026-12-03)
 FORMATS = (4, 5, 6, 8)
 NVFP4 = 16
 DECODES = (*FORMATS, NVFP4)
@@ -729,8 +730,10 @@ def _fits(fmt: int, k: int, cfg: H2Config) -> bool:
 
 
 def default_config(fmt: int, n: int, k: int) -> H2Config | None:
-    """The M = 1 config where no measured winner exists (None: K not a multiple of 256)."""
-    for cfg in (H2Config(32, 4, 4), H2Config(32, 2, 4)):
+    """The M = 1 config where no measured winner exists (None: K not a multiple of 256). NVFP4
+    first tries the config that won on 4 of its 5 tuned shapes (16 rows, 8 K blocks a slice)."""
+    firsts = (H2Config(16, 8, 6, 4, 1, True),) if fmt == NVFP4 else ()
+    for cfg in (*firsts, H2Config(32, 4, 4), H2Config(32, 2, 4)):
         if _fits(fmt, k, cfg):
             return cfg
     return None

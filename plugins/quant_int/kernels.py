@@ -604,7 +604,8 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     Order: a measured tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
     then for M <= 4 (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
     (tuned.TUNED_H2); at M = 1 with no TUNED_H2 entry, the f16x2 GEMV's default for q4/q5/q6/q8
-    (it beat everything else on every 27B/35B shape measured, BENCHMARKS.md "f16x2 GEMV"); a
+    and NVFP4 (it beat everything else on every 27B/35B shape measured, BENCHMARKS.md "f16x2
+    GEMV"); a
     measured CUDA-core winner (TUNED_GEMV); gemv.py's rules. A () entry in either table means
     that kernel lost there."""
     if m > 8:
@@ -623,7 +624,7 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
         hit = TUNED_H2.get(key)
         if hit:
             return gemv_h2.H2Config(*hit)
-        if m == 1 and hit is None and fmt in gemv_h2.FORMATS:
+        if m == 1 and hit is None and fmt in gemv_h2.DECODES:
             cfg = gemv_h2.default_config(fmt, n, k)
             if cfg is not None:
                 return cfg

@@ -343,6 +343,27 @@ TUNED_H2: dict[tuple[int, int, int, str], tuple] = {
     (8, 8192, 2048, 'm4'): (),
     (8, 17408, 5120, 'm1'): (16, 4, 8, 4, True),
     (8, 17408, 5120, 'm4'): (),
+    # `python3 bench/h2_tune.py --quick --pairs nvfp4:27b.gate_up_merged,nvfp4:27b.down_proj,
+    # nvfp4:35b.in_proj_qkvz,nvfp4:35b.o_proj|out_proj,q8_g32:35b.in_proj_qkvz,q8_g32:35b.qkv_merged,
+    # q6_g64:35b.lm_head,nvfp4:27b.in_proj_qkvz` (H200, 2026-12-03, fourth session, copy 4.09 TB/s;
+    # BENCHMARKS.md "f16x2 GEMV"): NVFP4 at M = 1 1.2-2.2x faster than the MMA kernel, at M = 4
+    # mostly slower; the 35B's q6 head 154.8 µs against 310.3
+    (6, 248320, 2048, 'm1'): (32, 4, 4, 4, 1, False),
+    (6, 248320, 2048, 'm4'): (16, 8, 6, 4, 1, True),
+    (8, 9216, 2048, 'm1'): (32, 4, 4, 4, 1, False),
+    (8, 9216, 2048, 'm4'): (32, 4, 4, 4, 1, False),
+    (8, 12288, 2048, 'm1'): (32, 4, 4, 4, 1, False),
+    (8, 12288, 2048, 'm4'): (16, 8, 6, 4, 1, True),
+    (16, 2048, 4096, 'm1'): (16, 8, 6, 4, 1, True),
+    (16, 2048, 4096, 'm4'): (),
+    (16, 5120, 17408, 'm1'): (16, 8, 6, 4, 1, True),
+    (16, 5120, 17408, 'm4'): (),
+    (16, 12288, 2048, 'm1'): (16, 8, 6, 4, 1, True),
+    (16, 12288, 2048, 'm4'): (),
+    (16, 16384, 5120, 'm1'): (16, 8, 6, 4, 1, True),
+    (16, 16384, 5120, 'm4'): (16, 8, 6, 4, 1, True),
+    (16, 34816, 5120, 'm1'): (16, 8, 6, 4, 2, False),
+    (16, 34816, 5120, 'm4'): (16, 8, 6, 4, 1, True),
 }
 
 
