@@ -24,6 +24,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--rows", type=int, default=40)
+    ap.add_argument("--graph", action="store_true",
+                    help="profile the CUDA-graph run (kernels as replayed, launch gaps included) instead of eager")
     args, rest = ap.parse_known_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -31,23 +33,31 @@ def main() -> int:
     from ninfer import bench
     from ninfer.cli import bench_config, build_parser
 
-    argv = ["bench", "--random-weights", "--no-cuda-graph", *rest]
+    argv = ["bench", "--random-weights", *([] if args.graph else ["--no-cuda-graph"]), *rest]
     for flag, default in (("--model", "qwen3.6-27b"), ("--quant", "int4"), ("--prompt-len", "512"), ("--gen-len", "16")):
         if flag not in rest:
             argv += [flag, default]
     cli = build_parser().parse_args(argv)
     config, opts = bench_config(cli)
     cuda = torch.cuda.is_available() and config.device != "cpu"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # on a GPU the kernels alone: recording every CPU op as well made reading the 35B's profile take
+    # minutes (two H200 calls timed out in key_averages)
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     from ninfer.plugins import get_plugin_manager
     from ninfer.startup import plan
 
     pm = get_plugin_manager()
     # built outside the profile: random weights and their quantization are not a step's kernels
+    import time
+
+    t0 = time.time()
     model = bench.build(plan(config, plugins=pm), pm)
+    print(f"built in {time.time() - t0:.1f} s", flush=True)
     with profile(activities=activities) as prof:
         result = bench.run(config, opts, plugins=pm, model=model)
+    print(f"ran in {time.time() - t0:.1f} s", flush=True)
     events = prof.key_averages()
+    print(f"profile read in {time.time() - t0:.1f} s", flush=True)
     attr = "device_time_total" if cuda else "cpu_time_total"
     if cuda and not hasattr(events[0], attr):
         attr = "cuda_time_total"
