@@ -46,6 +46,10 @@ def cases():
     yield "gdn_decode_step", lambda: G.gdn_decode_step(
         e(1, C, dtype=BF), e(1, HV, dtype=BF), e(1, HV, dtype=BF), cw, cs, al, al, st, num_k_heads=HK, head_k_dim=D,
         head_v_dim=D, state_indices=idx, z=e(1, HV * D, dtype=BF), norm_weight=nw)
+    yield "gdn_decode_step (gates in the step)", lambda: G.gdn_decode_step(
+        e(1, C, dtype=BF), None, None, cw, cs, al, al, st, num_k_heads=HK, head_k_dim=D,
+        head_v_dim=D, state_indices=idx, z=e(1, HV * D, dtype=BF), norm_weight=nw,
+        ab_input=(e(1, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)))
     yield "gdn_verify_columns", lambda: G.gdn_verify_columns(
         e(4, C, dtype=BF), e(4, HV, dtype=BF), e(4, HV, dtype=BF), cw, cs, al, al, st, e(16, C, 3, dtype=BF),
         e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),

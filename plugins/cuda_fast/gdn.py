@@ -126,8 +126,12 @@ class TritonLinearAttention(ReferenceLinearAttention):
             norm_weight=layer.norm_weight, eps=layer.eps,
         )  # fmt: skip
 
-    def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots) -> torch.Tensor:
-        """mixed_qkv [B, conv_dim] (pre-conv), a, b [B, Hv], z [B, Hv*Dv] raw projections; the
+    # gdn_decode takes a = b = None with ab_input = (x, W_ab): in_proj_a / in_proj_b inside the step
+    fuses_ab = True
+
+    def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots, ab_input=None) -> torch.Tensor:
+        """mixed_qkv [B, conv_dim] (pre-conv), a, b [B, Hv], z [B, Hv*Dv] raw projections (or a =
+        b = None and ab_input = (x [B, H], W [2 Hv, H]): the gates computed in the step); the
         layer's conv taps, A_log, dt_bias, norm weight and dims; the cache's conv and recurrent
         state, updated in place for rows slots[b] -> gated-normed o [B, Hv, Dv]."""
         from ninfer.kernels.triton import gdn_decode_step
@@ -137,5 +141,5 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gdn_decode_step(
             mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state,
             num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, state_indices=slots,
-            z=z, norm_weight=layer.norm_weight, eps=layer.eps,
+            z=z, norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input,
         )  # fmt: skip

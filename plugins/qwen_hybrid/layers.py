@@ -14,6 +14,8 @@ a backend whose `fused_dtypes` holds the model dtype runs a whole mixer step thr
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -249,16 +251,34 @@ class GatedDeltaNet(nn.Module):
             self.__dict__["in_proj_qkvz"] = merge_rows([self.in_proj_qkv, self.in_proj_z], f"{self.proj_name}.in_proj_qkvz")
             self.__dict__["in_proj_ab"] = merge_rows([self.in_proj_a, self.in_proj_b], f"{self.proj_name}.in_proj_ab")
 
+    def _projections_qkvz(self, x: torch.Tensor):
+        merged_qkvz = live(self.in_proj_qkvz)
+        if merged_qkvz is not None:
+            return merged_qkvz(x).split(merged_qkvz.splits, dim=-1)
+        return self.in_proj_qkv(x), self.in_proj_z(x)
+
+    def _ab_in_step(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The merged dense [a; b] weight [2 Hv, H] when the decode step should compute the gates
+        itself: NINFER_GDN_AB=1 (off by default until an H200 run has checked and timed it), a
+        backend that can (`fuses_ab`), a and b merged apart from qkv/z (quantized recipes; a fully
+        dense layer has them in its one in_proj launch already), weight and x alike."""
+        if os.environ.get("NINFER_GDN_AB", "0") != "1" or not getattr(self.backend, "fuses_ab", False):
+            return None
+        merged_ab = live(self.in_proj_ab)
+        if live(self.in_proj_all) is not None or merged_ab is None or merged_ab.scheme != DENSE:
+            return None
+        w = merged_ab.prepared
+        if not isinstance(w, torch.Tensor) or w.dtype != x.dtype or w.device != x.device or w.stride(-1) != 1:
+            return None
+        return w
+
     def projections(self, x: torch.Tensor):
         """x [N, H] -> the raw in_proj outputs (qkv, z, a, b) through the merged launches where
         fuse_linears made them (slices of one output: the fused kernels take any row stride)."""
-        merged_all, merged_qkvz, merged_ab = live(self.in_proj_all), live(self.in_proj_qkvz), live(self.in_proj_ab)
+        merged_all, merged_ab = live(self.in_proj_all), live(self.in_proj_ab)
         if merged_all is not None:
             return merged_all(x).split(merged_all.splits, dim=-1)
-        if merged_qkvz is not None:
-            qkv, z = merged_qkvz(x).split(merged_qkvz.splits, dim=-1)
-        else:
-            qkv, z = self.in_proj_qkv(x), self.in_proj_z(x)
+        qkv, z = self._projections_qkvz(x)
         if merged_ab is not None:
             a, b = merged_ab(x).split(merged_ab.splits, dim=-1)
         else:
@@ -344,8 +364,14 @@ class GatedDeltaNet(nn.Module):
         conv_state, rec_state = cache.gdn(self.state_index)
         if fused_for(self.backend, x):
             # conv step, L2 norms, gates, state update in place and the gated norm: one launch
-            qkv, z, a, b = self.projections(x)
-            o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots)
+            w_ab = self._ab_in_step(x)
+            if w_ab is not None:
+                # in_proj_a / in_proj_b inside that launch too (NINFER_GDN_AB=1)
+                qkv, z = self._projections_qkvz(x)
+                o = self.backend.gdn_decode(qkv, None, None, z, self, conv_state, rec_state, slots, ab_input=(x, w_ab))
+            else:
+                qkv, z, a, b = self.projections(x)
+                o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots)
             return self.out_proj(o.reshape(o.shape[0], -1))
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
         q, k, v = self._split(mixed[:, 0])

@@ -1,6 +1,8 @@
 """Gated DeltaNet decode: one token of B sequences through the mixer core in one launch
 (spec §2.4): causal conv1d step + SiLU, per-head L2 norm of q and k, the gates g and beta, the
-delta-rule update of the fp32 state in place, the readout, and optionally the gated RMSNorm.
+delta-rule update of the fp32 state in place, the readout, and optionally the gated RMSNorm and
+the gate projections themselves (`ab_input`: in_proj_a / in_proj_b as two dot products a
+program, instead of a GEMM launch of their own).
 
 Program (b, j, vb) owns value head j of batch row b and the value columns vb*BV..(vb+1)*BV of
 its state S[Dk, Dv] (the [N, Hv, Dk, Dv] layout of fla's state_v_first=False): the update is
@@ -80,12 +82,27 @@ def _shift_state(CS, ch, slot, scs_n, scs_c, scs_t, s1, s2, xt):
 
 
 @triton.jit
+def _ab_dots(XH, WAB, b, j, sxh_b, swab_r, HID, HV: tl.constexpr, BH: tl.constexpr):
+    """The raw gates of value head j for row b, in fp32: (x_b . W[j], x_b . W[HV + j]) over the
+    hidden size, W = in_proj_a's rows then in_proj_b's [2 HV, HID]."""
+    hh = tl.arange(0, BH)
+    acc_a = tl.zeros([BH], tl.float32)
+    acc_b = tl.zeros([BH], tl.float32)
+    for h0 in range(0, HID, BH):
+        m = h0 + hh < HID
+        xv = tl.load(XH + b * sxh_b + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        acc_a += xv * tl.load(WAB + j * swab_r + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        acc_b += xv * tl.load(WAB + (HV + j) * swab_r + h0 + hh, mask=m, other=0.0).to(tl.float32)
+    return tl.sum(acc_a, 0), tl.sum(acc_b, 0)
+
+
+@triton.jit
 def _gdn_decode_kernel(
-    X, A, Bg, CW, CS, ALOG, DTB, S, O, Z, NW, IDX, CNT,
-    sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h, so_b, so_h, sz_b,
+    X, A, Bg, CW, CS, ALOG, DTB, S, O, Z, NW, IDX, CNT, XH, WAB,
+    sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h, so_b, so_h, sz_b, sxh_b, swab_r, HID,
     q_scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr,
+    HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, BH: tl.constexpr = 512,
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -115,9 +132,16 @@ def _gdn_decode_kernel(
         k, k1, k2, kx = _conv_step(X, CS, CW, k_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
         v, v1, v2, vx = _conv_step(X, CS, CW, v_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
 
-        u = tl.load(A + b * sa_b + j).to(tl.float32) + tl.load(DTB + j).to(tl.float32)
+        if FUSE_AB:
+            # in_proj_a / in_proj_b in this program: two rows of HID against x_b (a separate GEMM
+            # launch of 2 HV rows is mostly launch and latency at one token)
+            a_raw, b_raw = _ab_dots(XH, WAB, b, j, sxh_b, swab_r, HID, HV, BH)
+        else:
+            a_raw = tl.load(A + b * sa_b + j).to(tl.float32)
+            b_raw = tl.load(Bg + b * sb_b + j).to(tl.float32)
+        u = a_raw + tl.load(DTB + j).to(tl.float32)
         A_neg = -tl.exp(tl.load(ALOG + j).to(tl.float32))
-        st, o = _delta_rule_token(st, q, k, v, u, tl.load(Bg + b * sb_b + j).to(tl.float32), A_neg, q_scale)
+        st, o = _delta_rule_token(st, q, k, v, u, b_raw, A_neg, q_scale)
         tl.store(sp, st)
         if FUSE_NORM:
             o = _gated_norm(o, Z, NW, b, sz_b, j, bv, eps, DV)
@@ -157,8 +181,8 @@ def default_block_v(batch: int, num_v_heads: int, head_v_dim: int, device: torch
 
 def gdn_decode_step(
     mixed_qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
     conv_weight: torch.Tensor,
     conv_state: torch.Tensor,
     A_log: torch.Tensor,
@@ -175,10 +199,13 @@ def gdn_decode_step(
     out: torch.Tensor | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
+    ab_input: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One decode token for B sequences; updates conv_state and ssm_state in place.
 
-    mixed_qkv [B, conv_dim] (pre-conv, channels [Q | K | V]), a and b [B, Hv] (any row stride);
+    mixed_qkv [B, conv_dim] (pre-conv, channels [Q | K | V]), a and b [B, Hv] (any row stride),
+    or a = b = None and ab_input = (x [B, H], W [2 Hv, H]): the raw gates x @ W.T computed in the
+    kernel, in fp32 (W = in_proj_a's rows, then in_proj_b's; unit last strides);
     conv_weight [conv_dim, 4] (any strides: a tap-major [4, conv_dim] tensor passes as .t());
     conv_state [slots, conv_dim, 3] (last three inputs, oldest first); A_log, dt_bias [Hv] fp32;
     ssm_state [slots, Hv, Dk, Dv] fp32 contiguous in (Dk, Dv). Row b uses slot
@@ -188,7 +215,19 @@ def gdn_decode_step(
     Returns o [B, Hv, Dv] in mixed_qkv's dtype.
     """
     B = mixed_qkv.shape[0]
-    HV = a.shape[1]
+    fuse_ab = a is None
+    if fuse_ab:
+        if b is not None or ab_input is None:
+            raise ValueError("gdn_decode_step: give a and b, or neither and ab_input = (x, W_ab)")
+        xh, wab = ab_input
+        if wab.shape[0] % 2 or xh.shape != (B, wab.shape[1]) or xh.stride(1) != 1 or wab.stride(1) != 1:
+            raise ValueError(f"gdn_decode_step: ab_input x {tuple(xh.shape)} and W {tuple(wab.shape)} need x [B, H], "
+                             "W [2 Hv, H], unit last strides")
+        HV = wab.shape[0] // 2
+        a = b = xh  # never read
+    else:
+        xh = wab = mixed_qkv  # never read
+        HV = a.shape[1]
     HK, DK, DV = num_k_heads, head_k_dim, head_v_dim
     if HV % HK or mixed_qkv.shape[1] != 2 * HK * DK + HV * DV:
         raise ValueError(f"gdn_decode_step: conv_dim {mixed_qkv.shape[1]} != 2*{HK}*{DK} + {HV}*{DV}")
@@ -201,14 +240,16 @@ def gdn_decode_step(
     counters = _counters(mixed_qkv.device, B * HK)
     idx = state_indices if state_indices is not None else counters
     zz = z if fuse else mixed_qkv
+    hid = wab.shape[1] if fuse_ab else 0
     _gdn_decode_kernel[(B * HV, DV // bv)](
         mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, out, zz,
-        norm_weight if fuse else A_log, idx, counters,
+        norm_weight if fuse else A_log, idx, counters, xh, wab,
         mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
-        out.stride(0), out.stride(1), zz.stride(0),
+        out.stride(0), out.stride(1), zz.stride(0), xh.stride(0), wab.stride(0), hid,
         DK**-0.5, eps,
         HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, HAS_IDX=state_indices is not None, FUSE_NORM=fuse,
+        FUSE_AB=fuse_ab, BH=min(512, triton.next_power_of_2(max(hid, 16))),
         num_warps=num_warps or 4, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:

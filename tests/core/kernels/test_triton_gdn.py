@@ -73,6 +73,55 @@ def test_head_dim_128():
     _run(HK=1, HV=2, DK=128, DV=128, B=1, steps=1, fuse=True, seed=3)
 
 
+def _fused_ab_against_given_gates(HK, HV, DK, DV, H, B, slots_of_rows, block_v, fuse, seed):
+    """The step with in_proj_a / in_proj_b computed in the kernel (ab_input) against the same step
+    given those gates computed in fp32 outside: same outputs and states up to summation order."""
+    L = Layer(HK, HV, DK, DV, slots=4, seed=seed)
+    twin = Layer(HK, HV, DK, DV, slots=4, seed=seed)  # the same initial state, for the other path
+    idx = torch.tensor(slots_of_rows, dtype=torch.int32, device=DEV)
+    w_ab = L.randn(2 * HV, H, scale=H**-0.5).bfloat16()
+    for _ in range(2):
+        x, _, _, z = L.inputs(B, fuse)
+        h = L.randn(B, H).bfloat16()
+        ab = h.float() @ w_ab.float().T
+        kw = dict(num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, state_indices=idx, z=z,
+                  norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+        o = gdn_decode_step(x, None, None, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state,
+                            ab_input=(h, w_ab), **kw)
+        ref = gdn_decode_step(x, ab[:, :HV], ab[:, HV:], twin.conv_weight, twin.conv_state, twin.A_log, twin.dt_bias,
+                              twin.ssm_state, **kw)
+        R.assert_close(o, ref, "gdn_output_bf16")
+        assert torch.equal(L.conv_state, twin.conv_state)
+        R.assert_close(L.ssm_state, twin.ssm_state, "gdn_state_fp32")
+
+
+@pytest.mark.parametrize("block_v,fuse", [(None, True), (16, False)])
+@pytest.mark.parametrize("H", [64, 200])  # 200: a masked tail in the hidden loop
+def test_gates_from_the_hidden_state_in_the_kernel(H, block_v, fuse):
+    _fused_ab_against_given_gates(HK=2, HV=4, DK=32, DV=32, H=H, B=3, slots_of_rows=[2, -1, 0], block_v=block_v,
+                                  fuse=fuse, seed=4)
+
+
+def test_gates_from_the_hidden_state_refuses_bad_inputs():
+    L = Layer(2, 4, 32, 32, slots=2, seed=5)
+    x, a, b, _ = L.inputs(1, False)
+    args = (L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state)
+    with pytest.raises(ValueError, match="neither"):
+        gdn_decode_step(x, None, b, *args, num_k_heads=2, head_k_dim=32, head_v_dim=32,
+                        ab_input=(torch.zeros(1, 64, device=DEV), torch.zeros(8, 64, device=DEV)))
+    with pytest.raises(ValueError, match="W \\[2 Hv, H\\]"):
+        gdn_decode_step(x, None, None, *args, num_k_heads=2, head_k_dim=32, head_v_dim=32,
+                        ab_input=(torch.zeros(1, 64, device=DEV), torch.zeros(8, 32, device=DEV)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("HV,H", [(48, 5120), (32, 2048)])
+def test_gates_from_the_hidden_state_real_shapes_gpu(HV, H):
+    _fused_ab_against_given_gates(HK=16, HV=HV, DK=128, DV=128, H=H, B=1, slots_of_rows=[1], block_v=None,
+                                  fuse=True, seed=6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("HV", [48, 32])

@@ -148,3 +148,29 @@ def test_fla_prefill_matches_torch_chunked():
     assert backend._fla is not None, "fla-core is installed on the device: its kernel should serve"
     o_ref, s_ref = chunked_gated_delta_rule(q, k, v, g, beta, s0, d**-0.5)
     assert _rel(o, o_ref) < 2e-2 and _rel(s, s_ref) < 2e-2
+
+
+def test_gates_inside_the_gdn_step_match_their_own_launch(tiny, monkeypatch):
+    """NINFER_GDN_AB=1: with int4 projections (a and b stay dense, merged apart from qkv/z) the
+    fused decode step computes in_proj_a / in_proj_b itself; the logits match the path that
+    launches them (the gates then stay fp32 instead of rounding to bf16: close, not equal)."""
+    from ninfer_plugins.qwen_hybrid.layers import GatedDeltaNet
+    from ninfer_plugins.quant_int.recipes import recipe
+
+    device = "cuda" if CUDA else "cpu"
+    pm = get_plugin_manager()
+    shape = pm.hook.ninfer_parse_config(hf_config=load_hf_config(tiny))
+    schemes = {s.name: s for s in pm.collect("ninfer_quant_schemes")}
+    m = QwenHybridModel(shape, LinearFactory(pm, probe(device), recipe("int4", shape, None)), torch.device(device),
+                        torch.bfloat16, FlashFullAttention(), TritonLinearAttention(), quant_schemes=schemes)
+    m.load_weights(WeightSource(tiny))
+    gdn = [mod for mod in m.modules() if isinstance(mod, GatedDeltaNet)]
+    x = torch.zeros(1, shape.hidden_size, dtype=torch.bfloat16, device=device)
+    assert gdn and all(g._ab_in_step(x) is None for g in gdn)  # off by default
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(3)).to(device)
+    launched = _run(m, "bf16", ids, (12,))
+    monkeypatch.setenv("NINFER_GDN_AB", "1")
+    assert all(g._ab_in_step(x) is not None for g in gdn)
+    inside = _run(m, "bf16", ids, (12,))
+    for got, want in zip(inside[2:], launched[2:]):  # the decode steps (prefill is unchanged)
+        assert _rel(got, want) < 0.03
