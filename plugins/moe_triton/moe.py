@@ -20,6 +20,7 @@ the layer run the routed part here and the shared expert through its QLinears.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,6 +237,31 @@ class TritonMoe:
             r = self._route(logits, moe.top_k, w.num_experts, decode, plan, x=x, shared_gate_weight=shared.gate_weight)
         else:
             r = self._route(logits, moe.top_k, w.num_experts, decode, plan, shared_gate_logit=moe.shared_expert_gate(x))
+        return self.run(x, r, w, shared)
+
+    def forward_layer_add_norm(self, moe: Any, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                               eps: float) -> torch.Tensor | None:
+        """The layer with the post-mixer step folded into its first launch: residual += delta,
+        x = (1 + w) RMSNorm(residual), then the layer on x, where route_gemv serves this call
+        (one token on the pair kernels; NINFER_MOE_NORM=1, off until an H200 run has checked and
+        timed it). None where it does not: the caller then runs the norm and `forward_layer`."""
+        if os.environ.get("NINFER_MOE_NORM", "0") != "1":
+            return None
+        w = self._weights(moe.experts)
+        shared = shared_weights(moe)
+        if delta.shape[0] == 0 or delta.stride(-1) != 1 or residual.stride(-1) != 1 or norm_weight.stride(-1) != 1:
+            return None
+        router = self._fused_router(moe, delta, w, shared)
+        if router is None:
+            return None
+        if delta.is_cuda and not QK.capturing(delta):
+            # as forward_layer: the pair kernels' scratch, sized on an eager call, never in a capture
+            PG.reserve(delta.device, moe.top_k + 1, w.hidden, w.inner)
+        ws = QK.Workspace.get(delta.device)
+        ws.ensure(triton.next_power_of_2(delta.shape[0]) * (w.num_experts + 1), 1, QK.capturing(delta))
+        x = torch.empty_like(delta)
+        r = route_gemv(delta, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters),
+                       add_norm=(residual, norm_weight, eps, x))
         return self.run(x, r, w, shared)
 
     # --- steps ---------------------------------------------------------------------------------------

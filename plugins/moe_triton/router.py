@@ -167,17 +167,32 @@ def _empty_routing(T: int, E: int, top_k: int, shared: bool, dev: torch.device) 
 # --- decode: the router GEMV and the routing in one launch --------------------------------------------
 
 
+@triton.jit
+def _add_norm_row(D, RES, NW, tt, stride_d, stride_res, h, ok, H, eps):
+    """Token tt's residual add and (1 + w) RMSNorm, as cuda_fast's add_rms_norm: s = res + d
+    rounded to the residual's dtype, then norm(s) -> (s, normed row in D's dtype)."""
+    d = tl.load(D + tt * stride_d + h, mask=ok, other=0.0).to(tl.float32)
+    s = (d + tl.load(RES + tt * stride_res + h, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
+    sf = s.to(tl.float32)
+    nw = tl.load(NW + h, mask=ok, other=0.0).to(tl.float32) + 1.0
+    return s, (sf * tl.rsqrt(tl.sum(sf * sf, 0) / H + eps) * nw).to(D.dtype.element_ty)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _route_gemv_kernel(
-    X, RW, SG_W, LWS, CNT, IDS, WEIGHTS,
-    T, E, H, stride_x, stride_rw,
+    X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, HOUT,
+    T, E, H, stride_x, stride_rw, stride_res, stride_hout, eps,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program r computes row r of [router; shared gate] . x for every token (one warp, the whole
     row in one load), into the fp32 scratch LWS [BLOCK_T, LSTRIDE]; the last program to finish
-    routes from there (its reductions are shuffles of one warp)."""
+    routes from there (its reductions are shuffles of one warp).
+
+    ADD_NORM: X is the mixer's output d, and x = (1 + w) RMSNorm(RES + d) is computed by every
+    program (4 KB rows, read from the L2); the last program, after every other has read RES,
+    writes RES + d back to RES and x to HOUT (what the experts read next)."""
     pdl_prologue(PDL)
     r = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)
@@ -187,7 +202,12 @@ def _route_gemv_kernel(
     else:
         w = tl.load(SG_W + h, mask=h_ok, other=0.0).to(tl.float32)
     for tt in tl.static_range(BLOCK_T):
-        xt = tl.load(X + tt * stride_x + h, mask=h_ok & ((h * 0 + tt) < T), other=0.0).to(tl.float32)
+        t_in = h_ok & ((h * 0 + tt) < T)
+        if ADD_NORM:
+            _, xn = _add_norm_row(X, RES, NW, tt, stride_x, stride_res, h, t_in, H, eps)
+            xt = xn.to(tl.float32)
+        else:
+            xt = tl.load(X + tt * stride_x + h, mask=t_in, other=0.0).to(tl.float32)
         lg = tl.sum(w * xt, 0)
         # a router logit is rounded to the activations' dtype, as the router linear's output is
         # (the shared gate's stays fp32, as the route kernel's own dot)
@@ -206,6 +226,12 @@ def _route_gemv_kernel(
         logit = tl.where(e_ok[None, :], logit, float("-inf"))
         _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, stride_x, LSTRIDE,
                TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
+        if ADD_NORM:
+            for tt in tl.static_range(BLOCK_T):
+                t_in = h_ok & ((h * 0 + tt) < T)
+                s_row, xn = _add_norm_row(X, RES, NW, tt, stride_x, stride_res, h, t_in, H, eps)
+                tl.store(HOUT + tt * stride_hout + h, xn, mask=t_in)
+                tl.store(RES + tt * stride_res + h, s_row, mask=t_in)
         tl.atomic_xchg(CNT, 0)
 
 
@@ -223,11 +249,25 @@ def route_gemv(
     top_k: int,
     shared_gate_weight: torch.Tensor | None,
     scratch: tuple[torch.Tensor, torch.Tensor],
+    add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
 ) -> Routing:
     """route(x @ router.T, top_k, x=x, shared_gate_weight=...) in one launch for T <= 4 tokens:
     x [T, H], router [E, H] and the shared gate [1, H] or [H] dense; `scratch` is (fp32 floats
-    >= T * (E + 1), int32 counter that is 0 and is left 0), e.g. quant_int's Workspace."""
+    >= T * (E + 1), int32 counter that is 0 and is left 0), e.g. quant_int's Workspace.
+
+    add_norm = (residual [T, H], norm weight [H], eps, out [T, H]): x is the mixer's output and
+    the layer's post-mixer step happens in the same launch: residual += x (rounded to its dtype)
+    and out = (1 + w) RMSNorm(residual), which is what is routed (and what the experts take)."""
     T, H = x.shape
+    if add_norm is not None:
+        res, nw, eps, hout = add_norm
+        if res.shape != x.shape or hout.shape != x.shape or nw.shape != (H,) or hout.dtype != x.dtype:
+            raise ValueError(f"route_gemv add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)} and weight "
+                             f"{tuple(nw.shape)} must be [T, H], [T, H], [H] for x {tuple(x.shape)}")
+        if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1 or x.stride(1) != 1:
+            raise ValueError("route_gemv add_norm: unit last strides needed")
+    else:
+        res, nw, eps, hout = x, x, 0.0, x  # never read
     E = router.shape[0]
     if T > ROUTE_GEMV_MAX_T:
         raise ValueError(f"the fused router serves at most {ROUTE_GEMV_MAX_T} tokens, got {T}")
@@ -243,11 +283,11 @@ def route_gemv(
         raise ValueError("the fused router's scratch is too small")
     sg = shared_gate_weight.reshape(-1) if shared else router
     _route_gemv_kernel[(E + shared,)](
-        x, router, sg, lws, cnt, r.ids, r.weights,
-        T, E, H, x.stride(0), router.stride(0),
+        x, router, sg, lws, cnt, r.ids, r.weights, res, nw, hout,
+        T, E, H, x.stride(0), router.stride(0), res.stride(0), hout.stride(0), float(eps),
         TOP_K=top_k, SLOTS=slots, SHARED=SHARED_LOGIT if shared else NO_SHARED,
         BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(H), LSTRIDE=lstride,
-        num_warps=1, **pdl_kwargs(x.device),
+        ADD_NORM=add_norm is not None, num_warps=1, **pdl_kwargs(x.device),
     )
     return r
 

@@ -518,6 +518,15 @@ class SparseMoe(nn.Module):
         self.shared_expert = SwiGLU(f"{name}.shared_expert", s.hidden_size, s.shared_expert_intermediate_size, factory)
         self.shared_expert_gate = factory.make(f"{name}.shared_expert_gate", 1, s.hidden_size)
 
+    def forward_add_norm(self, delta, residual, norm_weight, eps: float) -> torch.Tensor | None:
+        """residual += delta, x = norm(residual), forward(x), with the first two inside the experts
+        kernel's first launch where it can (`forward_layer_add_norm`); None where it cannot (the
+        caller then runs them apart)."""
+        fused = getattr(self.experts.kernel, "forward_layer_add_norm", None)
+        if fused is None or not fused_for(self.experts.kernel, delta):
+            return None
+        return fused(self, delta, residual, norm_weight, eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fused_for(self.experts.kernel, x):
             return self.experts.kernel.forward_layer(self, x)

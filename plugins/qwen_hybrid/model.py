@@ -262,9 +262,15 @@ class QwenHybridModel(nn.Module):
         ops, layers, eps = self.ops, self.layers, self.shape.rms_norm_eps
         h = ops.rms_norm(x, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
-            x, h = ops.add_rms_norm(mix(layer, h), x, layer.post_attention_layernorm.weight, eps)
+            delta, post = mix(layer, h), layer.post_attention_layernorm.weight
+            # a MoE layer may fold the residual add and its norm into its own first launch
+            fold = getattr(layer.mlp, "forward_add_norm", None)
+            out = fold(delta, x, post, eps) if fold is not None and ops.name == "triton" else None
+            if out is None:
+                x, h = ops.add_rms_norm(delta, x, post, eps)
+                out = layer.mlp(h)
             after = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-            x, h = ops.add_rms_norm(layer.mlp(h), x, after.weight, eps)
+            x, h = ops.add_rms_norm(out, x, after.weight, eps)
         return h
 
     @property

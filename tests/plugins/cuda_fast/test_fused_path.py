@@ -174,3 +174,28 @@ def test_gates_inside_the_gdn_step_match_their_own_launch(tiny, monkeypatch):
     inside = _run(m, "bf16", ids, (12,))
     for got, want in zip(inside[2:], launched[2:]):  # the decode steps (prefill is unchanged)
         assert _rel(got, want) < 0.03
+
+
+def test_model_lets_a_moe_layer_fold_its_residual_add_and_norm(tmp_path, monkeypatch):
+    """The layer loop's contract with `forward_add_norm`: given (delta, residual, weight, eps) the
+    MoE updates the residual in place and returns its output; here a stand-in that does exactly
+    what the loop would, so the logits must not change by a bit."""
+    from ninfer.kernels.triton.norms import rmsnorm
+    from ninfer_plugins.qwen_hybrid.layers import SparseMoe
+
+    path = make_tiny("qwen3.6-35b-a3b", tmp_path / "tiny35", vocab=VOCAB, layers=4)
+    device = "cuda" if CUDA else "cpu"
+    m = _model(path, device, torch.bfloat16, fast=True)
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(4)).to(device)
+    plain = _run(m, "bf16", ids, (9,))
+    calls = []
+
+    def fold(self, delta, residual, weight, eps):
+        calls.append(delta.shape[0])
+        return self(rmsnorm(delta, weight, eps, residual=residual))
+
+    monkeypatch.setattr(SparseMoe, "forward_add_norm", fold)
+    folded = _run(m, "bf16", ids, (9,))
+    assert calls and m.ops.name == "triton"
+    for a, b in zip(folded, plain):
+        assert torch.equal(a, b)

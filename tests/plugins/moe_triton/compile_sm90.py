@@ -136,6 +136,11 @@ def route_variants():
         yield f"route_gemv T={T}", (lambda t=T: route_gemv(
             torch.empty(t, H, dtype=torch.bfloat16), torch.empty(E, H, dtype=torch.bfloat16), TOP_K,
             torch.empty(1, H, dtype=torch.bfloat16), (torch.empty(4 * (E + 1)), torch.zeros(1, dtype=torch.int32))))
+    yield "route_gemv T=1 + residual add and norm", lambda: route_gemv(
+        torch.empty(1, H, dtype=torch.bfloat16), torch.empty(E, H, dtype=torch.bfloat16), TOP_K,
+        torch.empty(1, H, dtype=torch.bfloat16), (torch.empty(4 * (E + 1)), torch.zeros(1, dtype=torch.int32)),
+        add_norm=(torch.empty(1, H, dtype=torch.bfloat16), torch.empty(H, dtype=torch.bfloat16), 1e-6,
+                  torch.empty(1, H, dtype=torch.bfloat16)))
 
     for T, plan in ((1, True), (16, True), (64, False), (1, False), (4, False)):
         for mode in ("dot", "logit", None):

@@ -166,3 +166,64 @@ def test_gpu_nvfp4_pairs_real_shapes(T):
     shared = shared_expert(H, I, "nvfp4", seed=1)
     out, ref = _run(bank, shared, T, TOP_K, seed=T)
     _close(out, ref)
+
+
+def _fold_case(T, seed, monkeypatch, dtype=ACT):
+    """TritonMoe.forward_layer_add_norm (NINFER_MOE_NORM=1: the residual add and norm inside
+    route_gemv) against rmsnorm(residual += delta) then forward_layer, on one bank."""
+    import types
+
+    from ninfer.kernels.triton.norms import rmsnorm
+    from ninfer_plugins.moe_triton import moe as M
+
+    H, I, E = (256, 128, 8) if not CUDA else (2048, 512, 256)
+    (w, _, _), (sw, _, sg) = expert_bank(E, H, I, "q4_g64", "q5_g64", seed=seed), shared_expert(H, I, "q8_g32", seed=seed + 1)
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    router = (torch.randn(E, H, generator=g, device=DEV) * 2 / H**0.5).to(dtype)
+    moe = TritonMoe(fused_dtypes=(dtype,))
+    layer = types.SimpleNamespace(top_k=3 if not CUDA else 8, experts=None)
+    monkeypatch.setattr(moe, "_weights", lambda bank: w)
+    monkeypatch.setattr(M, "shared_weights", lambda m: sw)
+    monkeypatch.setattr(moe, "_fused_router", lambda m, x, ww, s: router if x.shape[0] == 1 else None)
+    delta = torch.randn(T, H, generator=g, device=DEV).to(dtype)
+    residual = (torch.randn(T, H, generator=g, device=DEV) * 3).to(dtype)
+    nw = (torch.randn(H, generator=g, device=DEV) * 0.2).to(dtype)
+    assert moe.forward_layer_add_norm(layer, delta, residual.clone(), nw, 1e-6) is None  # off by default
+    monkeypatch.setenv("NINFER_MOE_NORM", "1")
+    res_fold, res_ref = residual.clone(), residual.clone()
+    out = moe.forward_layer_add_norm(layer, delta, res_fold, nw, 1e-6)
+    ref = moe.forward_layer(layer, rmsnorm(delta, nw, 1e-6, residual=res_ref))
+    return out, ref, res_fold, res_ref
+
+
+@interp
+def test_interpreted_residual_add_and_norm_folded_into_the_router(monkeypatch):
+    out, ref, res_fold, res_ref = _fold_case(1, seed=3, monkeypatch=monkeypatch)
+    assert torch.equal(res_fold, res_ref)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@interp
+def test_interpreted_fold_declines_where_route_gemv_does_not_serve(monkeypatch):
+    # two tokens: route_gemv is not the router there, so the caller keeps its own norm launch
+    import types
+
+    monkeypatch.setenv("NINFER_MOE_NORM", "1")
+    moe = TritonMoe(fused_dtypes=(ACT,))
+    (w, _, _), (sw, _, _) = expert_bank(8, 256, 128, "q4_g64", "q5_g64", seed=0), shared_expert(256, 128, "q8_g32", seed=1)
+    from ninfer_plugins.moe_triton import moe as M
+
+    monkeypatch.setattr(moe, "_weights", lambda bank: w)
+    monkeypatch.setattr(M, "shared_weights", lambda m: sw)
+    x = torch.zeros(2, 256, dtype=ACT, device=DEV)
+    assert moe.forward_layer_add_norm(types.SimpleNamespace(top_k=3, experts=None, gate=None), x, x.clone(),
+                                      torch.zeros(256, dtype=ACT, device=DEV), 1e-6) is None
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_residual_add_and_norm_folded_into_the_router(monkeypatch):
+    out, ref, res_fold, res_ref = _fold_case(1, seed=4, monkeypatch=monkeypatch, dtype=torch.bfloat16)
+    assert torch.equal(res_fold, res_ref)
+    # the folded norm sums its squares in one warp: h may differ in a last bit, rarely a routing
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 2e-2

@@ -168,6 +168,62 @@ def test_interpreted_route_gemv_equals_linear_then_route(T, E, H):
     torch.testing.assert_close(mine.weights, ref.weights, atol=1e-5, rtol=1e-5)
 
 
+def _route_gemv_add_norm_case(T, E, H, dtype, seed):
+    """route_gemv with the post-mixer residual add and norm in its launch, against cuda_fast's
+    add_rms_norm kernel then route_gemv of its output."""
+    from ninfer.kernels.triton.norms import rmsnorm
+    from ninfer_plugins.moe_triton.router import route_gemv
+
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    d = torch.randn(T, H, generator=g, device=DEV).to(dtype)
+    res = (torch.randn(T, H, generator=g, device=DEV) * 3).to(dtype)
+    nw = (torch.randn(H, generator=g, device=DEV) * 0.2).to(dtype)
+    router = (torch.randn(E, H, generator=g, device=DEV) * 2 / H**0.5).to(dtype)
+    sg = (torch.randn(1, H, generator=g, device=DEV) / H**0.5).to(dtype)
+    lws = torch.full((4 * (E + 1) + 3,), float("nan"), device=DEV)
+    cnt = torch.zeros(2, dtype=torch.int32, device=DEV)
+    res_ref = res.clone()
+    h_ref = rmsnorm(d, nw, 1e-6, residual=res_ref)
+    ref = route_gemv(h_ref, router, 3 if E < 64 else 8, sg, (lws, cnt))
+    h = torch.full_like(d, float("nan"))
+    mine = route_gemv(d, router, ref.top_k, sg, (lws, cnt), add_norm=(res, nw, 1e-6, h))
+    assert int(cnt[0]) == 0
+    return (mine, h, res), (ref, h_ref, res_ref)
+
+
+@interp
+@pytest.mark.parametrize("T,E,H", [(1, 8, 64), (3, 13, 200), (4, 16, 128)])
+def test_interpreted_route_gemv_with_the_residual_add_and_norm(T, E, H):
+    (mine, h, res), (ref, h_ref, res_ref) = _route_gemv_add_norm_case(T, E, H, torch.float32, seed=T + 10)
+    assert torch.equal(res, res_ref)  # the residual stream: the same rounded sum, written once
+    torch.testing.assert_close(h, h_ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(mine.ids, ref.ids)
+    torch.testing.assert_close(mine.weights, ref.weights, atol=1e-5, rtol=1e-5)
+
+
+@interp
+def test_interpreted_route_gemv_add_norm_refuses_mismatched_buffers():
+    from ninfer_plugins.moe_triton.router import route_gemv
+
+    x = torch.zeros(1, 64)
+    scratch = (torch.zeros(64), torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="must be"):
+        route_gemv(x, torch.zeros(8, 64), 2, None, scratch, add_norm=(torch.zeros(2, 64), torch.zeros(64), 1e-6, x))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_route_gemv_with_the_residual_add_and_norm(T):
+    for seed in range(3):
+        (mine, h, res), (ref, h_ref, res_ref) = _route_gemv_add_norm_case(T, 256, 2048, torch.bfloat16, seed=seed)
+        assert torch.equal(res, res_ref)
+        # one warp's sum of squares against the norm kernel's: h may differ in a last bf16 bit
+        torch.testing.assert_close(h.float(), h_ref.float(), atol=1e-2, rtol=1e-2)
+        agree = (mine.ids.sort(-1).values == ref.ids.sort(-1).values).float().mean()
+        assert float(agree) >= 0.95
+
+
 @interp
 def test_interpreted_route_gemv_refuses_five_tokens():
     from ninfer_plugins.moe_triton.router import route_gemv
