@@ -323,6 +323,20 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
         scratch = lambda: (ws.partials, ws.counters)  # noqa: E731 (read at call time: the sweep may grow it)
         nbytes["route_gemv"] = nbytes["router gemv"] + nbytes["route"]
         calls["route_gemv"] = [lambda x=x, L=L: route_gemv(x, L.router, TOP_K, L.shared_gate, scratch()) for x, L in zip(xs, layers)]
+        if T == 1:
+            # the post-mixer residual add + norm: its own launch (what the model runs by default),
+            # against folded into route_gemv (NINFER_MOE_NORM=1); one residual row per layer
+            from ninfer.kernels.triton.norms import rmsnorm
+
+            nw = torch.zeros(H, dtype=torch.bfloat16, device=DEV)
+            res = [torch.randn(1, H, device=DEV).bfloat16() for _ in layers]
+            hout = torch.empty(1, H, dtype=torch.bfloat16, device=DEV)
+            nbytes["add+norm"] = 4 * H * 2
+            calls["add+norm"] = [lambda x=x, r=r: rmsnorm(x, nw, 1e-6, residual=r) for x, r in zip(xs, res)]
+            nbytes["route_gemv+add+norm"] = nbytes["route_gemv"] + nbytes["add+norm"]
+            calls["route_gemv+add+norm"] = [
+                lambda x=x, L=L, r=r: route_gemv(x, L.router, TOP_K, L.shared_gate, scratch(), add_norm=(r, nw, 1e-6, hout))
+                for x, L, r in zip(xs, layers, res)]
         # `layer` last: its bytes are the pair kernels' then
         nbytes["layer"] = nbytes["route_gemv"] + nbytes["pair gate_up"] + nbytes["pair down+combine"] + (
             T * E * 2 if T > 1 else 0)  # past one token the logits round-trip memory
@@ -599,13 +613,27 @@ def precompile(out: Path, timeout: float = 90.0) -> dict:
 E2E_ARGS = ["--prompt-len", "8192", "--gen-len", "64"]
 
 
+# --e2e name suffixes -> the environment switch each sets
+E2E_SWITCHES = {
+    "pdl": ("NINFER_PDL", "1"),
+    "nopdl": ("NINFER_PDL", "0"),  # programmatic dependent launch: on by default on sm_90+
+    "gdnab": ("NINFER_GDN_AB", "1"),  # in_proj_a / in_proj_b inside the GDN decode step
+    "moenorm": ("NINFER_MOE_NORM", "1"),  # the post-mixer residual add and norm inside route_gemv
+    "noh2": ("NINFER_H2", "0"),
+}
+
+
 def run_e2e(out: Path, name: str, timeout: float, model: str = "qwen3.6-35b-a3b", extra: list | None = None) -> dict:
     """`ninfer bench --model MODEL --random-weights --quant QUANT ...` in a subprocess (a crash or
     a hang costs this run only, and the GPU's memory is its own); its JSON, or why there is none.
-    `name` is the recipe, or recipe+nopdl for the same with NINFER_PDL=0 (programmatic dependent
-    launch off; on by default), recipe+pdl with NINFER_PDL=1."""
-    quant, _, flag = name.partition("+")
-    env = {**os.environ, "NINFER_PDL": {"pdl": "1", "nopdl": "0"}.get(flag, os.environ.get("NINFER_PDL", "1"))}
+    `name` is the recipe, then any of E2E_SWITCHES after "+" signs (int4+gdnab+moenorm: the same
+    run with those switches set)."""
+    quant, *flags = name.split("+")
+    unknown = [f for f in flags if f not in E2E_SWITCHES]
+    if unknown:
+        raise ValueError(f"--e2e {name}: unknown switch {unknown[0]!r}; known: {', '.join(E2E_SWITCHES)}")
+    env = dict(os.environ)
+    env.update(E2E_SWITCHES[f] for f in flags)
     path = out / f"bench_{name.replace('+', '_')}.json"
     argv = ["bench", "--model", model, "--random-weights", "--quant", quant, *(extra or E2E_ARGS), "--json", str(path)]
     cmd = [sys.executable, "-c", "import sys; from ninfer.cli import main; sys.exit(main(sys.argv[1:]))", *argv]
@@ -690,12 +718,17 @@ def main() -> int:
     ap.add_argument("--recipes", default="int4", help="kernel timings for these of int4,int8,bf16")
     ap.add_argument("--sweep", action="store_true", help="also sweep block sizes (several minutes)")
     ap.add_argument("--pair-sweep", action="store_true", help="sweep the pair kernels' block sizes (T = 1, 4)")
-    ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, recipe+nopdl for NINFER_PDL=0")
+    ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, each optionally with +switch suffixes (E2E_SWITCHES: "
+                    "pdl, nopdl, gdnab, moenorm, noh2), e.g. int4,int4+gdnab+moenorm")
     ap.add_argument("--floor", action="store_true", help="print the decode floor (arithmetic, no GPU) and exit")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU, interpreted: checks the script")
     args = ap.parse_args()
+    for name in [n for n in args.e2e.split(",") if n]:
+        bad = [f for f in name.split("+")[1:] if f not in E2E_SWITCHES]
+        if bad:
+            ap.error(f"--e2e {name}: unknown switch {bad[0]!r}; known: {', '.join(E2E_SWITCHES)}")
     if args.floor:
         for q in ("int4", "int8", "bf16"):
             print(floor_table(decode_floor(args.context, q, args.bandwidth_tbps)))
