@@ -82,13 +82,19 @@ def cases():
         yield f"mma q{fmt} {n}x{k} M=4", lambda p=p, k=k: K.launch(e(4, k, dtype=BF), p)
     from ninfer_plugins.quant_int import gemv_h2 as H2
 
-    for n, k in ((34816, 5120), (12288, 2048)):  # NVFP4 through the f16x2 GEMV (not dispatched yet)
+    for n, k in ((34816, 5120), (12288, 2048)):  # NVFP4 through the f16x2 GEMV
         p = K.Prepared(fmt=16, n=n, k=k, qweight=e(n, k // 2, dtype=torch.uint8), scales=e(n, k // 16, dtype=torch.uint8),
                        gscale=e(n))
         cfg = H2.default_config(16, n, k)
         K.Workspace.get(p.device).reserve(*cfg.workspace(p))
         for m in (1, 4):
             yield f"h2 nvfp4 {n}x{k} M={m}", lambda p=p, k=k, cfg=cfg, m=m: H2.launch(e(m, k, dtype=BF), p, cfg)
+    for fmt, n, k in ((5, 5120, 6144), (5, 5120, 17408), (8, 2048, 4096)):  # o/out/down_proj with the add+norm
+        p = S.empty_prepared(fmt, n, k)
+        cfg = K.pick_gemv(fmt, 1, n, k, 132)
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        yield f"h2 q{fmt} {n}x{k} M=1 + residual add and norm", lambda p=p, n=n, k=k, cfg=cfg: H2.launch(
+            e(1, k, dtype=BF), p, cfg, add_norm=(e(1, n, dtype=BF), e(n, dtype=BF), 1e-6, e(1, n, dtype=BF)))
     from ninfer_plugins.quant_int import gemv_tc as TC
 
     TC.COMPILE_ONLY = True

@@ -93,6 +93,19 @@ def dense_weight(w: torch.Tensor) -> PackedWeight:
     return PackedWeight(DENSE, (w.shape[0], w.shape[1]), {"weight": w})
 
 
+@dataclass
+class AddNorm:
+    """A pre-norm block's step after a linear, offered to the linear's kernel: `residual +=
+    linear(x)` (rounded to the residual's dtype, in place) and `out = (1 + weight) RMSNorm(residual)`.
+    A kernel that can fold it into its own launch does both and sets `out`; otherwise `out` stays
+    None and the caller runs them (see QLinear.forward)."""
+
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    out: torch.Tensor | None = None
+
+
 class QLinear(nn.Module):
     """A bias-free linear layer whose weight lives in some scheme and runs through a chosen kernel."""
 
@@ -129,9 +142,16 @@ class QLinear(nn.Module):
         off_cpu = any(t.device.type != "cpu" for t in packed.tensors.values())
         self.packed = None if off_cpu and getattr(self.kernel, "repacks", False) else packed
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add_norm: AddNorm | None = None) -> torch.Tensor:
+        """y = x @ W.T; with `add_norm`, the kernel may also fold the block's residual add and
+        norm into its launch (kernels with `apply_add_norm`; it sets add_norm.out when it did)."""
         if self.prepared is None:
             raise RuntimeError(f"{self.name}: weight was never loaded")
+        if add_norm is not None and add_norm.out is None:
+            fold = getattr(self.kernel, "apply_add_norm", None)
+            y = fold(x, self.prepared, add_norm) if fold is not None else None
+            if y is not None:
+                return y
         return self.kernel.apply(x, self.prepared)
 
     def extra_repr(self) -> str:

@@ -557,12 +557,39 @@ def slice_columns(pid_s, FMT: tl.constexpr, KBS: tl.constexpr):
     return w_cols, g_cols, h_cols, h_shift, (c % 4) == 0, (c % 4)[:, None], base
 
 
-@triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
+@triton.jit
+def _add_norm_rows(Y, RES, NW, HOUT, M, N, stride_ym, stride_res, stride_hout, eps, BLOCK_M: tl.constexpr):
+    """For each of the M rows of y [M, N] (stored by every chunk: read past the L1): residual +=
+    y rounded to the residual's dtype, out = (1 + w) RMSNorm(residual), as cuda_fast's
+    add_rms_norm. In 1,024-column pieces (a whole hidden row would pin registers the GEMV's main
+    loop needs): one pass adds, stores and sums squares, a second normalises."""
+    CB: tl.constexpr = 1024
+    c = tl.arange(0, CB)
+    for mm in tl.static_range(BLOCK_M):
+        if mm < M:
+            sq = tl.zeros([CB], tl.float32)
+            for c0 in range(0, N, CB):
+                ok = c0 + c < N
+                y = tl.load(Y + mm * stride_ym + c0 + c, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                rp = RES + mm * stride_res + c0 + c
+                sres = (y + tl.load(rp, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
+                tl.store(rp, sres, mask=ok)
+                sf = sres.to(tl.float32)
+                sq += sf * sf
+            r = tl.rsqrt(tl.sum(sq, 0) / N + eps)
+            for c0 in range(0, N, CB):
+                ok = c0 + c < N
+                sf = tl.load(RES + mm * stride_res + c0 + c, mask=ok, other=0.0).to(tl.float32)
+                w = tl.load(NW + c0 + c, mask=ok, other=0.0).to(tl.float32) + 1.0
+                tl.store(HOUT + mm * stride_hout + c0 + c, (sf * r * w).to(HOUT.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES", "N_CHUNKS"])
 def _gemv_h2_kernel(
-    X, W, H, S, Y, WS, CNT, G,
+    X, W, H, S, Y, WS, CNT, G, RES, NW, HOUT,
     M, N, K,
-    stride_xm, stride_wn, stride_hn, stride_sn, stride_ym,
-    ROWS_PER_CTA, N_SLICES,
+    stride_xm, stride_wn, stride_hn, stride_sn, stride_ym, stride_res, stride_hout,
+    ROWS_PER_CTA, N_SLICES, N_CHUNKS, eps,
     FMT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KBS: tl.constexpr,
@@ -574,6 +601,7 @@ def _gemv_h2_kernel(
     FAST: tl.constexpr,
     PREFETCH: tl.constexpr,
     EARLY: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
@@ -670,6 +698,13 @@ def _gemv_h2_kernel(
                     y = y * tl.load(G + rr, mask=ok, other=0.0)  # NVFP4's per-row global scale
                 tl.store(Y + mm * stride_ym + rr, y.to(Y.dtype.element_ty), mask=ok & ((rr * 0 + mm) < M))
         tl.atomic_xchg(CNT + pid_c, 0)
+        if ADD_NORM:
+            # the last row chunk to finish also does the block's residual add and norm over y
+            tl.debug_barrier()
+            done = tl.atomic_add(CNT + N_CHUNKS, 1, sem="acq_rel")
+            if done == N_CHUNKS - 1:
+                _add_norm_rows(Y, RES, NW, HOUT, M, N, stride_ym, stride_res, stride_hout, eps, BLOCK_M)
+                tl.atomic_xchg(CNT + N_CHUNKS, 0)
 
 
 @dataclass(frozen=True)
@@ -748,12 +783,29 @@ def grid_of(p: QK.Prepared, cfg: H2Config) -> tuple[int, int, int]:
 
 def workspace_need(p: QK.Prepared, cfg: H2Config) -> tuple[int, int]:
     chunks, n_slices, _ = grid_of(p, cfg)
-    return n_slices * MAX_M * p.n, chunks
+    # one counter a row chunk, and one for the chunks' count when the launch adds and normalises
+    return n_slices * MAX_M * p.n, chunks + 1
 
 
-def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None) -> torch.Tensor:
-    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows."""
+# the widest row the fused residual add + norm takes (a model's hidden size, not a head's vocabulary)
+ADD_NORM_MAX_N = 16384
+
+
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None,
+           add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows.
+
+    add_norm = (residual [M, n], norm weight [n], eps, out [M, n]): also, in the same launch (the
+    last row chunk to finish), residual += y (rounded to its dtype) and out = (1 + w) RMSNorm of
+    the new residual: a pre-norm block's `x = x + linear(h); h = norm(x)`."""
     m = x2.shape[0]
+    if add_norm is not None:
+        res, nw, eps, hout = add_norm
+        if res.shape != (m, p.n) or hout.shape != (m, p.n) or nw.shape != (p.n,) or p.n > ADD_NORM_MAX_N:
+            raise ValueError(f"the f16x2 GEMV's add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)}, weight "
+                             f"{tuple(nw.shape)} for y [{m}, {p.n}] (at most {ADD_NORM_MAX_N} columns)")
+        if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1:
+            raise ValueError("the f16x2 GEMV's add_norm needs unit last strides")
     if m > MAX_M:
         raise ValueError(f"the f16x2 GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
@@ -766,6 +818,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
     ws = QK.Workspace.get(x2.device)
     ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
+    if add_norm is None:
+        res, nw, eps, hout = y, y, 0.0, y  # never read
     w = p.qweight.view(torch.int32)
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = scales_view(p.fmt, p.scales)
@@ -774,10 +828,10 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     asm, constr = _asm(p.fmt, block_m)
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
     _gemv_h2_kernel[(chunks, n_slices)](
-        x2, w, h, s, y, ws.partials, ws.counters, g,
+        x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout,
         m, p.n, p.k,
-        x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
-        rows_per_cta, n_slices,
+        x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0), res.stride(0), hout.stride(0),
+        rows_per_cta, n_slices, chunks, float(eps),
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,
         KBS=cfg.kbs,
@@ -789,6 +843,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         FAST=fast,
         PREFETCH=int(cfg.prefetch),
         EARLY=bool(cfg.early),
+        ADD_NORM=add_norm is not None,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -103,6 +103,31 @@ class TritonQuantLinear:
         _dequant().reserve(merged)
         return merged, views
 
+    def apply_add_norm(self, x: torch.Tensor, prepared: K.Prepared, add_norm: Any) -> torch.Tensor | None:
+        """y = apply(x), with add_norm's residual add and norm in the same launch (ninfer.linear.
+        AddNorm; sets add_norm.out) where the f16x2 GEMV is this shape's decode kernel; None
+        elsewhere (the caller runs it apart). Behind NINFER_GEMV_NORM=1 until an H200 run has
+        checked and timed it."""
+        import os
+
+        if os.environ.get("NINFER_GEMV_NORM", "0") != "1":
+            return None
+        x2 = x.reshape(-1, x.shape[-1])
+        res = add_norm.residual
+        if (x2.dtype != torch.bfloat16 or x2.device.type != "cuda" or x2.stride(-1) != 1 or x2.data_ptr() % 16
+                or res.shape != (x2.shape[0], prepared.n) or res.dtype != x2.dtype):
+            return None
+        from ninfer_plugins.quant_int import gemv_h2
+
+        K = _kernels()
+        cfg = K.pick_gemv(prepared.fmt, x2.shape[0], prepared.n, prepared.k, prepared.sm_count)
+        if not isinstance(cfg, gemv_h2.H2Config) or prepared.n > gemv_h2.ADD_NORM_MAX_N:
+            return None
+        out = torch.empty_like(res)
+        y = gemv_h2.launch(x2, prepared, cfg, add_norm=(res, add_norm.weight, add_norm.eps, out))
+        add_norm.out = out
+        return y.reshape(*x.shape[:-1], prepared.n)
+
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
         """dequant_min_m: rows from which to dequantize + cuBLAS (default dequant.DEQUANT_MIN_M)."""
         lead = x.shape[:-1]

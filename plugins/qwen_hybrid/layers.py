@@ -153,10 +153,11 @@ class GatedAttention(nn.Module):
         attn = attn.reshape(attn.shape[0], -1).to(gate.dtype)
         return self.o_proj(attn * torch.sigmoid(gate))
 
-    def _fused(self, x, cache, slots, positions, prefill: tuple[int, int] | None, meta=None) -> torch.Tensor:
+    def _fused(self, x, cache, slots, positions, prefill: tuple[int, int] | None, meta=None, add_norm=None) -> torch.Tensor:
         """The backend's whole step from the raw projections: q/k norm, RoPE, KV append,
         attention and the sigmoid gate -> o_proj. `prefill` is (slot, start_pos) for a chunk of
-        one sequence, None for a decode step of one token per row."""
+        one sequence, None for a decode step of one token per row; `add_norm` goes to o_proj
+        (ninfer.linear.AddNorm)."""
         n = x.shape[0]
         merged, qv = live(self.qkv_proj), live(self.qv_proj)
         if merged is not None:
@@ -172,7 +173,7 @@ class GatedAttention(nn.Module):
         v = v.view(n, self.kv_heads, self.head_dim)
         kv = kv_parts(cache, self.kv_index)
         attn = self.backend.gated_attention(qg, k, v, self, kv, slots, positions, prefill=prefill, meta=meta)
-        return self.o_proj(attn)
+        return self.o_proj(attn) if add_norm is None else self.o_proj(attn, add_norm=add_norm)
 
     def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
         t_len = x.shape[0]
@@ -186,11 +187,13 @@ class GatedAttention(nn.Module):
         self.backend.write(k_cache, v_cache, slots, positions, k, v, **scales)
         return self._output(self.backend.prefill(q, k_cache, v_cache, slot, start_pos, self.scale, **scales), gate)
 
-    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None, meta=None):
+    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None, meta=None,
+               add_norm=None):
         """`meta`: what a fused backend derived once per step from (slots, positions) for every
-        layer (its `decode_meta`), or None."""
+        layer (its `decode_meta`), or None. `add_norm` (ninfer.linear.AddNorm): the block's
+        residual add and norm, which o_proj's kernel may fold into its launch (fused path only)."""
         if fused_for(self.backend, x):
-            return self._fused(x, cache, slots, positions, None, meta)
+            return self._fused(x, cache, slots, positions, None, meta, add_norm)
         q, k, v, gate = self._project(x, positions)
         k_cache, v_cache, k_scale, v_scale = kv_parts(cache, self.kv_index)
         scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
@@ -360,7 +363,10 @@ class GatedDeltaNet(nn.Module):
             col_rec[t] = s[0]
         return torch.cat(outs), s[0]
 
-    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None, meta=None):
+    def decode(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None, meta=None,
+               add_norm=None):
+        """`add_norm` (ninfer.linear.AddNorm): the block's residual add and norm, which out_proj's
+        kernel may fold into its launch (fused path only)."""
         conv_state, rec_state = cache.gdn(self.state_index)
         if fused_for(self.backend, x):
             # conv step, L2 norms, gates, state update in place and the gated norm: one launch
@@ -372,7 +378,8 @@ class GatedDeltaNet(nn.Module):
             else:
                 qkv, z, a, b = self.projections(x)
                 o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots)
-            return self.out_proj(o.reshape(o.shape[0], -1))
+            o = o.reshape(o.shape[0], -1)
+            return self.out_proj(o) if add_norm is None else self.out_proj(o, add_norm=add_norm)
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
         q, k, v = self._split(mixed[:, 0])
         g, beta = self._gates(x)
@@ -398,12 +405,17 @@ class SwiGLU(nn.Module):
         # byte counts, converters and the weight map already see once
         self.__dict__["gate_up"] = merge_rows([self.gate_proj, self.up_proj], f"{self.name}.gate_up_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    # forward takes add_norm (ninfer.linear.AddNorm) for down_proj's kernel to fold
+    folds_add_norm = True
+
+    def forward(self, x: torch.Tensor, add_norm=None) -> torch.Tensor:
         gate_up = live(self.gate_up)
         if gate_up is not None:
             gate, up = gate_up(x).split(gate_up.splits, dim=-1)
-            return self.down_proj(self.ops.silu_mul(gate, up))
-        return self.down_proj(self.ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+            act = self.ops.silu_mul(gate, up)
+        else:
+            act = self.ops.silu_mul(self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(act) if add_norm is None else self.down_proj(act, add_norm=add_norm)
 
 
 class ReferenceMoe:

@@ -8,6 +8,7 @@ of B slots.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import structlog
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from ninfer.errors import UserError
-from ninfer.linear import DENSE, LinearFactory, PackedWeight, QLinear, dense_weight
+from ninfer.linear import DENSE, AddNorm, LinearFactory, PackedWeight, QLinear, dense_weight
 from ninfer_plugins.qwen_hybrid.cache import HybridCache
 from ninfer_plugins.qwen_hybrid.layers import (
     DecoderLayer,
@@ -256,20 +257,37 @@ class QwenHybridModel(nn.Module):
         x = self.embed(input_ids)
         return self._run(x, lambda layer, h: layer.mixer.prefill(h, cache, slot, start_pos))
 
-    def _run(self, x: torch.Tensor, mix) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, mix, fold: bool = False) -> torch.Tensor:
         """The layer stack on the residual stream x: each residual add fused with the norm that
-        follows it (the next layer's input norm, and the final norm after the last layer)."""
+        follows it (the next layer's input norm, and the final norm after the last layer).
+
+        `fold` (decode, fused ops, NINFER_GEMV_NORM=1): `mix(layer, h, add_norm)` and the dense
+        MLP get an AddNorm, so the kernel of their last linear may do that add and norm in its
+        own launch (it sets add_norm.out). A MoE layer may instead fold the post-mixer one into
+        its first launch (`forward_add_norm`, NINFER_MOE_NORM=1). Each falls back to
+        ops.add_rms_norm where nothing folded."""
         ops, layers, eps = self.ops, self.layers, self.shape.rms_norm_eps
+        fold = fold and ops.name == "triton" and os.environ.get("NINFER_GEMV_NORM", "0") == "1"
         h = ops.rms_norm(x, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
-            delta, post = mix(layer, h), layer.post_attention_layernorm.weight
-            # a MoE layer may fold the residual add and its norm into its own first launch
-            fold = getattr(layer.mlp, "forward_add_norm", None)
-            out = fold(delta, x, post, eps) if fold is not None and ops.name == "triton" else None
-            if out is None:
-                x, h = ops.add_rms_norm(delta, x, post, eps)
-                out = layer.mlp(h)
+            post = layer.post_attention_layernorm.weight
+            an = AddNorm(x, post, eps) if fold else None
+            delta = mix(layer, h) if an is None else mix(layer, h, an)
+            out = None
+            if an is not None and an.out is not None:
+                h = an.out
+            else:
+                moe_fold = getattr(layer.mlp, "forward_add_norm", None)
+                out = moe_fold(delta, x, post, eps) if moe_fold is not None and ops.name == "triton" else None
+                if out is None:
+                    x, h = ops.add_rms_norm(delta, x, post, eps)
             after = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            if out is None:
+                an = AddNorm(x, after.weight, eps) if fold and getattr(layer.mlp, "folds_add_norm", False) else None
+                out = layer.mlp(h) if an is None else layer.mlp(h, add_norm=an)
+                if an is not None and an.out is not None:
+                    h = an.out
+                    continue
             x, h = ops.add_rms_norm(out, x, after.weight, eps)
         return h
 
@@ -305,7 +323,11 @@ class QwenHybridModel(nn.Module):
         meta = None
         if self.dtype in getattr(self.full_backend, "fused_dtypes", ()):
             meta = self.full_backend.decode_meta(cache, slots, positions)
-        return self._run(x, lambda layer, h: layer.mixer.decode(h, cache, slots, positions, max_len, meta=meta))
+        def mix(layer, h, add_norm=None):
+            extra = {} if add_norm is None else {"add_norm": add_norm}
+            return layer.mixer.decode(h, cache, slots, positions, max_len, meta=meta, **extra)
+
+        return self._run(x, mix, fold=True)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

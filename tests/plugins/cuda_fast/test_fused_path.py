@@ -199,3 +199,36 @@ def test_model_lets_a_moe_layer_fold_its_residual_add_and_norm(tmp_path, monkeyp
     assert calls and m.ops.name == "triton"
     for a, b in zip(folded, plain):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_model_lets_the_last_linear_fold_the_residual_add_and_norm(tmp_path, monkeypatch, like):
+    """NINFER_GEMV_NORM=1: the decode loop hands o_proj / out_proj and the dense MLP's down_proj an
+    AddNorm (ninfer.linear); here a stand-in kernel fold that does what the loop would, so the
+    logits must not change by a bit, and every such linear must have been offered it."""
+    from ninfer.kernels.triton.norms import rmsnorm
+    from ninfer.linear import QLinear
+
+    path = make_tiny(like, tmp_path / like, vocab=VOCAB, layers=4)
+    device = "cuda" if CUDA else "cpu"
+    m = _model(path, device, torch.bfloat16, fast=True)
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(5)).to(device)
+    plain = _run(m, "bf16", ids, (9,))
+    folded_by, orig = [], QLinear.forward
+
+    def forward(self, x, add_norm=None):
+        y = orig(self, x)
+        if add_norm is not None and add_norm.out is None:
+            add_norm.out = rmsnorm(y, add_norm.weight, add_norm.eps, residual=add_norm.residual)
+            folded_by.append(self.name.rsplit(".", 1)[-1])
+        return y
+
+    monkeypatch.setattr(QLinear, "forward", forward)
+    monkeypatch.setenv("NINFER_GEMV_NORM", "1")
+    folded = _run(m, "bf16", ids, (9,))
+    for a, b in zip(folded, plain):
+        assert torch.equal(a, b)
+    # two decode steps over 4 layers (3 GDN + 1 attention), prefill untouched
+    want = {"out_proj", "o_proj"} | ({"down_proj"} if like == "qwen3.6-27b" else set())
+    assert set(folded_by) == want
+    assert len(folded_by) == 2 * 4 * (2 if like == "qwen3.6-27b" else 1)

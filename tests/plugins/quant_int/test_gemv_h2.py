@@ -179,6 +179,34 @@ def test_interpreted_h2_counters_reset():
         assert rel_err(a, x.float() @ deq.T) < 6e-3
 
 
+@interp
+@pytest.mark.parametrize("scheme", ["q4_g64", "q8_g32", "nvfp4"])
+@pytest.mark.parametrize("m,n,cfg", [(1, 80, H.H2Config(16, 2, 6)), (3, 1100, H.H2Config(32, 2, 1)),
+                                     (2, 2100, H.H2Config(64, 2, 2))])
+def test_interpreted_h2_with_the_residual_add_and_norm(scheme, m, n, cfg):
+    """add_norm: the last chunk to finish adds y to the residual and normalises it (several
+    chunks; rows past 1,024 and 2,048: the norm's column pieces) -> the GEMV then cuda_fast's
+    add_rms_norm kernel, the residual bit for bit, the norm to its last bf16 bit."""
+    from ninfer.kernels.triton.norms import rmsnorm
+
+    g = torch.Generator().manual_seed(m * 100 + n)
+    p, _ = packed_and_ref(torch.randn(n, 512, generator=g), scheme)
+    x = torch.randn(m, 512, generator=g).to(torch.bfloat16)
+    res = (torch.randn(m, n, generator=g) * 4).to(torch.bfloat16)
+    nw = (torch.randn(n, generator=g) * 0.2).to(torch.bfloat16)
+    K.Workspace.get(torch.device("cpu")).reserve(*H.workspace_need(p, cfg))
+    res_ref = res.clone()
+    y_ref = H.launch(x, p, cfg)
+    h_ref = rmsnorm(y_ref, nw, 1e-6, residual=res_ref)
+    h = torch.full_like(res, float("nan"))
+    for _ in range(2):  # the chunks' counter is re-armed: a second launch folds again
+        res_fold = res.clone()
+        y = H.launch(x, p, cfg, add_norm=(res_fold, nw, 1e-6, h))
+        assert torch.equal(y, y_ref) and torch.equal(res_fold, res_ref)
+        torch.testing.assert_close(h.float(), h_ref.float(), atol=0, rtol=1e-2)
+        assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+
+
 def test_h2_rejects_what_it_cannot_do():
     g = torch.Generator().manual_seed(1)
     p, _ = packed_and_ref(torch.randn(16, 384, generator=g), "q4_g64")
@@ -186,6 +214,9 @@ def test_h2_rejects_what_it_cannot_do():
         H.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, H.H2Config(32, 4, 4))
     with pytest.raises(ValueError, match="at most 4 rows"):
         H.launch(torch.zeros(5, 384, dtype=torch.bfloat16), p, H.H2Config(32, 1, 4))
+    z = torch.zeros(1, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="add_norm"):
+        H.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, H.H2Config(32, 1, 4), add_norm=(z, z[0, :8], 1e-6, z))
 
 
 def test_dispatch_takes_h2_at_one_row():
@@ -307,3 +338,40 @@ def test_workspace_growth_keeps_the_outgrown_buffers():
     assert int(ws.counters.abs().sum()) == 0
     ws.reserve(150, 12)  # fits: nothing moves
     assert len(ws._retired) == 2
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [("q5_g64", 5120, 6144), ("q5_g64", 5120, 17408), ("q8_g32", 2048, 4096),
+                                        ("nvfp4", 5120, 17408)])
+def test_gpu_h2_with_the_residual_add_and_norm_in_a_graph(scheme, n, k, monkeypatch):
+    """The fold through the engine's entry (TritonQuantLinear.apply_add_norm, NINFER_GEMV_NORM=1)
+    at the o_proj / out_proj / down_proj shapes, captured in a CUDA graph, against the GEMV then
+    the add_rms_norm kernel: residual bit for bit, the norm to a last bf16 bit."""
+    from ninfer.kernels.triton.norms import rmsnorm
+    from ninfer.linear import AddNorm
+    from ninfer_plugins.quant_int.linear import TritonQuantLinear
+
+    monkeypatch.setenv("NINFER_GEMV_NORM", "1")
+    torch.manual_seed(3)
+    p, _ = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    K.reserve_workspace(p)
+    kern = TritonQuantLinear.__new__(TritonQuantLinear)  # apply_add_norm reads nothing of the instance
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    res = (torch.randn(1, n, device="cuda") * 4).bfloat16()
+    nw = (torch.randn(n, device="cuda") * 0.2).bfloat16()
+    res_ref = res.clone()
+    h_ref = rmsnorm(K.launch(x, p), nw, 1e-6, residual=res_ref)
+    work = res.clone()
+    an = AddNorm(work, nw, 1e-6)
+    assert kern.apply_add_norm(x, p, an) is not None and an.out is not None  # compiled outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        an = AddNorm(work, nw, 1e-6)
+        kern.apply_add_norm(x, p, an)
+    for _ in range(2):
+        work.copy_(res)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(work, res_ref)
+        torch.testing.assert_close(an.out.float(), h_ref.float(), atol=0, rtol=1e-2)
