@@ -619,6 +619,7 @@ E2E_SWITCHES = {
     "nopdl": ("NINFER_PDL", "0"),  # programmatic dependent launch: on by default on sm_90+
     "gdnab": ("NINFER_GDN_AB", "1"),  # in_proj_a / in_proj_b inside the GDN decode step
     "moenorm": ("NINFER_MOE_NORM", "1"),  # the post-mixer residual add and norm inside route_gemv
+    "gemvnorm": ("NINFER_GEMV_NORM", "1"),  # the residual add and norm inside the f16x2 GEMV before it
     "noh2": ("NINFER_H2", "0"),
 }
 
@@ -719,7 +720,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="also sweep block sizes (several minutes)")
     ap.add_argument("--pair-sweep", action="store_true", help="sweep the pair kernels' block sizes (T = 1, 4)")
     ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, each optionally with +switch suffixes (E2E_SWITCHES: "
-                    "pdl, nopdl, gdnab, moenorm, noh2), e.g. int4,int4+gdnab+moenorm")
+                    "pdl, nopdl, gdnab, moenorm, gemvnorm, noh2), e.g. int4,int4+gdnab+moenorm")
     ap.add_argument("--floor", action="store_true", help="print the decode floor (arithmetic, no GPU) and exit")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)
