@@ -206,8 +206,10 @@ class TritonMoe:
         r = Routing(ids.to(torch.int32).contiguous(), weights.to(torch.float32).contiguous(), k, k)
         return self.run(x.contiguous(), r, w)
 
-    def forward_layer(self, moe: Any, x: torch.Tensor) -> torch.Tensor:
-        """The whole layer: router, top-k, renormalise, routed experts, sigmoid-gated shared expert."""
+    def forward_layer(self, moe: Any, x: torch.Tensor, add_norm: Any = None) -> torch.Tensor:
+        """The whole layer: router, top-k, renormalise, routed experts, sigmoid-gated shared expert.
+        `add_norm` (ninfer.linear.AddNorm): the block's residual add and norm after the layer,
+        folded into the pair down kernel where that runs (NINFER_GEMV_NORM=1; sets add_norm.out)."""
         w = self._weights(moe.experts)
         if x.shape[0] == 0:
             return torch.zeros_like(x)
@@ -223,7 +225,7 @@ class TritonMoe:
             ws = QK.Workspace.get(x.device)
             ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
             r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters))
-            return self.run(x, r, w, shared)
+            return self.run(x, r, w, shared, add_norm)
         logits = moe.gate(x)
         decode = x.shape[0] <= self.decode_max
         if shared is None:
@@ -237,7 +239,7 @@ class TritonMoe:
             r = self._route(logits, moe.top_k, w.num_experts, decode, plan, x=x, shared_gate_weight=shared.gate_weight)
         else:
             r = self._route(logits, moe.top_k, w.num_experts, decode, plan, shared_gate_logit=moe.shared_expert_gate(x))
-        return self.run(x, r, w, shared)
+        return self.run(x, r, w, shared, add_norm)
 
     def forward_layer_add_norm(self, moe: Any, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                                eps: float) -> torch.Tensor | None:
@@ -296,11 +298,21 @@ class TritonMoe:
             return False
         return PG.supports(w.gate_up, w.down, (shared.gate, shared.up, shared.down), w.hidden, w.inner, shared.inner)
 
-    def run(self, x: torch.Tensor, r: Routing, w: ExpertWeights, shared: SharedWeights | None = None) -> torch.Tensor:
-        """The grouped kernels over a routing; plans it first when it has none."""
+    def run(self, x: torch.Tensor, r: Routing, w: ExpertWeights, shared: SharedWeights | None = None,
+            add_norm: Any = None) -> torch.Tensor:
+        """The grouped kernels over a routing; plans it first when it has none. `add_norm`: see
+        forward_layer (taken by the pair kernels only)."""
         if r.slots > r.top_k and self.takes_pairs(r.num_tokens, w, shared):
             h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast)
-            return PG.down(h, r.ids, r.weights, w.down, shared.down, w.hidden, w.num_experts, x.dtype, fast=self.fast)
+            fold = None
+            if (add_norm is not None and add_norm.out is None and os.environ.get("NINFER_GEMV_NORM", "0") == "1"
+                    and add_norm.residual.shape == (r.num_tokens, w.hidden) and add_norm.residual.dtype == x.dtype):
+                fold = (add_norm.residual, add_norm.weight, add_norm.eps, torch.empty_like(add_norm.residual))
+            y = PG.down(h, r.ids, r.weights, w.down, shared.down, w.hidden, w.num_experts, x.dtype, fast=self.fast,
+                        add_norm=fold)
+            if fold is not None:
+                add_norm.out = fold[3]
+            return y
         decode = r.num_tokens <= self.decode_max
         cu, cd = (self.configs["decode_gate_up"], self.configs["decode_down"]) if decode else (
             self.configs["prefill_gate_up"], self.configs["prefill_down"])

@@ -194,16 +194,16 @@ def _pair_gate_up_kernel(
         tl.atomic_xchg(cnt, 0)
 
 
-@triton.jit(do_not_specialize=["N_SLICES", "N_PAIRS", "T"])
+@triton.jit(do_not_specialize=["N_SLICES", "N_PAIRS", "T", "N_CHUNKS"])
 def _pair_down_kernel(
     HIN, IDS, WEIGHTS, OUT, WS, CNT,
-    W, WH, WS_, SW, SWH, SWS, WG, SWG,
-    N, E, SLOTS, N_SLICES, N_PAIRS, T,
-    shin, so, sw, swh, sws, ssw, sswh, ssws,
+    W, WH, WS_, SW, SWH, SWS, WG, SWG, RES, NW, HOUT,
+    N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
+    shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
     SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     pid_c = tl.program_id(0)
@@ -247,6 +247,13 @@ def _pair_down_kernel(
             acc = tl.sum(part * wt[:, None], 0)
             tl.store(OUT + t * so + rr, acc.to(OUT.dtype.element_ty))
         tl.atomic_xchg(CNT + pid_c, 0)
+        if ADD_NORM:
+            # the last chunk to finish: the block's residual add and norm over the combined rows
+            tl.debug_barrier()
+            done = tl.atomic_add(CNT + N_CHUNKS, 1, sem="acq_rel")
+            if done == N_CHUNKS - 1:
+                H2._add_norm_rows(OUT, RES, NW, HOUT, T, N, so, sres, shout, eps, 4)  # 4: PAIR_MAX
+                tl.atomic_xchg(CNT + N_CHUNKS, 0)
 
 
 # --- host side --------------------------------------------------------------------------------------
@@ -297,7 +304,7 @@ def workspace_need(tokens: int, slots: int, hidden: int, inner: int) -> tuple[in
     gu, dn = configs_for(hidden, inner) or (GATE_UP, DOWN)
     pairs = tokens * slots
     a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), pairs * (inner // gu.rows))
-    b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows)
+    b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows + 1)  # + the add+norm's counter
     return max(a[0], b[0]), max(a[1], b[1])
 
 
@@ -347,8 +354,13 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matrix, shared: Matrix,
          hidden: int, num_experts: int, dtype: torch.dtype, cfg: PairConfig | None = None,
-         fast: bool | None = None) -> torch.Tensor:
-    """out [T, H] = sum_j weights[t, j] * D_e h_{t, j}, summed in slot order, rounded once."""
+         fast: bool | None = None,
+         add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None) -> torch.Tensor:
+    """out [T, H] = sum_j weights[t, j] * D_e h_{t, j}, summed in slot order, rounded once.
+
+    add_norm = (residual [T, H], norm weight [H], eps, normed [T, H]): in the same launch, the
+    last row chunk to finish adds out to the residual (rounded to its dtype) and writes the
+    (1 + w) RMSNorm of the sum, as gemv_h2.launch's add_norm."""
     T, slots = ids.shape
     pairs = T * slots
     inner = h.shape[1]
@@ -356,23 +368,35 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
     out = torch.empty(T, hidden, dtype=dtype, device=h.device)
     if pairs == 0:
         return out
+    if add_norm is not None:
+        if T > PAIR_MAX:
+            raise ValueError(f"pair down add_norm: at most {PAIR_MAX} tokens, got {T}")
+        res, nw, eps, hout = add_norm
+        if res.shape != (T, hidden) or hout.shape != (T, hidden) or nw.shape != (hidden,):
+            raise ValueError(f"pair down add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)}, weight "
+                             f"{tuple(nw.shape)} for [{T}, {hidden}]")
+        if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1:
+            raise ValueError("pair down add_norm: unit last strides needed")
+    else:
+        res, nw, eps, hout = out, out, 0.0, out  # never read
     n_slices = inner // (128 * cfg.kbs)
     chunks = hidden // cfg.rows
     ws = QK.Workspace.get(h.device)
-    ws.ensure(*_workspace(pairs, hidden, n_slices, chunks), QK.capturing(h))
+    ws.ensure(*_workspace(pairs, hidden, n_slices, chunks + 1), QK.capturing(h))
     w, wh, wsc = _int_args(routed)
     sw, swh, sws = _int_args(shared)
     asm, constr = H2._asm(routed.fmt, 1)
     sasm, sconstr = H2._asm(shared.fmt, 1)
     _pair_down_kernel[(chunks, n_slices, pairs)](
         h, ids, weights, out, ws.partials, ws.counters,
-        w, wh, wsc, sw, swh, sws, routed.gscale(), shared.gscale(),
-        hidden, num_experts, slots, n_slices, pairs, T,
+        w, wh, wsc, sw, swh, sws, routed.gscale(), shared.gscale(), res, nw, hout,
+        hidden, num_experts, slots, n_slices, pairs, T, chunks,
         h.stride(0), out.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), sw.stride(0), swh.stride(0), sws.stride(0),
+        res.stride(0), hout.stride(0), float(eps),
         FMT=routed.fmt, SFMT=shared.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
         SLICES_P2=triton.next_power_of_2(n_slices), SLOTS_P2=triton.next_power_of_2(slots),
         HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],
-        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), num_warps=cfg.num_warps,
-        **pdl_kwargs(h.device),
+        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), ADD_NORM=add_norm is not None,
+        num_warps=cfg.num_warps, **pdl_kwargs(h.device),
     )
     return out

@@ -539,9 +539,14 @@ class SparseMoe(nn.Module):
             return None
         return fused(self, delta, residual, norm_weight, eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    # forward takes add_norm (ninfer.linear.AddNorm) for the experts kernel to fold
+    folds_add_norm = True
+
+    def forward(self, x: torch.Tensor, add_norm=None) -> torch.Tensor:
         if fused_for(self.experts.kernel, x):
-            return self.experts.kernel.forward_layer(self, x)
+            if add_norm is None:
+                return self.experts.kernel.forward_layer(self, x)
+            return self.experts.kernel.forward_layer(self, x, add_norm=add_norm)
         probs = torch.softmax(self.gate(x).float(), dim=-1)
         top_w, top_ids = torch.topk(probs, self.top_k, dim=-1)
         top_w = top_w / top_w.sum(-1, keepdim=True)

@@ -1,6 +1,6 @@
-"""The launch folds that are off by default (NINFER_GDN_AB, NINFER_MOE_NORM, NINFER_GEMV_NORM) in
-a whole model on the GPU: graph and eager decode give the same tokens with them on, and the
-logits stay close to the unfolded ones.
+"""The launch folds that are off by default (NINFER_GDN_AB, NINFER_MOE_NORM, NINFER_GEMV_NORM: the
+f16x2 GEMV and the MoE pair down kernel) in a whole model on the GPU: graph and eager decode give
+the same tokens with them on, and the logits stay close to the unfolded ones.
 
 The tiny checkpoints are too narrow for the kernels the folds live in (the f16x2 GEMV and the
 pair kernels want K a multiple of 256), so these tests write a "medium" one of the same layout:
@@ -105,9 +105,9 @@ def test_gpu_folds_keep_the_logits(tmp_path, monkeypatch, like):
     plain = logits()
     moe = like == "qwen3.6-35b-a3b"
     # 3 decode steps x (3 GDN layers; 4 mixers; 4 MLPs or MoEs). The MoE folds the post-mixer
-    # add + norm only where the mixer's GEMV did not already.
+    # add + norm only where the mixer's GEMV did not already; its pair down kernel the one after.
     for names, want in ((("NINFER_GDN_AB", "NINFER_MOE_NORM"), {"gdn_ab": 9, **({"moe_norm": 12} if moe else {})}),
-                        (FOLDS, {"gdn_ab": 9, "gemv_norm": 12 if moe else 24})):
+                        (FOLDS, {"gdn_ab": 9, "gemv_norm": 12 if moe else 24, **({"moe_down_norm": 12} if moe else {})})):
         for name in names:
             monkeypatch.setenv(name, "1")
         seen = _spy_on_the_folds(monkeypatch)
@@ -120,6 +120,7 @@ def test_gpu_folds_keep_the_logits(tmp_path, monkeypatch, like):
 def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
     import ninfer.kernels.triton as T
     from ninfer_plugins.moe_triton import moe as M
+    from ninfer_plugins.moe_triton import pair_gemv as PG
     from ninfer_plugins.quant_int import gemv_h2
 
     seen: dict[str, int] = {}
@@ -137,4 +138,5 @@ def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
     spy(T, "gdn_decode_step", "gdn_ab", lambda a, kw: kw.get("ab_input") is not None)
     spy(gemv_h2, "launch", "gemv_norm", lambda a, kw: kw.get("add_norm") is not None)
     spy(M, "route_gemv", "moe_norm", lambda a, kw: kw.get("add_norm") is not None)
+    spy(PG, "down", "moe_down_norm", lambda a, kw: kw.get("add_norm") is not None)
     return seen

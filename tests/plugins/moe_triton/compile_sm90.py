@@ -116,9 +116,10 @@ def pair_variants(quick: bool):
     for gu, dn, sh in ((4, 5, 8), (4, 6, 8), (8, 8, 8), (16, 16, 16), (16, 16, 8))[: 1 if quick else None]:
         for fast in (True, False) if not quick else (True,):
             yield f"pairs {gu}/{dn}/{sh}{'' if fast else ' plain'}", (lambda a=(gu, dn, sh, fast): run_pairs(*a))
+    yield "pairs 4/5/8 down + residual add and norm", lambda: run_pairs(4, 5, 8, True, add_norm=True)
 
 
-def run_pairs(gu, dn, sh, fast) -> None:
+def run_pairs(gu, dn, sh, fast, add_norm: bool = False) -> None:
     from ninfer_plugins.moe_triton import grouped_gemv as GV
     from ninfer_plugins.moe_triton import pair_gemv as PG
 
@@ -126,7 +127,10 @@ def run_pairs(gu, dn, sh, fast) -> None:
     ids = torch.zeros(T, slots, dtype=torch.int32)
     x = torch.empty(T, H, dtype=torch.bfloat16)
     h = PG.gate_up(x, ids, _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H), I, E, fast=fast)
-    PG.down(h, ids, torch.zeros(T, slots), _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), H, E, torch.bfloat16, fast=fast)
+    an = (torch.empty(T, H, dtype=torch.bfloat16), torch.empty(H, dtype=torch.bfloat16), 1e-6,
+          torch.empty(T, H, dtype=torch.bfloat16)) if add_norm else None
+    PG.down(h, ids, torch.zeros(T, slots), _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), H, E, torch.bfloat16,
+            fast=fast, add_norm=an)
 
 
 def route_variants():

@@ -227,3 +227,65 @@ def test_gpu_residual_add_and_norm_folded_into_the_router(monkeypatch):
     assert torch.equal(res_fold, res_ref)
     # the folded norm sums its squares in one warp: h may differ in a last bit, rarely a routing
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 2e-2
+
+
+def _down_fold_case(T, seed, gu="q4_g64", dn="q5_g64", sh="q8_g32"):
+    from ninfer.kernels.triton.norms import rmsnorm
+
+    H, I, E, top_k = (256, 128, 8, 3) if not CUDA else (2048, 512, 256, 8)
+    (w, _, _), (sw, _, sg) = expert_bank(E, H, I, gu, dn, seed=seed), shared_expert(H, I, sh, seed=seed + 1)
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    dt = ACT if not CUDA else torch.bfloat16
+    x = torch.randn(T, H, generator=g, device=DEV).to(dt)
+    r = route(logits_hitting(T, E, seed=seed), top_k, x=x, shared_gate_weight=sg)
+    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E)
+    residual = (torch.randn(T, H, generator=g, device=DEV) * 3).to(dt)
+    nw = (torch.randn(H, generator=g, device=DEV) * 0.2).to(dt)
+    res_ref = residual.clone()
+    y_ref = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, dt)
+    n_ref = rmsnorm(y_ref, nw, 1e-6, residual=res_ref)
+    res_fold, normed = residual.clone(), torch.full_like(residual, float("nan"))
+    y = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, dt, add_norm=(res_fold, nw, 1e-6, normed))
+    return (y, res_fold, normed), (y_ref, res_ref, n_ref)
+
+
+@interp
+@pytest.mark.parametrize("T", [1, 3])
+def test_interpreted_pair_down_with_the_residual_add_and_norm(T):
+    (y, res, normed), (y_ref, res_ref, n_ref) = _down_fold_case(T, seed=T + 20)
+    assert torch.equal(y, y_ref) and torch.equal(res, res_ref)
+    torch.testing.assert_close(normed, n_ref, atol=1e-5, rtol=1e-5)
+    assert int(QK_workspace_counters().abs().sum()) == 0
+
+
+def QK_workspace_counters():
+    from ninfer_plugins.quant_int import kernels as QK
+
+    return QK.Workspace.get(torch.device(DEV)).counters
+
+
+@interp
+def test_interpreted_moe_run_folds_the_add_norm_only_when_switched_on(monkeypatch):
+    from ninfer.linear import AddNorm
+
+    bank, shared = expert_bank(8, 256, 128, "q4_g64", "q5_g64", seed=5), shared_expert(256, 128, "q8_g32", seed=6)
+    (w, _, _), (sw, _, sg) = bank, shared
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(5)).to(ACT)
+    r = route(logits_hitting(1, 8, seed=5), 3, x=x, shared_gate_weight=sg)
+    moe = TritonMoe(fused_dtypes=(ACT,))
+    an = AddNorm(torch.zeros(1, 256, dtype=ACT), torch.zeros(256, dtype=ACT), 1e-6)
+    y = moe.run(x, r, w, sw, an)
+    assert an.out is None and bool((an.residual == 0).all())  # off by default: nothing folded
+    monkeypatch.setenv("NINFER_GEMV_NORM", "1")
+    y2 = moe.run(x, r, w, sw, an)
+    assert torch.equal(y, y2) and an.out is not None
+    assert torch.equal(an.residual, y.to(ACT))  # 0 + y, rounded to the residual's dtype
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_pair_down_with_the_residual_add_and_norm(T):
+    (y, res, normed), (y_ref, res_ref, n_ref) = _down_fold_case(T, seed=T + 30)
+    assert torch.equal(y, y_ref) and torch.equal(res, res_ref)
+    torch.testing.assert_close(normed.float(), n_ref.float(), atol=0, rtol=1e-2)
