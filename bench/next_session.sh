@@ -1,0 +1,52 @@
+#!/bin/bash
+# The first device calls BENCHMARKS.md's "Next session" list asks for, one per argument:
+#
+#   bash bench/next_session.sh tests   # GPU tests: PDL on by default, NVFP4 dispatch, the folds (~5 min)
+#   bash bench/next_session.sh folds   # 35B ninfer bench A/B of the three launch folds, then nvfp4 (~5 min)
+#   bash bench/next_session.sh dense   # 27B int4 with and without the folds, and the MTP round (~5 min)
+#   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
+#
+# Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
+  && export PYTHONPATH=/tmp/site_1 || exit 1
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
+OUT=${OUT:-bench_out}
+mkdir -p "$OUT"
+
+case "${1:-}" in
+  tests)
+    t0=$(date +%s)
+    timeout 420 python3 -m pytest -q -rf -m gpu -n 4 tests/core/test_graphs.py tests/plugins/cuda_fast \
+      tests/core/kernels/test_triton_gdn.py tests/plugins/quant_int tests/plugins/moe_triton \
+      tests/plugins/spec_mtp/test_spec_gpu.py > "$OUT/t.txt" 2>&1
+    echo "tests rc=$? $(( $(date +%s) - t0 )) s"
+    tail -2 "$OUT/t.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -30
+    ;;
+  folds)
+    timeout 540 python3 bench/moe.py --out "$OUT/moe" --no-tests --recipes '' --budget-s 500 \
+      --e2e int4,int4+gdnab,int4+moenorm,int4+gemvnorm,int4+gdnab+gemvnorm,nvfp4 > "$OUT/moe.txt" 2>&1
+    echo "moe rc=$?"
+    grep -A9 "^ninfer bench  " "$OUT/moe.txt"
+    ;;
+  kernels)
+    timeout 540 python3 bench/moe.py --out "$OUT/moe" --no-tests --no-e2e --recipes int4 --budget-s 500 > "$OUT/moe.txt" 2>&1
+    echo "moe rc=$?"
+    grep -E "T= 1 " "$OUT/moe.txt" | head -20
+    ;;
+  dense)
+    B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
+    timeout 150 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1
+    echo "27B int4 rc=$?"; grep -E "decode|roofline" "$OUT/b27.txt"
+    NINFER_GDN_AB=1 NINFER_GEMV_NORM=1 timeout 120 $B --json "$OUT/b27_folds.json" > "$OUT/b27_folds.txt" 2>&1
+    echo "27B int4 + folds rc=$?"; grep -E "decode|roofline" "$OUT/b27_folds.txt"
+    timeout 200 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
+    echo "mtp rc=$?"; tail -12 "$OUT/mtp.txt"
+    ;;
+  *)
+    echo "usage: bash bench/next_session.sh tests|folds|dense|kernels" >&2
+    exit 2
+    ;;
+esac
