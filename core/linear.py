@@ -75,6 +75,10 @@ class LinearKernel(Protocol):
     def apply(self, x: torch.Tensor, prepared: Any) -> torch.Tensor:
         """y = x @ W.T for x [..., k] -> [..., n], in x's dtype."""
 
+    # Optional: `apply_add_norm(x, prepared, add_norm: AddNorm) -> y | None`: apply, plus the
+    # block's residual add and norm in the same launch (sets add_norm.out), or None where this
+    # call cannot fold it (QLinear.forward then runs apply and the caller the add and norm).
+
 
 class DenseKernel:
     """torch's own matmul on an unquantized weight: runs anywhere, the default for `bf16`."""
