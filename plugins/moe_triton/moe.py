@@ -215,17 +215,10 @@ class TritonMoe:
             return torch.zeros_like(x)
         x = x.contiguous()
         shared = shared_weights(moe)
-        if self.pairs and x.is_cuda and not QK.capturing(x) and self.takes_pairs(1, w, shared):
-            # the pair kernels' split-K scratch for the layer's top_k, sized on the first eager
-            # call (a prefill, or a graph's warm-up), never inside a capture; then a no-op
-            PG.reserve(x.device, moe.top_k + 1, w.hidden, w.inner)
+        self._reserve_pairs(moe, x, w, shared)
         router = self._fused_router(moe, x, w, shared)
         if router is not None:
-            # one decode token: router GEMV and routing in one launch, then the two pair kernels
-            ws = QK.Workspace.get(x.device)
-            ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
-            r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters))
-            return self.run(x, r, w, shared, add_norm)
+            return self._run_routed_by_gemv(moe, x, w, shared, router, add_norm=add_norm)
         logits = moe.gate(x)
         decode = x.shape[0] <= self.decode_max
         if shared is None:
@@ -256,17 +249,28 @@ class TritonMoe:
         router = self._fused_router(moe, delta, w, shared)
         if router is None:
             return None
-        if delta.is_cuda and not QK.capturing(delta):
-            # as forward_layer: the pair kernels' scratch, sized on an eager call, never in a capture
-            PG.reserve(delta.device, moe.top_k + 1, w.hidden, w.inner)
-        ws = QK.Workspace.get(delta.device)
-        ws.ensure(triton.next_power_of_2(delta.shape[0]) * (w.num_experts + 1), 1, QK.capturing(delta))
-        x = torch.empty_like(delta)
-        r = route_gemv(delta, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters),
-                       add_norm=(residual, norm_weight, eps, x))
-        return self.run(x, r, w, shared)
+        self._reserve_pairs(moe, delta, w, shared)
+        return self._run_routed_by_gemv(moe, delta, w, shared, router, fold_norm=(residual, norm_weight, eps))
 
     # --- steps ---------------------------------------------------------------------------------------
+
+    def _reserve_pairs(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights | None) -> None:
+        """The pair kernels' split-K scratch for the layer's top_k, sized on the first eager call
+        (a prefill, or a graph's warm-up), never inside a capture; then a no-op."""
+        if self.pairs and x.is_cuda and not QK.capturing(x) and self.takes_pairs(1, w, shared):
+            PG.reserve(x.device, moe.top_k + 1, w.hidden, w.inner)
+
+    def _run_routed_by_gemv(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights,
+                            router: torch.Tensor, fold_norm: tuple | None = None, add_norm: Any = None) -> torch.Tensor:
+        """One decode token: router GEMV and routing in one launch (route_gemv), then the two
+        pair kernels. fold_norm = (residual, weight, eps): x is the mixer's output, and route_gemv
+        also adds it to the residual and routes (and hands the experts) the norm of the sum."""
+        ws = QK.Workspace.get(x.device)
+        ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
+        xe = x if fold_norm is None else torch.empty_like(x)
+        r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters),
+                       add_norm=None if fold_norm is None else (*fold_norm, xe))
+        return self.run(xe, r, w, shared, add_norm)
 
     def _weights(self, bank: Any) -> ExpertWeights:
         w = bank.moe_prepared

@@ -368,17 +368,9 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
     out = torch.empty(T, hidden, dtype=dtype, device=h.device)
     if pairs == 0:
         return out
-    if add_norm is not None:
-        if T > PAIR_MAX:
-            raise ValueError(f"pair down add_norm: at most {PAIR_MAX} tokens, got {T}")
-        res, nw, eps, hout = add_norm
-        if res.shape != (T, hidden) or hout.shape != (T, hidden) or nw.shape != (hidden,):
-            raise ValueError(f"pair down add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)}, weight "
-                             f"{tuple(nw.shape)} for [{T}, {hidden}]")
-        if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1:
-            raise ValueError("pair down add_norm: unit last strides needed")
-    else:
-        res, nw, eps, hout = out, out, 0.0, out  # never read
+    if add_norm is not None and T > PAIR_MAX:
+        raise ValueError(f"pair down add_norm: at most {PAIR_MAX} tokens, got {T}")
+    res, nw, eps, hout = H2.add_norm_args(add_norm, T, hidden, out, "pair down")
     n_slices = inner // (128 * cfg.kbs)
     chunks = hidden // cfg.rows
     ws = QK.Workspace.get(h.device)
@@ -392,7 +384,7 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
         w, wh, wsc, sw, swh, sws, routed.gscale(), shared.gscale(), res, nw, hout,
         hidden, num_experts, slots, n_slices, pairs, T, chunks,
         h.stride(0), out.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), sw.stride(0), swh.stride(0), sws.stride(0),
-        res.stride(0), hout.stride(0), float(eps),
+        res.stride(0), hout.stride(0), eps,
         FMT=routed.fmt, SFMT=shared.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
         SLICES_P2=triton.next_power_of_2(n_slices), SLOTS_P2=triton.next_power_of_2(slots),
         HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],

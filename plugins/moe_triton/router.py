@@ -31,6 +31,7 @@ import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUD
 import triton
 import triton.language as tl
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
+from ninfer_plugins.quant_int.gemv_h2 import add_norm_args
 
 # Shared-gate modes of the kernel: no shared expert; its gate as a dot with a dense weight row
 # (one launch fewer); its gate logit computed beforehand (a quantized gate weight).
@@ -259,15 +260,9 @@ def route_gemv(
     the layer's post-mixer step happens in the same launch: residual += x (rounded to its dtype)
     and out = (1 + w) RMSNorm(residual), which is what is routed (and what the experts take)."""
     T, H = x.shape
-    if add_norm is not None:
-        res, nw, eps, hout = add_norm
-        if res.shape != x.shape or hout.shape != x.shape or nw.shape != (H,) or hout.dtype != x.dtype:
-            raise ValueError(f"route_gemv add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)} and weight "
-                             f"{tuple(nw.shape)} must be [T, H], [T, H], [H] for x {tuple(x.shape)}")
-        if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1 or x.stride(1) != 1:
-            raise ValueError("route_gemv add_norm: unit last strides needed")
-    else:
-        res, nw, eps, hout = x, x, 0.0, x  # never read
+    res, nw, eps, hout = add_norm_args(add_norm, T, H, x, "route_gemv")
+    if add_norm is not None and (hout.dtype != x.dtype or x.stride(1) != 1):
+        raise ValueError(f"route_gemv add_norm: out must be x's dtype ({hout.dtype}, {x.dtype}) and x needs a unit last stride")
     E = router.shape[0]
     if T > ROUTE_GEMV_MAX_T:
         raise ValueError(f"the fused router serves at most {ROUTE_GEMV_MAX_T} tokens, got {T}")
@@ -284,7 +279,7 @@ def route_gemv(
     sg = shared_gate_weight.reshape(-1) if shared else router
     _route_gemv_kernel[(E + shared,)](
         x, router, sg, lws, cnt, r.ids, r.weights, res, nw, hout,
-        T, E, H, x.stride(0), router.stride(0), res.stride(0), hout.stride(0), float(eps),
+        T, E, H, x.stride(0), router.stride(0), res.stride(0), hout.stride(0), eps,
         TOP_K=top_k, SLOTS=slots, SHARED=SHARED_LOGIT if shared else NO_SHARED,
         BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(H), LSTRIDE=lstride,
         ADD_NORM=add_norm is not None, num_warps=1, **pdl_kwargs(x.device),

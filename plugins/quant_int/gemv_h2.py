@@ -791,6 +791,21 @@ def workspace_need(p: QK.Prepared, cfg: H2Config) -> tuple[int, int]:
 ADD_NORM_MAX_N = 16384
 
 
+def add_norm_args(add_norm: tuple | None, m: int, n: int, stand_in: torch.Tensor, what: str) -> tuple:
+    """A launch's fused residual add + norm, (residual [m, n], weight [n], eps, out [m, n]),
+    checked; or stand_in in each tensor's place where there is none (the kernel never reads
+    them then). Shared by this GEMV, the MoE pair down kernel and route_gemv."""
+    if add_norm is None:
+        return stand_in, stand_in, 0.0, stand_in
+    res, nw, eps, hout = add_norm
+    if res.shape != (m, n) or hout.shape != (m, n) or nw.shape != (n,):
+        raise ValueError(f"{what} add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)} and weight "
+                         f"{tuple(nw.shape)} must be [{m}, {n}], [{m}, {n}], [{n}]")
+    if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1:
+        raise ValueError(f"{what} add_norm: unit last strides needed")
+    return res, nw, float(eps), hout
+
+
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None,
            add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None) -> torch.Tensor:
     """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows.
@@ -799,13 +814,9 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     last row chunk to finish), residual += y (rounded to its dtype) and out = (1 + w) RMSNorm of
     the new residual: a pre-norm block's `x = x + linear(h); h = norm(x)`."""
     m = x2.shape[0]
-    if add_norm is not None:
-        res, nw, eps, hout = add_norm
-        if res.shape != (m, p.n) or hout.shape != (m, p.n) or nw.shape != (p.n,) or p.n > ADD_NORM_MAX_N:
-            raise ValueError(f"the f16x2 GEMV's add_norm: residual {tuple(res.shape)}, out {tuple(hout.shape)}, weight "
-                             f"{tuple(nw.shape)} for y [{m}, {p.n}] (at most {ADD_NORM_MAX_N} columns)")
-        if res.stride(1) != 1 or hout.stride(1) != 1 or nw.stride(0) != 1:
-            raise ValueError("the f16x2 GEMV's add_norm needs unit last strides")
+    if add_norm is not None and p.n > ADD_NORM_MAX_N:
+        raise ValueError(f"the f16x2 GEMV's add_norm takes at most {ADD_NORM_MAX_N} columns, y has {p.n}")
+    res, nw, eps, hout = add_norm_args(add_norm, m, p.n, x2, "the f16x2 GEMV's")
     if m > MAX_M:
         raise ValueError(f"the f16x2 GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
@@ -818,8 +829,6 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
     ws = QK.Workspace.get(x2.device)
     ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
-    if add_norm is None:
-        res, nw, eps, hout = y, y, 0.0, y  # never read
     w = p.qweight.view(torch.int32)
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = scales_view(p.fmt, p.scales)
@@ -831,7 +840,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout,
         m, p.n, p.k,
         x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0), res.stride(0), hout.stride(0),
-        rows_per_cta, n_slices, chunks, float(eps),
+        rows_per_cta, n_slices, chunks, eps,
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,
         KBS=cfg.kbs,

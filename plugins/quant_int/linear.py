@@ -7,6 +7,7 @@ layout (`to_prepared`) and how to get fp32 weights back (`dequantize`).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -108,8 +109,6 @@ class TritonQuantLinear:
         AddNorm; sets add_norm.out) where the f16x2 GEMV is this shape's decode kernel; None
         elsewhere (the caller runs it apart). Behind NINFER_GEMV_NORM=1 until an H200 run has
         checked and timed it."""
-        import os
-
         if os.environ.get("NINFER_GEMV_NORM", "0") != "1":
             return None
         x2 = x.reshape(-1, x.shape[-1])
