@@ -38,12 +38,14 @@ case "${1:-}" in
     ;;
   dense)
     B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
-    timeout 150 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1
+    timeout 140 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1
     echo "27B int4 rc=$?"; grep -E "decode|roofline" "$OUT/b27.txt"
-    NINFER_GDN_AB=1 NINFER_GEMV_NORM=1 timeout 120 $B --json "$OUT/b27_folds.json" > "$OUT/b27_folds.txt" 2>&1
-    echo "27B int4 + folds rc=$?"; grep -E "decode|roofline" "$OUT/b27_folds.txt"
-    timeout 200 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
-    echo "mtp rc=$?"; tail -12 "$OUT/mtp.txt"
+    NINFER_GDN_AB=1 timeout 110 $B --json "$OUT/b27_ab.json" > "$OUT/b27_ab.txt" 2>&1
+    echo "27B int4 + gdnab rc=$?"; grep -E "decode|roofline" "$OUT/b27_ab.txt"
+    NINFER_GDN_AB=1 NINFER_GEMV_NORM=1 timeout 110 $B --json "$OUT/b27_folds.json" > "$OUT/b27_folds.txt" 2>&1
+    echo "27B int4 + gdnab + gemvnorm rc=$?"; grep -E "decode|roofline" "$OUT/b27_folds.txt"
+    NINFER_GDN_AB=1 timeout 180 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
+    echo "mtp (gdnab) rc=$?"; tail -12 "$OUT/mtp.txt"
     ;;
   *)
     echo "usage: bash bench/next_session.sh tests|folds|dense|kernels" >&2

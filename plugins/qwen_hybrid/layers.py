@@ -262,10 +262,10 @@ class GatedDeltaNet(nn.Module):
 
     def _ab_in_step(self, x: torch.Tensor) -> torch.Tensor | None:
         """The merged dense [a; b] weight [2 Hv, H] when the decode step should compute the gates
-        itself: NINFER_GDN_AB=1 (off by default until an H200 run has checked and timed it), a
-        backend that can (`fuses_ab`), a and b merged apart from qkv/z (quantized recipes; a fully
+        itself: by default (NINFER_GDN_AB=0 turns it off; 4-6 us a layer less than the bf16
+        matmul + step on the H200, BENCHMARKS.md), a backend that can (`fuses_ab`), a and b merged apart from qkv/z (quantized recipes; a fully
         dense layer has them in its one in_proj launch already), weight and x alike."""
-        if os.environ.get("NINFER_GDN_AB", "0") != "1" or not getattr(self.backend, "fuses_ab", False):
+        if os.environ.get("NINFER_GDN_AB", "1") == "0" or not getattr(self.backend, "fuses_ab", False):
             return None
         merged_ab = live(self.in_proj_ab)
         if live(self.in_proj_all) is not None or merged_ab is None or merged_ab.scheme != DENSE:
@@ -372,7 +372,7 @@ class GatedDeltaNet(nn.Module):
             # conv step, L2 norms, gates, state update in place and the gated norm: one launch
             w_ab = self._ab_in_step(x)
             if w_ab is not None:
-                # in_proj_a / in_proj_b inside that launch too (NINFER_GDN_AB=1)
+                # in_proj_a / in_proj_b inside that launch too (the default; NINFER_GDN_AB=0: apart)
                 qkv, z = self._projections_qkvz(x)
                 o = self.backend.gdn_decode(qkv, None, None, z, self, conv_state, rec_state, slots, ab_input=(x, w_ab))
             else:

@@ -151,9 +151,10 @@ def test_fla_prefill_matches_torch_chunked():
 
 
 def test_gates_inside_the_gdn_step_match_their_own_launch(tiny, monkeypatch):
-    """NINFER_GDN_AB=1: with int4 projections (a and b stay dense, merged apart from qkv/z) the
-    fused decode step computes in_proj_a / in_proj_b itself; the logits match the path that
-    launches them (the gates then stay fp32 instead of rounding to bf16: close, not equal)."""
+    """By default (NINFER_GDN_AB unset), with int4 projections (a and b stay dense, merged apart
+    from qkv/z), the fused decode step computes in_proj_a / in_proj_b itself; the logits match
+    the path that launches them, NINFER_GDN_AB=0 (the gates then stay fp32 instead of rounding to
+    bf16: close, not equal)."""
     from ninfer_plugins.qwen_hybrid.layers import GatedDeltaNet
     from ninfer_plugins.quant_int.recipes import recipe
 
@@ -166,11 +167,13 @@ def test_gates_inside_the_gdn_step_match_their_own_launch(tiny, monkeypatch):
     m.load_weights(WeightSource(tiny))
     gdn = [mod for mod in m.modules() if isinstance(mod, GatedDeltaNet)]
     x = torch.zeros(1, shape.hidden_size, dtype=torch.bfloat16, device=device)
-    assert gdn and all(g._ab_in_step(x) is None for g in gdn)  # off by default
+    monkeypatch.delenv("NINFER_GDN_AB", raising=False)
+    assert gdn and all(g._ab_in_step(x) is not None for g in gdn)  # on by default
     ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(3)).to(device)
+    monkeypatch.setenv("NINFER_GDN_AB", "0")
+    assert all(g._ab_in_step(x) is None for g in gdn)
     launched = _run(m, "bf16", ids, (12,))
-    monkeypatch.setenv("NINFER_GDN_AB", "1")
-    assert all(g._ab_in_step(x) is not None for g in gdn)
+    monkeypatch.delenv("NINFER_GDN_AB")
     inside = _run(m, "bf16", ids, (12,))
     for got, want in zip(inside[2:], launched[2:]):  # the decode steps (prefill is unchanged)
         assert _rel(got, want) < 0.03
