@@ -32,7 +32,9 @@ def sm_count(device: str) -> int:
 # and `griddepcontrol.launch_dependents` so that its own successor may be scheduled early in turn.
 # Every kernel launched with `pdl_kwargs` must begin with `pdl_prologue(PDL)`: nothing may be read
 # or written before the wait (a CUDA graph's memory pool reuses buffers in stream order, so even a
-# write to a "fresh" output could hit a buffer the predecessor still reads). On by default since
+# write to a "fresh" output could hit a buffer the predecessor still reads). The one exception is
+# reading weights, which no kernel writes while the engine runs: the f16x2 GEMV's first tile and
+# the GDN step's gate rows load before the wait and so stream during the predecessor's tail. On by default since
 # the H200 A/B of 2026-12-03 (BENCHMARKS.md: 27B int4 decode 105.5 -> 109.1 tok/s, 35B-A3B int4
 # 331.2 -> 343.2, same call each); NINFER_PDL=0 turns it off.
 
