@@ -95,6 +95,12 @@ def cases():
         K.Workspace.get(p.device).reserve(*cfg.workspace(p))
         yield f"h2 q{fmt} {n}x{k} M=1 + residual add and norm", lambda p=p, n=n, k=k, cfg=cfg: H2.launch(
             e(1, k, dtype=BF), p, cfg, add_norm=(e(1, n, dtype=BF), e(n, dtype=BF), 1e-6, e(1, n, dtype=BF)))
+    for fmt, n, k in ((5, 5120, 17408), (4, 5120, 17408), (8, 2048, 6144)):  # down_proj with silu(gate) * up inside
+        p = S.empty_prepared(fmt, n, k)
+        cfg = K.pick_gemv(fmt, 1, n, k, 132)
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        yield f"h2 q{fmt} {n}x{k} M=1 gated", lambda p=p, k=k, cfg=cfg: H2.launch(e(1, 2 * k, dtype=BF), p, cfg, gated=True)
+        yield f"h2 q{fmt} {n}x{k} M=1 plain", lambda p=p, k=k, cfg=cfg: H2.launch(e(1, k, dtype=BF), p, cfg)
     from ninfer_plugins.quant_int import gemv_tc as TC
 
     TC.COMPILE_ONLY = True

@@ -3,7 +3,8 @@
 #
 #   bash bench/next_session.sh tests   # GPU tests: PDL on by default, NVFP4 dispatch, the folds (~5 min)
 #   bash bench/next_session.sh folds   # 35B ninfer bench A/B of the three launch folds, then nvfp4 (~5 min)
-#   bash bench/next_session.sh dense   # 27B int4 with and without the folds, and the MTP round (~5 min)
+#   bash bench/next_session.sh dense   # 27B int4: default, NINFER_GEMV_GATED=1, NINFER_GDN_AB=0; the MTP round (~4 min)
+#   bash bench/next_session.sh profile # 27B step profiles, gates in the GDN step and apart, and the MTP round
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
@@ -40,15 +41,24 @@ case "${1:-}" in
     B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
     timeout 140 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1
     echo "27B int4 rc=$?"; grep -E "decode|roofline" "$OUT/b27.txt"
-    NINFER_GDN_AB=1 timeout 110 $B --json "$OUT/b27_ab.json" > "$OUT/b27_ab.txt" 2>&1
-    echo "27B int4 + gdnab rc=$?"; grep -E "decode|roofline" "$OUT/b27_ab.txt"
-    NINFER_GDN_AB=1 NINFER_GEMV_NORM=1 timeout 110 $B --json "$OUT/b27_folds.json" > "$OUT/b27_folds.txt" 2>&1
-    echo "27B int4 + gdnab + gemvnorm rc=$?"; grep -E "decode|roofline" "$OUT/b27_folds.txt"
-    NINFER_GDN_AB=1 timeout 180 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
-    echo "mtp (gdnab) rc=$?"; tail -12 "$OUT/mtp.txt"
+    NINFER_GEMV_GATED=1 timeout 110 $B --json "$OUT/b27_gated.json" > "$OUT/b27_gated.txt" 2>&1
+    echo "27B int4 + silu*up inside down_proj rc=$?"; grep -E "decode|roofline" "$OUT/b27_gated.txt"
+    NINFER_GDN_AB=0 timeout 110 $B --json "$OUT/b27_noab.json" > "$OUT/b27_noab.txt" 2>&1
+    echo "27B int4, gates apart (NINFER_GDN_AB=0) rc=$?"; grep -E "decode|roofline" "$OUT/b27_noab.txt"
+    timeout 180 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
+    echo "mtp rc=$?"; tail -4 "$OUT/mtp.txt"
+    ;;
+  profile)
+    # the 27B step with the gates in the GDN step and apart, then the MTP round (drafting's share)
+    P="python3 bench/profile_step.py --graph --model qwen3.6-27b --quant int4 --gen-len 16 --rows 30"
+    timeout 170 $P --out "$OUT/p_ab" > "$OUT/p_ab.txt" 2>&1; echo "profile (gates in step) rc=$?"
+    NINFER_GDN_AB=0 timeout 170 $P --out "$OUT/p_noab" > "$OUT/p_noab.txt" 2>&1; echo "profile (gates apart) rc=$?"
+    timeout 200 $P --out "$OUT/p_mtp" --spec mtp --draft-tokens 3 --lm-head-draft > "$OUT/p_mtp.txt" 2>&1
+    echo "profile (MTP round) rc=$?"
+    for f in p_ab p_noab p_mtp; do echo "== $f"; head -25 "$OUT/$f.txt" | cut -c1-150; done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|folds|dense|kernels" >&2
+    echo "usage: bash bench/next_session.sh tests|folds|dense|profile|kernels" >&2
     exit 2
     ;;
 esac

@@ -78,6 +78,8 @@ class LinearKernel(Protocol):
     # Optional: `apply_add_norm(x, prepared, add_norm: AddNorm) -> y | None`: apply, plus the
     # block's residual add and norm in the same launch (sets add_norm.out), or None where this
     # call cannot fold it (QLinear.forward then runs apply and the caller the add and norm).
+    # Optional: `apply_gated(gu, prepared) -> y | None`: y = apply(silu(gate) * up) for a merged
+    # gate | up output gu [..., 2k], the activation computed inside the launch; None where it cannot.
 
 
 class DenseKernel:
@@ -157,6 +159,15 @@ class QLinear(nn.Module):
             if y is not None:
                 return y
         return self.kernel.apply(x, self.prepared)
+
+    def forward_gated(self, gu: torch.Tensor) -> torch.Tensor | None:
+        """y = (silu(gate) * up) @ W.T for gu = [gate | up] [..., 2k], where the kernel can take
+        the activation into its own launch (`apply_gated`); None otherwise (the caller runs the
+        activation, then forward)."""
+        if self.prepared is None:
+            raise RuntimeError(f"{self.name}: weight was never loaded")
+        fold = getattr(self.kernel, "apply_gated", None)
+        return fold(gu, self.prepared) if fold is not None else None
 
     def extra_repr(self) -> str:
         return f"{self.name}: [{self.n}, {self.k}] {self.scheme} via {self.kernel.name}"

@@ -86,7 +86,7 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
     ws_row0 + ws_off1), laid out as gemv_h2's workspace: [row, slice, 4] with lane 0 used."""
     w_cols, g_cols, h_cols, h_shift, lead, jj, base = H2.slice_columns(pid_s, FMT, KBS)
     rn = tl.arange(0, BLOCK_N)
-    xa, xb, xc, xd, p0, p1, p2, p3, inv0 = H2._xrow_prep(X_row, 0, 0, 1, base, FMT, HEAD, FAST)
+    xa, xb, xc, xd, p0, p1, p2, p3, inv0 = H2._xrow_prep(X_row, 0, 0, 1, base, FMT, HEAD, FAST, 0, False)
     cols4 = tl.arange(0, 4)[:, None]
     inv = tl.where(cols4 == 0, inv0, 0.0)
     rn64 = rn.to(tl.int64)[None, :]

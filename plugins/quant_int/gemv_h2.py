@@ -303,23 +303,37 @@ def _pow2(e):
 
 
 @triton.jit
-def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr):
+def _xval(X, xr, ok, GOFF, GATED: tl.constexpr):
+    """x at the pointers xr as fp32; GATED: silu(xr[..]) * xr[GOFF + ..] rounded once to x's
+    dtype, as the separate silu_mul launch would have stored it (gate | up rows, merged)."""
+    if GATED:
+        g = tl.load(xr, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(xr + GOFF, mask=ok, other=0.0).to(tl.float32)
+        return (g * tl.sigmoid(g) * u).to(X.dtype.element_ty).to(tl.float32)
+    else:
+        return tl.load(xr, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr,
+               GOFF, GATED: tl.constexpr):
     """Row m of x over this CTA's slice, per word column: the fast path's f16x2 pairs A, B, C, D
     (int32 [C]; four more copies to keep one return signature), or the scaled x values (lo0..lo3,
-    hi0..hi3 as fp32, rounded to fp16 as the pairs are); and 1/scale."""
+    hi0..hi3 as fp32, rounded to fp16 as the pairs are); and 1/scale. GATED: x is silu(gate) * up
+    of a row [gate | up] whose up half starts GOFF elements after the gate's."""
     ok = (base * 0 + m) < M
     xr = X + m * stride_xm + base
-    l0 = tl.load(xr + 0, mask=ok, other=0.0).to(tl.float32)
-    l1 = tl.load(xr + 1, mask=ok, other=0.0).to(tl.float32)
-    l2 = tl.load(xr + 2, mask=ok, other=0.0).to(tl.float32)
-    l3 = tl.load(xr + 3, mask=ok, other=0.0).to(tl.float32)
+    l0 = _xval(X, xr + 0, ok, GOFF, GATED)
+    l1 = _xval(X, xr + 1, ok, GOFF, GATED)
+    l2 = _xval(X, xr + 2, ok, GOFF, GATED)
+    l3 = _xval(X, xr + 3, ok, GOFF, GATED)
     amax = tl.max(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))), 0)
     if FMT != 8:
         HI: tl.constexpr = 8 if FMT == 16 else 64  # HI_OFFSET
-        h0 = tl.load(xr + HI, mask=ok, other=0.0).to(tl.float32)
-        h1 = tl.load(xr + HI + 1, mask=ok, other=0.0).to(tl.float32)
-        h2 = tl.load(xr + HI + 2, mask=ok, other=0.0).to(tl.float32)
-        h3 = tl.load(xr + HI + 3, mask=ok, other=0.0).to(tl.float32)
+        h0 = _xval(X, xr + HI, ok, GOFF, GATED)
+        h1 = _xval(X, xr + HI + 1, ok, GOFF, GATED)
+        h2 = _xval(X, xr + HI + 2, ok, GOFF, GATED)
+        h3 = _xval(X, xr + HI + 3, ok, GOFF, GATED)
         amax = tl.maximum(amax, tl.max(tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))), 0))
     else:
         h0 = l0
@@ -589,7 +603,7 @@ def _gemv_h2_kernel(
     X, W, H, S, Y, WS, CNT, G, RES, NW, HOUT,
     M, N, K,
     stride_xm, stride_wn, stride_hn, stride_sn, stride_ym, stride_res, stride_hout,
-    ROWS_PER_CTA, N_SLICES, N_CHUNKS, eps,
+    ROWS_PER_CTA, N_SLICES, N_CHUNKS, eps, GOFF,
     FMT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KBS: tl.constexpr,
@@ -602,6 +616,7 @@ def _gemv_h2_kernel(
     PREFETCH: tl.constexpr,
     EARLY: tl.constexpr = False,
     ADD_NORM: tl.constexpr = False,
+    GATED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
@@ -623,12 +638,12 @@ def _gemv_h2_kernel(
     if PREFETCH != 0 and (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
-    xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0 = _xrow_prep(X, 0, stride_xm, M, base, FMT, HEAD, FAST)
+    xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0 = _xrow_prep(X, 0, stride_xm, M, base, FMT, HEAD, FAST, GOFF, GATED)
     if BLOCK_M > 1:
-        xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = _xrow_prep(X, 1, stride_xm, M, base, FMT, HEAD, FAST)
+        xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = _xrow_prep(X, 1, stride_xm, M, base, FMT, HEAD, FAST, GOFF, GATED)
     if BLOCK_M > 2:
-        xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = _xrow_prep(X, 2, stride_xm, M, base, FMT, HEAD, FAST)
-        xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = _xrow_prep(X, 3, stride_xm, M, base, FMT, HEAD, FAST)
+        xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = _xrow_prep(X, 2, stride_xm, M, base, FMT, HEAD, FAST, GOFF, GATED)
+        xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = _xrow_prep(X, 3, stride_xm, M, base, FMT, HEAD, FAST, GOFF, GATED)
     if BLOCK_M == 1:
         xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1 = xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0
     if BLOCK_M < 4:
@@ -807,13 +822,20 @@ def add_norm_args(add_norm: tuple | None, m: int, n: int, stand_in: torch.Tensor
 
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None,
-           add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None) -> torch.Tensor:
+           add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
+           gated: bool = False) -> torch.Tensor:
     """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows.
 
     add_norm = (residual [M, n], norm weight [n], eps, out [M, n]): also, in the same launch (the
     last row chunk to finish), residual += y (rounded to its dtype) and out = (1 + w) RMSNorm of
-    the new residual: a pre-norm block's `x = x + linear(h); h = norm(x)`."""
+    the new residual: a pre-norm block's `x = x + linear(h); h = norm(x)`.
+    gated: x2 is [M, 2k], a merged gate | up output, and the GEMV's input is silu(gate) * up
+    (rounded once to x2's dtype, as silu_mul stores it), computed as each CTA prepares its slice
+    of x: a SwiGLU's down projection without the silu_mul launch before it."""
     m = x2.shape[0]
+    if gated and (x2.shape[1] != 2 * p.k or x2.stride(1) != 1):
+        raise ValueError(f"the f16x2 GEMV's gated input is [M, 2 x {p.k}] with a unit last stride, got "
+                         f"{tuple(x2.shape)} strides {tuple(x2.stride())}")
     if add_norm is not None and p.n > ADD_NORM_MAX_N:
         raise ValueError(f"the f16x2 GEMV's add_norm takes at most {ADD_NORM_MAX_N} columns, y has {p.n}")
     res, nw, eps, hout = add_norm_args(add_norm, m, p.n, x2, "the f16x2 GEMV's")
@@ -840,7 +862,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout,
         m, p.n, p.k,
         x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0), res.stride(0), hout.stride(0),
-        rows_per_cta, n_slices, chunks, eps,
+        rows_per_cta, n_slices, chunks, eps, p.k if gated else 0,
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,
         KBS=cfg.kbs,
@@ -853,6 +875,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         PREFETCH=int(cfg.prefetch),
         EARLY=bool(cfg.early),
         ADD_NORM=add_norm is not None,
+        GATED=gated,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -127,6 +127,24 @@ class TritonQuantLinear:
         add_norm.out = out
         return y.reshape(*x.shape[:-1], prepared.n)
 
+    def apply_gated(self, gu: torch.Tensor, prepared: K.Prepared) -> torch.Tensor | None:
+        """y = apply(silu(gate) * up) for gu = [gate | up] [..., 2k], the silu and product done as
+        the f16x2 GEMV prepares its input (no silu_mul launch), where that GEMV is this shape's
+        decode kernel; None elsewhere (the caller runs silu_mul, then apply). Behind
+        NINFER_GEMV_GATED=1 until an H200 run has checked and timed it."""
+        if os.environ.get("NINFER_GEMV_GATED", "0") != "1":
+            return None
+        g2 = gu.reshape(-1, gu.shape[-1])
+        if (g2.dtype != torch.bfloat16 or g2.device.type != "cuda" or g2.shape[1] != 2 * prepared.k
+                or g2.stride(-1) != 1 or g2.data_ptr() % 16 or g2.stride(0) % 8):
+            return None
+        from ninfer_plugins.quant_int import gemv_h2
+
+        cfg = _kernels().pick_gemv(prepared.fmt, g2.shape[0], prepared.n, prepared.k, prepared.sm_count)
+        if not isinstance(cfg, gemv_h2.H2Config):
+            return None
+        return gemv_h2.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
+
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
         """dequant_min_m: rows from which to dequantize + cuBLAS (default dequant.DEQUANT_MIN_M)."""
         lead = x.shape[:-1]

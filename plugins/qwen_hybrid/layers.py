@@ -411,7 +411,12 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor, add_norm=None) -> torch.Tensor:
         gate_up = live(self.gate_up)
         if gate_up is not None:
-            gate, up = gate_up(x).split(gate_up.splits, dim=-1)
+            gu = gate_up(x)
+            # down_proj's kernel may take silu(gate) * up into its own launch (decode, f16x2 GEMV)
+            y = self.down_proj.forward_gated(gu) if gate_up.splits == [self.down_proj.k] * 2 else None
+            if y is not None:
+                return y  # add_norm.out stays None: the caller adds and normalises
+            gate, up = gu.split(gate_up.splits, dim=-1)
             act = self.ops.silu_mul(gate, up)
         else:
             act = self.ops.silu_mul(self.gate_proj(x), self.up_proj(x))

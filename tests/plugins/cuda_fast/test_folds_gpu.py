@@ -142,3 +142,40 @@ def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
     spy(M, "route_gemv", "moe_norm", lambda a, kw: kw.get("add_norm") is not None)
     spy(PG, "down", "moe_down_norm", lambda a, kw: kw.get("add_norm") is not None)
     return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_gpu_gated_down_projection_in_the_model(tmp_path, monkeypatch):
+    """NINFER_GEMV_GATED=1: the dense MLP's silu(gate) * up inside down_proj's f16x2 GEMV. Decode
+    logits bit-equal to silu_mul then the GEMV (same x values, same kernel), every MLP of every
+    decode step folded; graph and eager decode give the same tokens."""
+    from ninfer_plugins.quant_int import gemv_h2
+
+    path = make_medium("qwen3.6-27b", tmp_path / "m27")
+    model = load_model(path, "cuda", quant="int4")
+    prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
+
+    def logits() -> torch.Tensor:
+        cache = model.allocate_cache(1, 32)
+        model.forward(prompt, cache, 0, 0)
+        outs = []
+        for step in range(3):
+            h = model.decode(torch.tensor([11 + step], device="cuda"), cache, torch.tensor([0], device="cuda"),
+                             torch.tensor([len(prompt) + step], device="cuda"))
+            outs.append(model.compute_logits(h))
+        return torch.cat(outs)
+
+    plain = logits()
+    monkeypatch.setenv("NINFER_GEMV_GATED", "1")
+    seen, orig = [], gemv_h2.launch
+
+    def spy(*args, **kwargs):
+        seen.append(bool(kwargs.get("gated")))
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(gemv_h2, "launch", spy)
+    assert torch.equal(logits(), plain)
+    assert sum(seen) == 3 * 4  # 3 decode steps x 4 dense MLPs
+    monkeypatch.setattr(gemv_h2, "launch", orig)
+    assert _tokens(path, graph=True) == _tokens(path, graph=False)

@@ -235,3 +235,32 @@ def test_model_lets_the_last_linear_fold_the_residual_add_and_norm(tmp_path, mon
     want = {"out_proj", "o_proj"} | ({"down_proj"} if like == "qwen3.6-27b" else set())
     assert set(folded_by) == want
     assert len(folded_by) == 2 * 4 * (2 if like == "qwen3.6-27b" else 1)
+
+
+def test_dense_mlp_lets_down_proj_take_the_activation(tiny):
+    """SwiGLU offers down_proj the merged gate | up output (QLinear.forward_gated) before running
+    silu_mul; here a stand-in kernel fold that does what the MLP would, so the logits must not
+    change by a bit and every MLP call (prefill and decode) must have offered it. Without a kernel
+    that folds (bf16's torch.linear), forward_gated is None and the MLP runs as before."""
+    from ninfer.linear import QLinear
+
+    device = "cuda" if CUDA else "cpu"
+    m = _model(tiny, device, torch.bfloat16, fast=True)
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(6)).to(device)
+    downs = [mod for name, mod in m.named_modules() if name.endswith("mlp.down_proj")]
+    assert downs and all(d.forward_gated(torch.zeros(1, 2 * d.k, device=device, dtype=torch.bfloat16)) is None
+                         for d in downs)
+    plain = _run(m, "bf16", ids, (9,))
+    calls = []
+
+    def forward_gated(self, gu):
+        calls.append(gu.shape[0])
+        return self(m.ops.silu_mul(gu[..., : self.k], gu[..., self.k :]))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(QLinear, "forward_gated", forward_gated)
+        folded = _run(m, "bf16", ids, (9,))
+    for a, b in zip(folded, plain):
+        assert torch.equal(a, b)
+    # 4 layers x (prefill of 9, prefill of 5, two decode steps)
+    assert sorted(calls) == sorted([9] * 4 + [5] * 4 + [2] * 8)

@@ -207,6 +207,27 @@ def test_interpreted_h2_with_the_residual_add_and_norm(scheme, m, n, cfg):
         assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
 
 
+@interp
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32", "nvfp4"])
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 80, 512, H.H2Config(16, 2, 6)), (3, 48, 1024, H.H2Config(32, 4, 1)),
+                                       (2, 64, 512, H.H2Config(16, 2, 2, prefetch=2, early=True))])
+def test_interpreted_h2_gated_input_is_silu_mul_then_the_gemv(scheme, m, n, k, cfg):
+    """gated: x2 = [gate | up] rows (here inside a wider buffer: any row stride) and the GEMV's
+    input silu(gate) * up, rounded once to bf16 as it prepares its slice -> the same x values as
+    the silu_mul launch stores, so the same output bit for bit."""
+    from ninfer_plugins.cuda_fast.ops import silu_mul
+
+    g = torch.Generator().manual_seed(m * 10 + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    wide = (torch.randn(m, 2 * k + 64, generator=g) * 3).to(torch.bfloat16)
+    gu = wide[:, : 2 * k]
+    act = silu_mul(gu[:, :k], gu[:, k:])
+    want = H.launch(act, p, cfg)
+    y = H.launch(gu, p, cfg, gated=True)
+    assert torch.equal(y, want)
+    assert rel_err(y, act.float() @ deq.T) < 6e-3
+
+
 def test_h2_rejects_what_it_cannot_do():
     g = torch.Generator().manual_seed(1)
     p, _ = packed_and_ref(torch.randn(16, 384, generator=g), "q4_g64")
@@ -217,6 +238,8 @@ def test_h2_rejects_what_it_cannot_do():
     z = torch.zeros(1, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="add_norm"):
         H.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, H.H2Config(32, 1, 4), add_norm=(z, z[0, :8], 1e-6, z))
+    with pytest.raises(ValueError, match="gated input"):
+        H.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, H.H2Config(32, 1, 4), gated=True)
 
 
 def test_dispatch_takes_h2_at_one_row():
@@ -375,3 +398,32 @@ def test_gpu_h2_with_the_residual_add_and_norm_in_a_graph(scheme, n, k, monkeypa
         torch.cuda.synchronize()
         assert torch.equal(work, res_ref)
         torch.testing.assert_close(an.out.float(), h_ref.float(), atol=0, rtol=1e-2)
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [("q5_g64", 5120, 17408), ("q4_g64", 5120, 17408), ("nvfp4", 5120, 17408),
+                                        ("q8_g32", 2048, 6144)])
+def test_gpu_h2_gated_down_projection_in_a_graph(scheme, n, k, monkeypatch):
+    """silu(gate) * up inside the down projection's launch, through the engine's entry
+    (TritonQuantLinear.apply_gated, NINFER_GEMV_GATED=1), captured in a CUDA graph: bit-equal to
+    silu_mul then the dispatched GEMV, at the 27B's down_proj shape."""
+    from ninfer_plugins.cuda_fast.ops import silu_mul
+    from ninfer_plugins.quant_int.linear import TritonQuantLinear
+
+    torch.manual_seed(5)
+    p, _ = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    K.reserve_workspace(p)
+    kern = TritonQuantLinear.__new__(TritonQuantLinear)  # apply_gated reads nothing of the instance
+    gu = (torch.randn(1, 2 * k, device="cuda") * 2).bfloat16()
+    want = K.launch(silu_mul(gu[:, :k], gu[:, k:]), p)
+    assert kern.apply_gated(gu, p) is None  # off unless asked for
+    monkeypatch.setenv("NINFER_GEMV_GATED", "1")
+    assert torch.equal(kern.apply_gated(gu, p), want)  # compiled outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kern.apply_gated(gu, p)
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, want)
