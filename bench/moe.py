@@ -617,7 +617,9 @@ E2E_ARGS = ["--prompt-len", "8192", "--gen-len", "64"]
 E2E_SWITCHES = {
     "pdl": ("NINFER_PDL", "1"),
     "nopdl": ("NINFER_PDL", "0"),  # programmatic dependent launch: on by default on sm_90+
-    "gdnab": ("NINFER_GDN_AB", "1"),  # in_proj_a / in_proj_b inside the GDN decode step
+    "gdnab": ("NINFER_GDN_AB", "1"),  # in_proj_a / in_proj_b inside the GDN decode step (the default)
+    "nogdnab": ("NINFER_GDN_AB", "0"),
+    "lookahead": ("NINFER_LOOKAHEAD", "1"),  # each decode step launched before the previous one's tokens are read
     "moenorm": ("NINFER_MOE_NORM", "1"),  # the post-mixer residual add and norm inside route_gemv
     "gemvnorm": ("NINFER_GEMV_NORM", "1"),  # the residual add and norm inside the f16x2 GEMV before it
     "noh2": ("NINFER_H2", "0"),

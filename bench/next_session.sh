@@ -2,8 +2,8 @@
 # The first device calls BENCHMARKS.md's "Next session" list asks for, one per argument:
 #
 #   bash bench/next_session.sh tests   # GPU tests: PDL on by default, NVFP4 dispatch, the folds (~5 min)
-#   bash bench/next_session.sh folds   # 35B ninfer bench A/B of the three launch folds, then nvfp4 (~5 min)
-#   bash bench/next_session.sh dense   # 27B int4: default, NINFER_GEMV_GATED=1, NINFER_GDN_AB=0; the MTP round (~4 min)
+#   bash bench/next_session.sh folds   # 35B ninfer bench: int4 default, +lookahead, gates apart; nvfp4 +-lookahead (~5 min)
+#   bash bench/next_session.sh dense   # 27B int4: default, GEMV_GATED=1, LOOKAHEAD=1, GDN_AB=0; the MTP round (~5 min)
 #   bash bench/next_session.sh profile # 27B step profiles, gates in the GDN step and apart, and the MTP round
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
 #
@@ -28,7 +28,7 @@ case "${1:-}" in
     ;;
   folds)
     timeout 540 python3 bench/moe.py --out "$OUT/moe" --no-tests --recipes '' --budget-s 500 \
-      --e2e int4,int4+gdnab,int4+moenorm,int4+gemvnorm,int4+gdnab+gemvnorm,nvfp4 > "$OUT/moe.txt" 2>&1
+      --e2e int4,int4+lookahead,int4+nogdnab,nvfp4,nvfp4+lookahead > "$OUT/moe.txt" 2>&1
     echo "moe rc=$?"
     grep -A9 "^ninfer bench  " "$OUT/moe.txt"
     ;;
@@ -39,13 +39,15 @@ case "${1:-}" in
     ;;
   dense)
     B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
-    timeout 140 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1
+    timeout 120 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1
     echo "27B int4 rc=$?"; grep -E "decode|roofline" "$OUT/b27.txt"
-    NINFER_GEMV_GATED=1 timeout 110 $B --json "$OUT/b27_gated.json" > "$OUT/b27_gated.txt" 2>&1
+    NINFER_GEMV_GATED=1 timeout 100 $B --json "$OUT/b27_gated.json" > "$OUT/b27_gated.txt" 2>&1
     echo "27B int4 + silu*up inside down_proj rc=$?"; grep -E "decode|roofline" "$OUT/b27_gated.txt"
-    NINFER_GDN_AB=0 timeout 110 $B --json "$OUT/b27_noab.json" > "$OUT/b27_noab.txt" 2>&1
+    NINFER_LOOKAHEAD=1 timeout 100 $B --json "$OUT/b27_ahead.json" > "$OUT/b27_ahead.txt" 2>&1
+    echo "27B int4, steps launched ahead (NINFER_LOOKAHEAD=1) rc=$?"; grep -E "decode|roofline" "$OUT/b27_ahead.txt"
+    NINFER_GDN_AB=0 timeout 100 $B --json "$OUT/b27_noab.json" > "$OUT/b27_noab.txt" 2>&1
     echo "27B int4, gates apart (NINFER_GDN_AB=0) rc=$?"; grep -E "decode|roofline" "$OUT/b27_noab.txt"
-    timeout 180 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
+    timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
     echo "mtp rc=$?"; tail -4 "$OUT/mtp.txt"
     ;;
   profile)

@@ -424,6 +424,9 @@ def spec_run(
     choice = next(c for c in p.choices if c.slot == "speculator")
     drafter = choice.impl.build(model=model, cache=cache, config=config)
     spec = SpeculativeRound(model, cache, runner.sampler, drafter, graphs=runner.graphs)
+    # the plain steps' last one launched nothing ahead (max_new_tokens); from here rounds move the state
+    assert runner._ahead is None
+    runner.lookahead = False
     k, rows = spec.k, len(plain)
     params = SamplingParams(temperature=0.0, max_new_tokens=decode["timed_steps"] + WARMUP_STEPS + 1, ignore_eos=True)
     requests = []

@@ -53,6 +53,8 @@ class LLMEngine:
             from ninfer.speculative import SpeculativeRound
 
             self.speculative = SpeculativeRound(model, cache, sampler, speculator, graphs=self.runner.graphs)
+            # a round moves the state a step run ahead would already have moved
+            self.runner.lookahead = False
         # what was loaded and chosen (model id, device, kernels): for logs, /v1/models, --json
         self.info = info or {}
         self._ids = itertools.count()

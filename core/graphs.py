@@ -4,8 +4,8 @@ A step is the model's `decode` (one token for each row), its logits and the samp
 pipeline (`ninfer.kernels.sampling`: penalties, top-k, temperature, min-p, top-p, the counter-based
 uniform, the inverse-CDF draw), all tensor ops on static buffers: no host sync inside, no
 allocation outside the graph's pool. The host writes each step's inputs (ids, slots, positions,
-sampling parameters) into the buffers with one copy, replays, and reads the tokens back (the one
-sync per step, which the engine needs anyway to detokenize).
+sampling parameters) into the buffers with one copy from pinned memory (`StepInputs`), replays,
+and reads the tokens back (the one sync per step, which the engine needs anyway to detokenize).
 
 Buckets are the exact batch sizes up to EXACT_UP_TO (the same shapes as the eager path, so the
 same kernels and bit-identical greedy tokens; at most 16 small graphs), then multiples of 16,
@@ -73,6 +73,42 @@ def graphs_supported(model: Any, cuda_graph: bool) -> str | None:
     return None
 
 
+class StepInputs:
+    """A step's int64 and float32 input rows on the device ([int_rows, width], [float_rows, width]),
+    views of one byte buffer that the host fills with one copy. On a GPU the copy comes from pinned
+    memory and does not block the host, where two copies from pageable memory each waited for the
+    stream. The staging buffer is only rewritten once the previous copy has run (an event), so a
+    caller may write again before anything synchronises."""
+
+    def __init__(self, int_rows: int, float_rows: int, width: int, device: torch.device) -> None:
+        self.width = width
+        n_int = int_rows * width * 8
+        total = n_int + float_rows * width * 4
+        self.cuda = device.type == "cuda"
+        self._device = torch.zeros(total, dtype=torch.uint8, device=device)
+        self._host = torch.zeros(total, dtype=torch.uint8, pin_memory=self.cuda)
+        self.ints = self._device[:n_int].view(torch.int64).view(int_rows, width)
+        self.floats = self._device[n_int:].view(torch.float32).view(float_rows, width)
+        self._host_ints = self._host[:n_int].view(torch.int64).view(int_rows, width)
+        self._host_floats = self._host[n_int:].view(torch.float32).view(float_rows, width)
+        self._copied: torch.cuda.Event | None = None
+
+    def write(self, ints: list[list[int]], floats: list[list[float]]) -> None:
+        """Columns 0..len(row)-1 of every row from the lists (one list a row); the device's other
+        columns take whatever the staging buffer holds there, which no step of that width reads."""
+        cols = len(ints[0])
+        if cols > self.width or len(floats[0]) != cols:
+            raise ValueError(f"step inputs: {cols} columns for a buffer of {self.width}")
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._host_ints[:, :cols] = torch.tensor(ints, dtype=torch.int64)
+        self._host_floats[:, :cols] = torch.tensor(floats, dtype=torch.float32)
+        self._device.copy_(self._host, non_blocking=self.cuda)
+        if self.cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+
 class GraphDecoder:
     def __init__(self, model: Any, cache: Any, max_batch: int) -> None:
         self.model, self.cache = model, cache
@@ -80,11 +116,16 @@ class GraphDecoder:
         self.vocab = model.shape.vocab_size
         self.buckets = buckets_for(max_batch)
         top = self.buckets[-1]
-        self.ints = torch.zeros(6, top, dtype=torch.int64, device=self.device)
-        self.floats = torch.zeros(5, top, dtype=torch.float32, device=self.device)
+        self.inputs = StepInputs(6, 5, top, self.device)
+        self.ints, self.floats = self.inputs.ints, self.inputs.floats
         self.history = HistoryCounts(cache.num_slots, self.vocab, self.device)
         self.pad_row, self.counts = self.history.pad_row, self.history.counts
         self.tokens = torch.zeros(top, dtype=torch.int64, device=self.device)
+        # the sampled tokens come back through pinned memory (one DMA, then an event), two buffers
+        # so that a step launched ahead does not overwrite the tokens of the one before it
+        pin = self.device.type == "cuda"
+        self._tokens_host = [torch.zeros(top, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._flip = 0
         # keys: a batch bucket (the decode step) or another captured step's own key (a speculative
         # round: ("spec", b)); every graph allocates from one pool, since none runs while another does
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
@@ -162,6 +203,18 @@ class GraphDecoder:
     def decode(self, requests: Sequence[Any]) -> list[int] | None:
         """The next token of each request (each feeds its last sampled token at position
         num_computed), or None when no graph serves this batch size (the caller runs eagerly)."""
+        wait = self.launch(requests)
+        return None if wait is None else wait()
+
+    def launch(self, requests: Sequence[Any], ahead: bool = False) -> Callable[[], list[int]] | None:
+        """Write the step's inputs and replay it without waiting; returns the function that waits
+        for its tokens and reads them (None when no graph serves this batch size).
+
+        ahead: each request's step after the one just launched, before the host has seen that
+        step's tokens. The ids come from the previous replay's tokens (copied on the device), the
+        positions are one further, and the history counts already hold the previous token. The
+        caller must launch it right after the step it follows, for the same requests in the same
+        order."""
         b = len(requests)
         size = self.bucket(b)
         if size is None or size in self.failed:
@@ -169,14 +222,16 @@ class GraphDecoder:
         graph = self._graph(size)
         if graph is None:
             return None
-        self.history.sync(requests)
+        step = 1 if ahead else 0
+        if not ahead:
+            self.history.sync(requests)
         ints = [[0] * size for _ in range(6)]
         floats = [[0.0] * size for _ in range(5)]
         for j, r in enumerate(requests):
-            ints[_IDS][j] = r.output_ids[-1]
+            ints[_IDS][j] = 0 if ahead else r.output_ids[-1]
             ints[_SLOTS][j] = r.slot
-            ints[_POS][j] = r.num_computed
-            ints[_SAMPLE_POS][j] = r.num_tokens
+            ints[_POS][j] = r.num_computed + step
+            ints[_SAMPLE_POS][j] = r.num_tokens + step
             ints[_SEEDS][j], ints[_TOP_K][j], row = sampling_columns(r.params)
             for i, v in enumerate(row):
                 floats[i][j] = v
@@ -184,14 +239,25 @@ class GraphDecoder:
             ints[_SLOTS][j] = ints[_POS][j] = -1
             ints[_TOP_K][j] = 1
             floats[_TEMP][j] = floats[_TOP_P][j] = 1.0
-        self.ints[:, :size].copy_(torch.tensor(ints, dtype=torch.int64))
-        self.floats[:, :size].copy_(torch.tensor(floats, dtype=torch.float32))
+        self.inputs.write(ints, floats)
+        if ahead:
+            self.ints[_IDS, :b].copy_(self.tokens[:b])
         graph.replay()
-        tokens = self.tokens[:b].tolist()
+        # two host buffers: an ahead step's tokens arrive while the step before it is read
+        self._flip ^= 1
+        host = self._tokens_host[self._flip]
+        host[:b].copy_(self.tokens[:b], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
         for r in requests:
-            # the engine appends the sampled token: the counts row already holds it
-            self.history.counted(r, len(r.output_ids) + 1)
-        return tokens
+            # the engine appends the sampled tokens: the counts row already holds them
+            self.history.counted(r, len(r.output_ids) + 1 + step)
+
+        def wait() -> list[int]:
+            done.synchronize()
+            return host[:b].tolist()
+
+        return wait
 
 
 class HistoryCounts:

@@ -105,12 +105,12 @@ class SpeculativeRound:
             self._init_batched(graphs)
 
     def _init_batched(self, graphs: Any) -> None:
-        from ninfer.graphs import HistoryCounts
+        from ninfer.graphs import HistoryCounts, StepInputs
 
         n, dev = self.cache.num_slots, self.device
         self.vocab = self.model.shape.vocab_size
-        self.ints = torch.zeros(5, n, dtype=torch.int64, device=dev)
-        self.floats = torch.zeros(5, n, dtype=torch.float32, device=dev)
+        self.inputs = StepInputs(5, 5, n, torch.device(dev))
+        self.ints, self.floats = self.inputs.ints, self.inputs.floats
         # per sequence: the K+1 tokens the round keeps from (the first `accepted + 1`), then `accepted`
         self.out = torch.zeros(n, self.k + 2, dtype=torch.int64, device=dev)
         # the runner's graphs share their pool and history counts with the rounds
@@ -289,8 +289,7 @@ class SpeculativeRound:
             ints[_SEEDS][j], ints[_TOP_K][j], row = sampling_columns(r.params)
             for n, v in enumerate(row):
                 floats[n][j] = v
-        self.ints[:, :b].copy_(torch.tensor(ints, dtype=torch.int64))
-        self.floats[:, :b].copy_(torch.tensor(floats, dtype=torch.float32))
+        self.inputs.write(ints, floats)
         graph = self._graph(b) if self.eager_reason is None and b <= EXACT_UP_TO else None
         t1 = time.perf_counter()
         if graph is not None:

@@ -120,3 +120,17 @@ def test_batched_requests_with_chunked_prefill_match_plain(dense, tok):
 
     want = run(make_engine(dense, tok, max_batch=3, prefill_chunk=16))
     assert run(make_engine(dense, tok, k=3, max_batch=3, prefill_chunk=16)) == want
+
+
+def test_no_step_runs_ahead_under_speculation(dense, reference, tok, monkeypatch):
+    """NINFER_LOOKAHEAD=1 is ignored by a speculative engine (a round moves the state a step run
+    ahead would already have moved): near the context end, where rounds give way to plain steps,
+    the output is still plain greedy's."""
+    monkeypatch.setenv("NINFER_LOOKAHEAD", "1")
+    k, ctx = 3, len(PROMPT) + 23
+    eng = make_engine(dense, tok, drafter=ScriptedDrafter(PROMPT + reference["dense"], k, right=lambda p: 1), max_context=ctx)
+    assert not eng.runner.lookahead
+    out = eng.generate(PROMPT, params(max_new_tokens=NEW))
+    assert out.new_token_ids == reference["dense"][: ctx - len(PROMPT)]
+    assert out.stats["spec"]["fallback_steps"] > 0
+    assert make_engine(dense, tok, max_context=ctx).runner.lookahead  # a plain engine does look ahead
