@@ -293,8 +293,13 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
         for r, t in zip(requests, runner.decode(batch)):
             r.output_ids.append(t)
 
-    for _ in range(WARMUP_STEPS):
+    # the last warm-up step launches nothing ahead (NINFER_LOOKAHEAD): the timed loop then runs
+    # exactly `steps` steps on the GPU, its first one not already done before the clock starts
+    lookahead = runner.lookahead
+    for i in range(WARMUP_STEPS):
+        runner.lookahead = lookahead and i < WARMUP_STEPS - 1
         step()
+    runner.lookahead = lookahead
     start_ctx = requests[0].num_computed
     steps = opts.gen_len - 1 - WARMUP_STEPS
     _sync(device)

@@ -85,6 +85,7 @@ class StepInputs:
         n_int = int_rows * width * 8
         total = n_int + float_rows * width * 4
         self.cuda = device.type == "cuda"
+        self.device = device
         self._device = torch.zeros(total, dtype=torch.uint8, device=device)
         self._host = torch.zeros(total, dtype=torch.uint8, pin_memory=self.cuda)
         self.ints = self._device[:n_int].view(torch.int64).view(int_rows, width)
@@ -106,7 +107,7 @@ class StepInputs:
         self._device.copy_(self._host, non_blocking=self.cuda)
         if self.cuda:
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
 
 
 class GraphDecoder:
@@ -246,15 +247,18 @@ class GraphDecoder:
         # two host buffers: an ahead step's tokens arrive while the step before it is read
         self._flip ^= 1
         host = self._tokens_host[self._flip]
-        host[:b].copy_(self.tokens[:b], non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        cuda = self.device.type == "cuda"
+        host[:b].copy_(self.tokens[:b], non_blocking=cuda)
+        done = torch.cuda.Event() if cuda else None
+        if done is not None:
+            done.record(torch.cuda.current_stream(self.device))
         for r in requests:
             # the engine appends the sampled tokens: the counts row already holds them
             self.history.counted(r, len(r.output_ids) + 1 + step)
 
         def wait() -> list[int]:
-            done.synchronize()
+            if done is not None:
+                done.synchronize()
             return host[:b].tolist()
 
         return wait

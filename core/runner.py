@@ -42,7 +42,7 @@ class _Ahead:
     fed: list[int] | None = None
 
     def valid_for(self, j: int, r: Any) -> bool:
-        return (r.slot == self.slots[j] and r.num_computed == self.positions[j] and not r.finished
+        return (self.requests[j] is r and r.slot == self.slots[j] and r.num_computed == self.positions[j] and not r.finished
                 and len(r.output_ids) == self.outputs[j] and self.fed is not None and r.output_ids[-1] == self.fed[j])
 
 
@@ -99,9 +99,10 @@ class Runner:
                 return self._done(reqs, ahead.wait())
             self._keep(ahead)
         if self._kept:
-            kept = [self._kept.pop(r.id, None) for r in reqs]
-            # what the batch did not take waits for its request, unless that has finished
+            # what belongs to finished requests goes first (a new request may reuse a finished one's id)
             self._kept = {rid: k for rid, k in self._kept.items() if not k[0].requests[k[1]].finished}
+            kept = [self._kept.pop(r.id) if r.id in self._kept and self._kept[r.id][0].requests[self._kept[r.id][1]] is r
+                    else None for r in reqs]
             if any(k is not None for k in kept):
                 return self._with_kept(reqs, kept)
         wait = self._launch(reqs)

@@ -177,3 +177,32 @@ def test_off_by_default(tok, monkeypatch):
     eng = LLMEngine(model, model.allocate_cache(1, 32, "bf16"), ReferenceSampler(), tok, max_context=32,
                     prefill_chunk=8, max_batch=1)
     assert not eng.runner.lookahead
+
+
+def test_a_new_request_reusing_a_finished_ones_id(tok, monkeypatch):
+    """A step ran ahead for request "X"; X is aborted and a new request with the same id takes
+    its slot: the new X must not pick up the old X's result (kept results are per request, not
+    per id)."""
+
+    def go(lookahead: bool) -> dict:
+        monkeypatch.setenv("NINFER_LOOKAHEAD", "1" if lookahead else "0")
+        model = StateModel(stop_every=10**9)
+        eng = LLMEngine(model, model.allocate_cache(2, 96, "bf16"), ReferenceSampler(), tok, max_context=96,
+                        prefill_chunk=8, max_batch=2)
+        p = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
+        got: dict[str, list] = {"X": [], "Y": [], "X2": []}
+        eng.add_request([5, 6, 7], p, request_id="X")
+        eng.add_request([8, 9], p, request_id="Y")
+        for _ in range(6):
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+        assert eng.abort("X")
+        eng.add_request([1, 2, 3, 4], p, request_id="X")  # the same id again
+        key = {"X": "X2", "Y": "Y"}
+        while eng.has_unfinished():
+            for o in eng.step():
+                got[key[o.request_id]] += o.new_token_ids
+        return got
+
+    plain = go(False)
+    assert go(True) == plain and len(plain["X2"]) == 30

@@ -114,13 +114,13 @@ def _decode_steps(model, tok, buckets: list[int]) -> tuple[WatchedGraphs, set]:
     decoder.capture = watched.capture
     decoder.graphs, decoder.failed = watched.graphs, watched.failed
     sizes = set()
-    decode = decoder.decode
+    launch = decoder.launch
 
-    def counting(requests):
+    def counting(requests, ahead=False):
         sizes.add(len(requests))
-        return decode(requests)
+        return launch(requests, ahead)
 
-    decoder.decode = counting
+    decoder.launch = counting
     eng.runner.graphs = decoder
     eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=6))
     eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=6, **SAMPLED))
@@ -243,3 +243,52 @@ def test_fused_moe_round_and_decode_step_read_nothing_on_the_host(tmp_path, tok)
     assert not watched.reads, "host reads in the captured round:\n" + _report(watched.reads)
     watched, _ = _decode_steps(model, tok, [2])
     assert not watched.reads, "host reads in the captured decode step:\n" + _report(watched.reads)
+
+
+def test_decode_steps_launched_ahead_through_the_graph_decoder(fused, tok, monkeypatch):
+    """NINFER_LOOKAHEAD=1 through GraphDecoder.launch(ahead=True), its replays run eagerly here:
+    ids copied on the device from the previous replay's tokens, no history sync (the counts
+    already hold the previous token), tokens read through the two host buffers. The same tokens
+    as plain graph steps, for a greedy request and one sampled with penalties that start apart
+    and finish at different lengths (the batch changes under a step run ahead)."""
+
+    def run(lookahead: bool) -> tuple[list, int]:
+        monkeypatch.setenv("NINFER_LOOKAHEAD", "1" if lookahead else "0")
+        eng = make_engine(fused, tok, max_batch=2, max_context=64)
+        decoder = GraphDecoder(fused, eng.runner.cache, 2)
+        watched = WatchedGraphs()
+        decoder.capture = watched.capture
+        decoder.graphs, decoder.failed = watched.graphs, watched.failed
+        eng.runner.graphs = decoder
+        aheads = []
+        launch = decoder.launch
+
+        def counting(requests, ahead=False):
+            aheads.append(ahead)
+            wait = launch(requests, ahead)
+            for r in requests:
+                # the counts row holds every token through the one this step sampled (output ids,
+                # the previous step's token not yet appended, and this step's)
+                held = int(decoder.counts[r.slot].sum())
+                assert held == len(r.output_ids) + 1 + int(ahead), (r.id, held, len(r.output_ids), ahead)
+            return wait
+
+        decoder.launch = counting
+        a = eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=9))
+        got = {a: []}
+        for _ in range(3):
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+        # strong penalties over a longer run: the history a step sees decides its token
+        b = eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=14, **{
+            **SAMPLED, "temperature": 0.2, "presence_penalty": 2.0, "frequency_penalty": 2.0, "top_k": 2}))
+        got[b] = []
+        while eng.has_unfinished():
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+        return [got[a], got[b]], sum(aheads)
+
+    plain, none = run(False)
+    ahead, launched = run(True)
+    assert none == 0 and launched > 0
+    assert ahead == plain and [len(t) for t in plain] == [9, 14]
