@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import sys
@@ -347,6 +348,8 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
             "random_weights": config.random_weights,
             "cuda_graph": runner.graphs is not None,
             "eager_reason": runner.eager_reason,
+            # the A/B switches this run was under (README: NINFER_PDL, NINFER_LOOKAHEAD, ...)
+            "switches": switches(),
         },
         "kernels": {c.slot: c.name for c in p.choices},
         "copy_bandwidth_gbs": round(bandwidth / 1e9, 1),
@@ -699,10 +702,21 @@ def compare_transformers(model: Any, prompt: torch.Tensor, gen: int) -> dict[str
 # --- the report ------------------------------------------------------------------------------------
 
 
+# NINFER_* variables that say where files live, not what runs
+_PLACES = ("NINFER_CACHE", "NINFER_MODELS", "NINFER_REFERENCE_DIR")
+
+
+def switches() -> dict[str, str]:
+    """The NINFER_* environment variables set for this run that change what runs (kernel
+    switches, plugin allow/block lists), by name."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("NINFER_") and k not in _PLACES}
+
+
 def table(result: dict[str, Any]) -> str:
     c, d, pf = result["config"], result["decode"], result["prefill"]
+    env = " ".join(f"{k}={v}" for k, v in c.get("switches", {}).items())
     lines = [
-        f"{c['model']} {c['quant']} kv={c['kv_dtype']} on {result['device']}",
+        f"{c['model']} {c['quant']} kv={c['kv_dtype']} on {result['device']}" + (f" ({env})" if env else ""),
         f"  copy bandwidth     {result['copy_bandwidth_gbs']:,.1f} GB/s (read + written)",
         f"  prefill            {pf['tok_s']:,.1f} tok/s ({pf['tokens']} tokens in {pf['seconds']:.3f} s)",
         f"  decode             {d['tok_s']:,.2f} tok/s, {d['ms_per_step']:.3f} ms/step at context "

@@ -41,6 +41,14 @@ def test_bench_reports_the_contract(tiny, tmp_path, capsys):
     assert "roofline" in table and "decode" in table
 
 
+def test_the_switches_a_run_was_under_are_recorded(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NINFER_PDL", "0")
+    monkeypatch.setenv("NINFER_CACHE", str(tmp_path / "cache"))  # a place, not a switch
+    r, table = _bench(tiny, tmp_path, capsys, "--quant", "bf16", "--prompt-len", "24", "--gen-len", "6")
+    assert r["config"]["switches"].get("NINFER_PDL") == "0" and "NINFER_CACHE" not in r["config"]["switches"]
+    assert "NINFER_PDL=0" in table.splitlines()[0]
+
+
 def test_long_context_without_its_prefill(tiny, tmp_path, capsys):
     r, _ = _bench(tiny, tmp_path, capsys, "--quant", "bf16", "--kv-dtype", "int8", "--prompt-len", "8",
                   "--context-len", "100", "--gen-len", "5")  # fmt: skip
