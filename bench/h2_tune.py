@@ -58,7 +58,7 @@ def main() -> int:
     bw = QL.copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {bw:.2f} TB/s, {sms} SMs", flush=True)
-    shapes = {**QL.SHAPES, **QL.MERGED_SHAPES}
+    shapes = {**QL.SHAPES, **QL.MERGED_SHAPES, **QL.DRAFT_SHAPES}
     rows, tuned, skipped = [], {}, []
     all_cands = cands()
     if args.quick:

@@ -5,6 +5,7 @@
 #   bash bench/next_session.sh folds   # 35B ninfer bench: int4 default, +lookahead, gates apart; nvfp4 +-lookahead (~5 min)
 #   bash bench/next_session.sh dense   # 27B int4: default, GEMV_GATED=1, LOOKAHEAD=1, GDN_AB=0; the MTP round (~5 min)
 #   bash bench/next_session.sh profile # 27B step profiles, gates in the GDN step and apart, and the MTP round
+#   bash bench/next_session.sh tune    # the MTP drafter's q8 shapes and the shortlist head through h2_tune (~5 min)
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
@@ -50,6 +51,14 @@ case "${1:-}" in
     timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
     echo "mtp rc=$?"; tail -4 "$OUT/mtp.txt"
     ;;
+  tune)
+    # the drafter's shapes at M = 1 and 4 (all untuned: the default f16x2 config, the MMA kernel at
+    # M = 4); paste OUT/tuned_h2.py's winners into quant_int/tuned.py
+    timeout 540 python3 bench/h2_tune.py --out "$OUT" --budget-s 480 --pairs \
+      "q8_g32:27b.gate_up_merged,q8_g32:27b.down_proj,q8_g32:27b.mtp.qkv_merged,q8_g32:27b.mtp.fc,q8_g32:27b.o_proj|out_proj,q4_g64:27b.shortlist_head" \
+      > "$OUT/tune.txt" 2>&1
+    echo "tune rc=$?"; tail -25 "$OUT/tune.txt"
+    ;;
   profile)
     # the 27B step with the gates in the GDN step and apart, then the MTP round (drafting's share)
     P="python3 bench/profile_step.py --graph --model qwen3.6-27b --quant int4 --gen-len 16 --rows 30"
@@ -60,7 +69,7 @@ case "${1:-}" in
     for f in p_ab p_noab p_mtp; do echo "== $f"; head -25 "$OUT/$f.txt" | cut -c1-150; done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|folds|dense|profile|kernels" >&2
+    echo "usage: bash bench/next_session.sh tests|folds|dense|profile|tune|kernels" >&2
     exit 2
     ;;
 esac

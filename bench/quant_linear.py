@@ -61,6 +61,13 @@ MERGED_SHAPES = {
     "35b.in_proj_qkvz": (12288, 2048, 30),  # q8 in --quant int4 (qkv 8192 + z 4096)
     "35b.qkv_merged": (9216, 2048, 10),  # q8: q with its gate 8192, k 512, v 512
 }
+# the speculative round's drafter (--spec mtp --lm-head-draft; the MTP layer is q8, spec 4.4): its
+# own merged shapes and the shortlist head; gate_up / down / o_proj share the 27B's shapes above
+DRAFT_SHAPES = {
+    "27b.mtp.qkv_merged": (14336, 5120, 1),  # q|gate 12288, k 1024, v 1024
+    "27b.mtp.fc": (5120, 10240, 1),
+    "27b.shortlist_head": (131072, 5120, 1),  # q4
+}
 BIG_27B = ("27b.gate_proj|up_proj", "27b.down_proj", "27b.q_proj", "27b.in_proj_qkv", "27b.lm_head")
 FORMATS = ("q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4")
 DECODE_M = (1, 4, 8, 16)
