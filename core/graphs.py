@@ -124,8 +124,8 @@ class GraphDecoder:
         self.tokens = torch.zeros(top, dtype=torch.int64, device=self.device)
         # the sampled tokens come back through pinned memory (one DMA, then an event), two buffers
         # so that a step launched ahead does not overwrite the tokens of the one before it
-        pin = self.device.type == "cuda"
-        self._tokens_host = [torch.zeros(top, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._cuda = self.device.type == "cuda"
+        self._tokens_host = [torch.zeros(top, dtype=torch.int64, pin_memory=self._cuda) for _ in range(2)]
         self._flip = 0
         # keys: a batch bucket (the decode step) or another captured step's own key (a speculative
         # round: ("spec", b)); every graph allocates from one pool, since none runs while another does
@@ -247,9 +247,8 @@ class GraphDecoder:
         # two host buffers: an ahead step's tokens arrive while the step before it is read
         self._flip ^= 1
         host = self._tokens_host[self._flip]
-        cuda = self.device.type == "cuda"
-        host[:b].copy_(self.tokens[:b], non_blocking=cuda)
-        done = torch.cuda.Event() if cuda else None
+        host[:b].copy_(self.tokens[:b], non_blocking=self._cuda)
+        done = torch.cuda.Event() if self._cuda else None
         if done is not None:
             done.record(torch.cuda.current_stream(self.device))
         for r in requests:

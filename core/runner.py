@@ -92,17 +92,16 @@ class Runner:
         reqs = list(batch.requests)
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            same = len(ahead.requests) == len(reqs) and all(a is r for a, r in zip(ahead.requests, reqs))
-            if same and all(ahead.valid_for(j, r) for j, r in enumerate(reqs)):
+            if len(ahead.requests) == len(reqs) and all(ahead.valid_for(j, r) for j, r in enumerate(reqs)):
                 # the step is already running: launch the one after it, then read it
                 self._ahead = self._launch_ahead(reqs, ahead.wait)
                 return self._done(reqs, ahead.wait())
             self._keep(ahead)
         if self._kept:
-            # what belongs to finished requests goes first (a new request may reuse a finished one's id)
+            # what belongs to finished requests goes first: a new request may reuse a finished one's
+            # id (never a live one's: add_request refuses that)
             self._kept = {rid: k for rid, k in self._kept.items() if not k[0].requests[k[1]].finished}
-            kept = [self._kept.pop(r.id) if r.id in self._kept and self._kept[r.id][0].requests[self._kept[r.id][1]] is r
-                    else None for r in reqs]
+            kept = [self._kept.pop(r.id, None) for r in reqs]
             if any(k is not None for k in kept):
                 return self._with_kept(reqs, kept)
         wait = self._launch(reqs)

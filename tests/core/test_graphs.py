@@ -98,8 +98,8 @@ def test_graph_steps_launched_ahead_give_the_same_tokens(tmp_path, monkeypatch, 
     its tokens. Same tokens as plain graph steps: greedy, a stop token (the host sees it a step
     late), staggered arrivals and lengths (the batch changes under a step run ahead), sampling
     with penalties."""
-    from ninfer.runner import Runner
     from ninfer.startup import build_engine
+    from test_lookahead import count_launches_ahead  # same folder: pytest puts it on sys.path
 
     path = make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4)
     gen = torch.Generator().manual_seed(2)
@@ -111,15 +111,7 @@ def test_graph_steps_launched_ahead_give_the_same_tokens(tmp_path, monkeypatch, 
                        ignore_eos=True),
         SamplingParams(temperature=0.7, seed=9, max_new_tokens=7, ignore_eos=True),
     ]
-    launched = []
-    orig = Runner._launch_ahead
-
-    def spy(self, reqs, previous):
-        a = orig(self, reqs, previous)
-        launched.append(a is not None)
-        return a
-
-    monkeypatch.setattr(Runner, "_launch_ahead", spy)
+    launched = count_launches_ahead(monkeypatch)
     outputs = {}
     for ahead in (False, True):
         monkeypatch.setenv("NINFER_LOOKAHEAD", "1" if ahead else "0")

@@ -82,6 +82,20 @@ def tok():
     return load_tokenizer(None)
 
 
+def count_launches_ahead(monkeypatch) -> list[bool]:
+    """Spy on Runner._launch_ahead: one entry a call, True where it launched a step."""
+    launched: list[bool] = []
+    orig = Runner._launch_ahead
+
+    def spy(self, reqs, previous):
+        a = orig(self, reqs, previous)
+        launched.append(a is not None)
+        return a
+
+    monkeypatch.setattr(Runner, "_launch_ahead", spy)
+    return launched
+
+
 def run(tok, monkeypatch, lookahead: bool, *, max_batch: int, plan: list, prefill_chunk: int = 6,
         abort_at: dict | None = None) -> tuple[dict, int]:
     """plan: (step at which to add it, prompt, params) per request. Returns each request's
@@ -92,15 +106,7 @@ def run(tok, monkeypatch, lookahead: bool, *, max_batch: int, plan: list, prefil
     eng = LLMEngine(model, cache, ReferenceSampler(), tok, max_context=96, prefill_chunk=prefill_chunk,
                     max_batch=max_batch)
     assert eng.runner.lookahead == lookahead
-    launched = []
-    orig = Runner._launch_ahead
-
-    def spy(self, reqs, previous):
-        a = orig(self, reqs, previous)
-        launched.append(a is not None)
-        return a
-
-    monkeypatch.setattr(Runner, "_launch_ahead", spy)
+    launched = count_launches_ahead(monkeypatch)
     outs: dict[str, list] = {}
     names: dict[str, str] = {}
     step = 0
@@ -121,7 +127,6 @@ def run(tok, monkeypatch, lookahead: bool, *, max_batch: int, plan: list, prefil
                 outs[names[o.request_id]][1] = o.finish_reason
         step += 1
         assert step < 2000
-    monkeypatch.setattr(Runner, "_launch_ahead", orig)
     return outs, sum(launched)
 
 

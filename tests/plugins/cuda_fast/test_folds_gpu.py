@@ -82,6 +82,18 @@ def test_gpu_folds_give_graph_equal_eager(tmp_path, monkeypatch, like):
     assert _tokens(path, graph=True) == _tokens(path, graph=False)
 
 
+def _decode_logits(model, prompt: torch.Tensor, steps: int = 3) -> torch.Tensor:
+    """Prefill `prompt` into slot 0, then `steps` decode steps: their logits, stacked."""
+    cache = model.allocate_cache(1, 32)
+    model.forward(prompt, cache, 0, 0)
+    outs = []
+    for step in range(steps):
+        h = model.decode(torch.tensor([11 + step], device="cuda"), cache, torch.tensor([0], device="cuda"),
+                         torch.tensor([len(prompt) + step], device="cuda"))
+        outs.append(model.compute_logits(h))
+    return torch.cat(outs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
@@ -92,18 +104,8 @@ def test_gpu_folds_keep_the_logits(tmp_path, monkeypatch, like):
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
 
-    def logits() -> torch.Tensor:
-        cache = model.allocate_cache(1, 32)
-        model.forward(prompt, cache, 0, 0)
-        outs = []
-        for step in range(3):
-            h = model.decode(torch.tensor([11 + step], device="cuda"), cache, torch.tensor([0], device="cuda"),
-                             torch.tensor([len(prompt) + step], device="cuda"))
-            outs.append(model.compute_logits(h))
-        return torch.cat(outs)
-
     monkeypatch.setenv("NINFER_GDN_AB", "0")
-    plain = logits()
+    plain = _decode_logits(model, prompt)
     monkeypatch.undo()
     moe = like == "qwen3.6-35b-a3b"
     # 3 decode steps x (3 GDN layers; 4 mixers; 4 MLPs or MoEs). The MoE folds the post-mixer
@@ -113,7 +115,7 @@ def test_gpu_folds_keep_the_logits(tmp_path, monkeypatch, like):
         for name in names:
             monkeypatch.setenv(name, "1")
         seen = _spy_on_the_folds(monkeypatch)
-        folded = logits()
+        folded = _decode_logits(model, prompt)
         monkeypatch.undo()
         assert float((folded - plain).norm() / plain.norm()) < 2e-2, names
         assert seen == want, names
@@ -156,17 +158,7 @@ def test_gpu_gated_down_projection_in_the_model(tmp_path, monkeypatch):
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
 
-    def logits() -> torch.Tensor:
-        cache = model.allocate_cache(1, 32)
-        model.forward(prompt, cache, 0, 0)
-        outs = []
-        for step in range(3):
-            h = model.decode(torch.tensor([11 + step], device="cuda"), cache, torch.tensor([0], device="cuda"),
-                             torch.tensor([len(prompt) + step], device="cuda"))
-            outs.append(model.compute_logits(h))
-        return torch.cat(outs)
-
-    plain = logits()
+    plain = _decode_logits(model, prompt)
     monkeypatch.setenv("NINFER_GEMV_GATED", "1")
     seen, orig = [], gemv_h2.launch
 
@@ -175,7 +167,7 @@ def test_gpu_gated_down_projection_in_the_model(tmp_path, monkeypatch):
         return orig(*args, **kwargs)
 
     monkeypatch.setattr(gemv_h2, "launch", spy)
-    assert torch.equal(logits(), plain)
+    assert torch.equal(_decode_logits(model, prompt), plain)
     assert sum(seen) == 3 * 4  # 3 decode steps x 4 dense MLPs
     monkeypatch.setattr(gemv_h2, "launch", orig)
     assert _tokens(path, graph=True) == _tokens(path, graph=False)
