@@ -40,6 +40,18 @@ def _dequant():
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
 
 
+def _h2_decode_config(x2: torch.Tensor, prepared: K.Prepared) -> Any:
+    """The f16x2 GEMV's config where it is the decode kernel for these rows (bf16 on a GPU, unit
+    last stride, 16-byte aligned, and the dispatch picks it for this shape and row count); None
+    otherwise. What the launches that fold extra work into that GEMV ask first."""
+    if x2.dtype != torch.bfloat16 or x2.device.type != "cuda" or x2.stride(-1) != 1 or x2.data_ptr() % 16:
+        return None
+    from ninfer_plugins.quant_int import gemv_h2
+
+    cfg = _kernels().pick_gemv(prepared.fmt, x2.shape[0], prepared.n, prepared.k, prepared.sm_count)
+    return cfg if isinstance(cfg, gemv_h2.H2Config) else None
+
+
 class TritonQuantLinear:
     """y = x @ W.T with W decoded in registers by the fused Triton kernel (kernels.py), or, from
     `dequant.DEQUANT_MIN_M` activation rows on (prefill), dequantized to a bf16 scratch in row
@@ -111,16 +123,14 @@ class TritonQuantLinear:
         checked and timed it."""
         if os.environ.get("NINFER_GEMV_NORM", "0") != "1":
             return None
-        x2 = x.reshape(-1, x.shape[-1])
-        res = add_norm.residual
-        if (x2.dtype != torch.bfloat16 or x2.device.type != "cuda" or x2.stride(-1) != 1 or x2.data_ptr() % 16
-                or res.shape != (x2.shape[0], prepared.n) or res.dtype != x2.dtype):
-            return None
         from ninfer_plugins.quant_int import gemv_h2
 
-        K = _kernels()
-        cfg = K.pick_gemv(prepared.fmt, x2.shape[0], prepared.n, prepared.k, prepared.sm_count)
-        if not isinstance(cfg, gemv_h2.H2Config) or prepared.n > gemv_h2.ADD_NORM_MAX_N:
+        x2 = x.reshape(-1, x.shape[-1])
+        res = add_norm.residual
+        if res.shape != (x2.shape[0], prepared.n) or res.dtype != x2.dtype or prepared.n > gemv_h2.ADD_NORM_MAX_N:
+            return None
+        cfg = _h2_decode_config(x2, prepared)
+        if cfg is None:
             return None
         out = torch.empty_like(res)
         y = gemv_h2.launch(x2, prepared, cfg, add_norm=(res, add_norm.weight, add_norm.eps, out))
@@ -135,14 +145,13 @@ class TritonQuantLinear:
         if os.environ.get("NINFER_GEMV_GATED", "0") != "1":
             return None
         g2 = gu.reshape(-1, gu.shape[-1])
-        if (g2.dtype != torch.bfloat16 or g2.device.type != "cuda" or g2.shape[1] != 2 * prepared.k
-                or g2.stride(-1) != 1 or g2.data_ptr() % 16 or g2.stride(0) % 8):
+        if g2.shape[1] != 2 * prepared.k or g2.stride(0) % 8:
+            return None
+        cfg = _h2_decode_config(g2, prepared)
+        if cfg is None:
             return None
         from ninfer_plugins.quant_int import gemv_h2
 
-        cfg = _kernels().pick_gemv(prepared.fmt, g2.shape[0], prepared.n, prepared.k, prepared.sm_count)
-        if not isinstance(cfg, gemv_h2.H2Config):
-            return None
         return gemv_h2.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
 
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
