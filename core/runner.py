@@ -3,7 +3,7 @@
 This is the eager path, the one that runs everywhere (CPU parity tests included). The CUDA-graph
 decode path replaces `decode` for bucketed batch sizes without changing what it returns.
 
-Look-ahead (`lookahead`, NINFER_LOOKAHEAD=1): a decode step also launches the same requests'
+Look-ahead (`lookahead`, on by default, NINFER_LOOKAHEAD=0 turns it off): a decode step also launches the same requests'
 next step before reading its own tokens. That next step feeds on those tokens on the device, so
 while the host reads them and the engine detokenizes, checks stops and schedules, the GPU is
 already running it; the next `decode` of the same batch only waits for it. A request can finish on
@@ -47,7 +47,7 @@ class _Ahead:
 
 
 def lookahead_enabled() -> bool:
-    return os.environ.get("NINFER_LOOKAHEAD", "0") == "1"
+    return os.environ.get("NINFER_LOOKAHEAD", "1") != "0"
 
 
 class Runner:

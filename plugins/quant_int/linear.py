@@ -140,9 +140,9 @@ class TritonQuantLinear:
     def apply_gated(self, gu: torch.Tensor, prepared: K.Prepared) -> torch.Tensor | None:
         """y = apply(silu(gate) * up) for gu = [gate | up] [..., 2k], the silu and product done as
         the f16x2 GEMV prepares its input (no silu_mul launch), where that GEMV is this shape's
-        decode kernel; None elsewhere (the caller runs silu_mul, then apply). Behind
-        NINFER_GEMV_GATED=1 until an H200 run has checked and timed it."""
-        if os.environ.get("NINFER_GEMV_GATED", "0") != "1":
+        decode kernel; None elsewhere (the caller runs silu_mul, then apply). On by default (H200,
+        27B int4: 107.2 -> 109.4 tok/s); NINFER_GEMV_GATED=0 turns it off."""
+        if os.environ.get("NINFER_GEMV_GATED", "1") == "0":
             return None
         g2 = gu.reshape(-1, gu.shape[-1])
         if g2.shape[1] != 2 * prepared.k or g2.stride(0) % 8:

@@ -176,12 +176,16 @@ def test_no_step_is_launched_ahead_past_the_length_limit(tok, monkeypatch):
     assert launched == 1 and len(out["r0"][0]) == 3 and out["r0"][1] == "length"
 
 
-def test_off_by_default(tok, monkeypatch):
+def test_on_by_default_and_off_with_zero(tok, monkeypatch):
+    def made() -> LLMEngine:
+        model = StateModel()
+        return LLMEngine(model, model.allocate_cache(1, 32, "bf16"), ReferenceSampler(), tok, max_context=32,
+                         prefill_chunk=8, max_batch=1)
+
     monkeypatch.delenv("NINFER_LOOKAHEAD", raising=False)
-    model = StateModel()
-    eng = LLMEngine(model, model.allocate_cache(1, 32, "bf16"), ReferenceSampler(), tok, max_context=32,
-                    prefill_chunk=8, max_batch=1)
-    assert not eng.runner.lookahead
+    assert made().runner.lookahead
+    monkeypatch.setenv("NINFER_LOOKAHEAD", "0")
+    assert not made().runner.lookahead
 
 
 def test_a_new_request_reusing_a_finished_ones_id(tok, monkeypatch):

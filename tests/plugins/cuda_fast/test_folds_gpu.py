@@ -149,7 +149,7 @@ def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_gpu_gated_down_projection_in_the_model(tmp_path, monkeypatch):
-    """NINFER_GEMV_GATED=1: the dense MLP's silu(gate) * up inside down_proj's f16x2 GEMV. Decode
+    """The dense MLP's silu(gate) * up inside down_proj's f16x2 GEMV (the default). Decode
     logits bit-equal to silu_mul then the GEMV (same x values, same kernel), every MLP of every
     decode step folded; graph and eager decode give the same tokens."""
     from ninfer_plugins.quant_int import gemv_h2
@@ -158,8 +158,9 @@ def test_gpu_gated_down_projection_in_the_model(tmp_path, monkeypatch):
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
 
+    monkeypatch.setenv("NINFER_GEMV_GATED", "0")
     plain = _decode_logits(model, prompt)
-    monkeypatch.setenv("NINFER_GEMV_GATED", "1")
+    monkeypatch.delenv("NINFER_GEMV_GATED")
     seen, orig = [], gemv_h2.launch
 
     def spy(*args, **kwargs):

@@ -406,7 +406,7 @@ def test_gpu_h2_with_the_residual_add_and_norm_in_a_graph(scheme, n, k, monkeypa
                                         ("q8_g32", 2048, 6144)])
 def test_gpu_h2_gated_down_projection_in_a_graph(scheme, n, k, monkeypatch):
     """silu(gate) * up inside the down projection's launch, through the engine's entry
-    (TritonQuantLinear.apply_gated, NINFER_GEMV_GATED=1), captured in a CUDA graph: bit-equal to
+    (TritonQuantLinear.apply_gated, on unless NINFER_GEMV_GATED=0), captured in a CUDA graph: bit-equal to
     silu_mul then the dispatched GEMV, at the 27B's down_proj shape."""
     from ninfer_plugins.cuda_fast.ops import silu_mul
     from ninfer_plugins.quant_int.linear import TritonQuantLinear
@@ -417,8 +417,9 @@ def test_gpu_h2_gated_down_projection_in_a_graph(scheme, n, k, monkeypatch):
     kern = TritonQuantLinear.__new__(TritonQuantLinear)  # apply_gated reads nothing of the instance
     gu = (torch.randn(1, 2 * k, device="cuda") * 2).bfloat16()
     want = K.launch(silu_mul(gu[:, :k], gu[:, k:]), p)
-    assert kern.apply_gated(gu, p) is None  # off unless asked for
-    monkeypatch.setenv("NINFER_GEMV_GATED", "1")
+    monkeypatch.setenv("NINFER_GEMV_GATED", "0")
+    assert kern.apply_gated(gu, p) is None  # off when asked
+    monkeypatch.delenv("NINFER_GEMV_GATED")
     assert torch.equal(kern.apply_gated(gu, p), want)  # compiled outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
