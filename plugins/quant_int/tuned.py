@@ -364,6 +364,22 @@ TUNED_H2: dict[tuple[int, int, int, str], tuple] = {
     (16, 16384, 5120, 'm4'): (16, 8, 6, 4, 1, True),
     (16, 34816, 5120, 'm1'): (16, 8, 6, 4, 2, False),
     (16, 34816, 5120, 'm4'): (16, 8, 6, 4, 1, True),
+    # the MTP drafter's q8 layer and the q4 shortlist head: `bash bench/calls/defaults_and_drafter_tune.sh`
+    # (h2_tune, H200, 2026-12-03, sixth session, copy 4.18 TB/s): at M = 1 against the dispatch
+    # before it, µs: qkv 35.3 -> 29.1, fc 26.3 -> 22.7, head 158.0 -> 127.5, gate_up 79.2 -> 66.7,
+    # down 41.9 -> 39.7, o 19.8 -> 13.4; at M = 4 the dispatch (MMA kernel) wins every one
+    (4, 131072, 5120, 'm1'): (32, 8, 4, 4, 1, False),
+    (4, 131072, 5120, 'm4'): (),
+    (8, 5120, 6144, 'm1'): (16, 4, 8, 4, 1, True),
+    (8, 5120, 6144, 'm4'): (),
+    (8, 5120, 10240, 'm1'): (16, 4, 8, 4, 1, True),
+    (8, 5120, 10240, 'm4'): (),
+    (8, 5120, 17408, 'm1'): (16, 8, 6, 4, 1, False),
+    (8, 5120, 17408, 'm4'): (),
+    (8, 14336, 5120, 'm1'): (16, 4, 8, 4, 1, True),
+    (8, 14336, 5120, 'm4'): (),
+    (8, 34816, 5120, 'm1'): (16, 4, 8, 4, 1, True),
+    (8, 34816, 5120, 'm4'): (),
 }
 
 
