@@ -112,10 +112,12 @@ class TritonLinearAttention(ReferenceLinearAttention):
 
         return gated_rmsnorm(o, z.view(o.shape), layer.norm_weight, layer.eps)
 
-    def gdn_verify(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, col_conv, col_rec, slots, m) -> torch.Tensor:
+    def gdn_verify(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, col_conv, col_rec, slots, m,
+                   ab_input=None) -> torch.Tensor:
         """A speculative verify's M tokens of each sequence in one launch (rows sequence-major):
         the slots' state is read, the state after each token goes to column slot * M + t of
-        col_conv / col_rec -> gated-normed o [B * M, Hv, Dv]."""
+        col_conv / col_rec -> gated-normed o [B * M, Hv, Dv]. a = b = None with ab_input as
+        gdn_decode's: the gates computed in the launch."""
         from ninfer.kernels.triton import gdn_verify_columns
 
         if layer.kernel != 4:
@@ -123,10 +125,11 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gdn_verify_columns(
             mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state, col_conv, col_rec,
             slots, m=m, num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, z=z,
-            norm_weight=layer.norm_weight, eps=layer.eps,
+            norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input,
         )  # fmt: skip
 
-    # gdn_decode takes a = b = None with ab_input = (x, W_ab): in_proj_a / in_proj_b inside the step
+    # gdn_decode and gdn_verify take a = b = None with ab_input = (x, W_ab): in_proj_a / in_proj_b
+    # inside the step
     fuses_ab = True
 
     def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots, ab_input=None) -> torch.Tensor:

@@ -80,8 +80,15 @@ class HybridVerifier:
         cr = self.col_rec[layer.state_index].view(-1, *rec.shape[1:])
         fused = fused_for(layer.backend, x)
         if fused:
-            qkv, z, a, beta = layer.projections(x)
             verify = getattr(layer.backend, "gdn_verify", None)
+            w_ab = layer._ab_in_step(x) if verify is not None else None
+            if w_ab is not None:
+                # in_proj_a / in_proj_b inside the verify launch, as in the decode step (the gates
+                # come out alike: fp32 dot products in both)
+                qkv, z = layer._projections_qkvz(x)
+                out = verify(qkv, None, None, z, layer, conv, rec, cc, cr, slots, m, ab_input=(x, w_ab))
+                return layer.out_proj(out.reshape(b * m, -1))
+            qkv, z, a, beta = layer.projections(x)
             if verify is not None:
                 # all M tokens in one launch: 1 kernel a layer instead of 4 copies + 1 step per token
                 out = verify(qkv, a, beta, z, layer, conv, rec, cc, cr, slots, m)

@@ -296,20 +296,29 @@ def gdn_decode_step(
 
 @triton.jit
 def _gdn_columns_kernel(
-    X, A, Bg, CW, CS, ALOG, DTB, S, CC, CR, O, Z, NW, IDX,
+    X, A, Bg, CW, CS, ALOG, DTB, S, CC, CR, O, Z, NW, IDX, XH, WAB,
     sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h,
-    scc_n, scc_c, scc_t, scr_n, scr_h, so_b, so_h, sz_b,
+    scc_n, scc_c, scc_t, scr_n, scr_h, so_b, so_h, sz_b, sxh_b, swab_r,
     q_scale, eps,
     M: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    FUSE_NORM: tl.constexpr,
+    FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0, BH: tl.constexpr = 1024,
+    HP: tl.constexpr = 0, HR: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
-    pdl_prologue(PDL)
     R: tl.constexpr = HV // HK
     pid = tl.program_id(0)
     vb = tl.program_id(1)
     b = pid // HV
     j = pid % HV
+    if FUSE_AB and HP > 0:
+        # as in the decode step: the gate rows (weights) load before the PDL wait, once for all M
+        # tokens of the sequence
+        wa0 = tl.load(WAB + j * swab_r + tl.arange(0, HP))
+        wb0 = tl.load(WAB + (HV + j) * swab_r + tl.arange(0, HP))
+        if HR > 0:
+            wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
+            wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
+    pdl_prologue(PDL)
     h = j // R
     bv = tl.arange(0, BV)
     dk = tl.arange(0, DK)
@@ -335,8 +344,19 @@ def _gdn_columns_kernel(
         q0, q1, q2 = q1, q2, qx.to(q0.dtype)
         k0, k1, k2 = k1, k2, kx.to(k0.dtype)
         v0, v1, v2 = v1, v2, vx.to(v0.dtype)
-        u = tl.load(A + row * sa_b + j).to(tl.float32) + dtb
-        st, o = _delta_rule_token(st, q, k, v, u, tl.load(Bg + row * sb_b + j).to(tl.float32), A_neg, q_scale)
+        if FUSE_AB:
+            if HP > 0:
+                a_raw, b_raw = _ab_part(XH, row, sxh_b, 0, HP, wa0, wb0)
+                if HR > 0:
+                    a1, b1 = _ab_part(XH, row, sxh_b, HP, HR, wa1, wb1)
+                    a_raw += a1
+                    b_raw += b1
+            else:
+                a_raw, b_raw = _ab_dots(XH, WAB, row, j, sxh_b, swab_r, HID, HV, BH)
+        else:
+            a_raw = tl.load(A + row * sa_b + j).to(tl.float32)
+            b_raw = tl.load(Bg + row * sb_b + j).to(tl.float32)
+        st, o = _delta_rule_token(st, q, k, v, a_raw + dtb, b_raw, A_neg, q_scale)
         tl.store(CR + col * scr_n + j * scr_h + dk[:, None] * DV + (vb * BV + bv)[None, :], st)
         _shift_state(CC, v_ch, col, scc_n, scc_c, scc_t, v0, v1, v2)
         if lead:
@@ -349,8 +369,8 @@ def _gdn_columns_kernel(
 
 def gdn_verify_columns(
     mixed_qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
+    a: torch.Tensor | None,
+    b: torch.Tensor | None,
     conv_weight: torch.Tensor,
     conv_state: torch.Tensor,
     A_log: torch.Tensor,
@@ -369,15 +389,30 @@ def gdn_verify_columns(
     eps: float = 1e-6,
     block_v: int | None = None,
     num_warps: int | None = None,
+    ab_input: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """M tokens of each of B sequences through the GDN core in one launch, for a speculative
     verify: rows are sequence-major (row b*M + t is token t of sequence b, whose state is slot
     state_indices[b]). The slot's conv and recurrent state are only read; the conv window and
     state after token t are written to column slot*M + t of col_conv [slots*M, conv_dim, 3] and
     col_state [slots*M, Hv, Dk, Dv] (what M calls of gdn_decode_step on copied columns would
-    leave there). Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv]."""
+    leave there). a = b = None with ab_input = (x [B*M, H], W [2 Hv, H]): the raw gates computed
+    in the kernel in fp32, as gdn_decode_step does (the rows of W loaded once for the M tokens).
+    Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv]."""
     BM = mixed_qkv.shape[0]
-    HV = a.shape[1]
+    fuse_ab = a is None
+    if fuse_ab:
+        if b is not None or ab_input is None:
+            raise ValueError("gdn_verify_columns: give a and b, or neither and ab_input = (x, W_ab)")
+        xh, wab = ab_input
+        if wab.shape[0] % 2 or xh.shape != (BM, wab.shape[1]) or xh.stride(1) != 1 or wab.stride(1) != 1:
+            raise ValueError(f"gdn_verify_columns: ab_input x {tuple(xh.shape)} and W {tuple(wab.shape)} need "
+                             "x [B*M, H], W [2 Hv, H], unit last strides")
+        HV = wab.shape[0] // 2
+        a = b = xh  # never read
+    else:
+        xh = wab = mixed_qkv  # never read
+        HV = a.shape[1]
     HK, DK, DV = num_k_heads, head_k_dim, head_v_dim
     B = state_indices.shape[0]
     if BM != B * m:
@@ -393,15 +428,18 @@ def gdn_verify_columns(
     bv = DV if fuse else (block_v or default_block_v(B, HV, DV, mixed_qkv.device))
     out = torch.empty(BM, HV, DV, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     zz = z if fuse else mixed_qkv
+    hid = wab.shape[1] if fuse_ab else 0
+    hp, hr = ab_split(hid) if os.environ.get("NINFER_GDN_AB_EARLY", "1") != "0" else (0, 0)
     _gdn_columns_kernel[(B * HV, DV // bv)](
         mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, col_state, out, zz,
-        norm_weight if fuse else A_log, state_indices,
+        norm_weight if fuse else A_log, state_indices, xh, wab,
         mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
         col_conv.stride(0), col_conv.stride(1), col_conv.stride(2), col_state.stride(0), col_state.stride(1),
-        out.stride(0), out.stride(1), zz.stride(0),
+        out.stride(0), out.stride(1), zz.stride(0), xh.stride(0), wab.stride(0),
         DK**-0.5, eps,
         M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
+        FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
         num_warps=num_warps or 4, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:

@@ -187,6 +187,70 @@ def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
             R.assert_close(col_rec[s * m + t], ssm[s], "gdn_state_fp32")
 
 
+# H = 80 = 64 + 16: the rows load before the PDL wait in two parts; 200: after it, in a masked loop
+@pytest.mark.parametrize("H", [80, 200])
+@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8)])
+def test_verify_columns_with_the_gates_in_the_kernel(H, fuse, block_v):
+    """The verify with in_proj_a / in_proj_b inside its launch (ab_input, the rows reused for the
+    M tokens) against M decode steps that also compute them inside (ab_input): the same fp32
+    gates, so decode and verify agree; and against the verify given those gates from outside."""
+    from ninfer.kernels.triton import gdn_verify_columns
+
+    HK, HV, DK, DV, m = 2, 4, 16, 16, 3
+    L = Layer(HK, HV, DK, DV, slots=5, seed=H + m)
+    slots = torch.tensor([4, 0], dtype=torch.int32, device=DEV)
+    B = len(slots)
+    x, _, _, z = L.inputs(B * m, fuse)
+    h = L.randn(B * m, H).bfloat16()
+    w_ab = L.randn(2 * HV, H, scale=H**-0.5).bfloat16()
+    conv0, ssm0 = L.conv_state.clone(), L.ssm_state.clone()
+    kw = dict(m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight if fuse else None,
+              block_v=block_v)
+
+    def columns():
+        return (torch.zeros(5 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV),
+                torch.zeros(5 * m, HV, DK, DV, device=DEV))
+
+    cc, cr = columns()
+    o = gdn_verify_columns(x, None, None, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots,
+                           ab_input=(h, w_ab), **kw)
+    assert torch.equal(L.conv_state, conv0) and torch.equal(L.ssm_state, ssm0)
+    ab = h.float() @ w_ab.float().T
+    cc2, cr2 = columns()
+    given = gdn_verify_columns(x, ab[:, :HV], ab[:, HV:], L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state,
+                               cc2, cr2, slots, **kw)
+    R.assert_close(o, given, "gdn_output_bf16")
+    assert torch.equal(cc, cc2)
+    R.assert_close(cr, cr2, "gdn_state_fp32")
+    conv, ssm = conv0.clone(), ssm0.clone()
+    for t in range(m):
+        rows = slice(t, None, m)
+        ot = gdn_decode_step(x[rows], None, None, L.conv_weight, conv, L.A_log, L.dt_bias, ssm, num_k_heads=HK,
+                             head_k_dim=DK, head_v_dim=DV, state_indices=slots, z=z[rows] if fuse else None,
+                             norm_weight=L.norm_weight if fuse else None, block_v=block_v, ab_input=(h[rows], w_ab))
+        R.assert_close(o[rows], ot, "gdn_output_bf16")
+        for s in slots.tolist():
+            assert torch.equal(cc[s * m + t], conv[s])
+            R.assert_close(cr[s * m + t], ssm[s], "gdn_state_fp32")
+
+
+def test_verify_columns_refuse_bad_gate_inputs():
+    from ninfer.kernels.triton import gdn_verify_columns
+
+    L = Layer(2, 4, 16, 16, slots=2, seed=7)
+    x, _, b, _ = L.inputs(2, False)
+    cc = torch.zeros(2, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+    cr = torch.zeros(2, 4, 16, 16, device=DEV)
+    args = (L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr,
+            torch.tensor([0], dtype=torch.int32, device=DEV))
+    kw = dict(m=2, num_k_heads=2, head_k_dim=16, head_v_dim=16)
+    with pytest.raises(ValueError, match="neither"):
+        gdn_verify_columns(x, None, b, *args, ab_input=(torch.zeros(2, 64, device=DEV), torch.zeros(8, 64, device=DEV)), **kw)
+    with pytest.raises(ValueError, match="x \\[B\\*M, H\\]"):
+        gdn_verify_columns(x, None, None, *args, ab_input=(torch.zeros(1, 64, device=DEV), torch.zeros(8, 64, device=DEV)),
+                           **kw)
+
+
 @pytest.mark.parametrize("t_len", [1, 2, 37, 64])
 def test_prefill_conv_matches_the_torch_form(t_len):
     """conv1d + SiLU + split + L2 norm of a prefill chunk in one launch, against the layer's torch

@@ -98,3 +98,20 @@ def test_bench_times_a_captured_round(tiny, tmp_path, capsys):
     assert s["graph_replay_ms"] > 0 and 0 < s["verify_replay_ms"] <= s["graph_replay_ms"] * 1.5
     assert s["round_replay_vs_plain_replay"] > 0
     assert "round replay" in table
+
+
+def test_int4_verify_computes_the_gates_in_its_launch(tiny, monkeypatch):
+    """--quant int4 keeps in_proj_a / in_proj_b dense and apart from qkv/z: the verify then computes
+    the gates inside its GDN launch (ab_input), as the decode step does; captured rounds still
+    give the eager rounds' tokens."""
+    import ninfer.kernels.triton as T
+
+    seen, orig = [], T.gdn_verify_columns
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("ab_input") is not None)
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(T, "gdn_verify_columns", spy)
+    _graph_vs_eager(tiny, 3, quant="int4")
+    assert seen and all(seen), seen
