@@ -302,7 +302,7 @@ def _gdn_columns_kernel(
     q_scale, eps,
     M: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0, BH: tl.constexpr = 1024,
-    HP: tl.constexpr = 0, HR: tl.constexpr = 0,
+    HP: tl.constexpr = 0, HR: tl.constexpr = 0, MP: tl.constexpr = 2,
     PDL: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
@@ -319,6 +319,23 @@ def _gdn_columns_kernel(
             wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
             wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
     pdl_prologue(PDL)
+    if FUSE_AB:
+        # all M tokens' gates first, so that the rows' registers are free before the state tile
+        # loads (held through the token loop they spilled: 255 registers + 288 bytes, sm_90)
+        tm = tl.arange(0, MP)
+        ga = tl.zeros([MP], tl.float32)
+        gb = tl.zeros([MP], tl.float32)
+        for t in tl.static_range(M):
+            if HP > 0:
+                a_t, b_t = _ab_part(XH, b * M + t, sxh_b, 0, HP, wa0, wb0)
+                if HR > 0:
+                    a1, b1 = _ab_part(XH, b * M + t, sxh_b, HP, HR, wa1, wb1)
+                    a_t += a1
+                    b_t += b1
+            else:
+                a_t, b_t = _ab_dots(XH, WAB, b * M + t, j, sxh_b, swab_r, HID, HV, BH)
+            ga = tl.where(tm == t, a_t, ga)
+            gb = tl.where(tm == t, b_t, gb)
     h = j // R
     bv = tl.arange(0, BV)
     dk = tl.arange(0, DK)
@@ -345,14 +362,8 @@ def _gdn_columns_kernel(
         k0, k1, k2 = k1, k2, kx.to(k0.dtype)
         v0, v1, v2 = v1, v2, vx.to(v0.dtype)
         if FUSE_AB:
-            if HP > 0:
-                a_raw, b_raw = _ab_part(XH, row, sxh_b, 0, HP, wa0, wb0)
-                if HR > 0:
-                    a1, b1 = _ab_part(XH, row, sxh_b, HP, HR, wa1, wb1)
-                    a_raw += a1
-                    b_raw += b1
-            else:
-                a_raw, b_raw = _ab_dots(XH, WAB, row, j, sxh_b, swab_r, HID, HV, BH)
+            a_raw = tl.sum(tl.where(tm == t, ga, 0.0), 0)
+            b_raw = tl.sum(tl.where(tm == t, gb, 0.0), 0)
         else:
             a_raw = tl.load(A + row * sa_b + j).to(tl.float32)
             b_raw = tl.load(Bg + row * sb_b + j).to(tl.float32)
@@ -440,7 +451,7 @@ def gdn_verify_columns(
         DK**-0.5, eps,
         M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
-        num_warps=num_warps or 4, **pdl_kwargs(mixed_qkv.device),
+        MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)
