@@ -24,7 +24,9 @@ from torch import nn
 
 from ninfer.errors import UserError
 from ninfer.linear import QLinear
-from ninfer_plugins.qwen_hybrid.layers import DecoderLayer, ExpertBank, GatedAttention, OffsetRMSNorm, SparseMoe, SwiGLU
+from ninfer_plugins.qwen_hybrid.layers import (
+    TORCH_OPS, DecoderLayer, ExpertBank, GatedAttention, OffsetRMSNorm, SparseMoe, SwiGLU,
+)
 from ninfer_plugins.qwen_hybrid.weights import init_tensor, mtp_tensors
 
 
@@ -69,6 +71,13 @@ class MtpLayer(nn.Module):
         mlp = SparseMoe(s, "mtp.layers.0.mlp", f) if s.is_moe else SwiGLU("mtp.layers.0.mlp", h, s.intermediate_size, f)
         self.layers = nn.ModuleList([DecoderLayer(attn, mlp, s, dev)])
         self.norm = OffsetRMSNorm(h, s.rms_norm_eps, dev)
+        # the target's small ops (its fused norms and SwiGLU where its backend has them): built
+        # after the model, this layer would otherwise keep the torch ones, ~8 launches a norm
+        self.ops = getattr(model, "ops", None) or TORCH_OPS
+        self.eps = s.rms_norm_eps
+        for module in self.modules():
+            if isinstance(module, (DecoderLayer, SwiGLU)):
+                module.ops = self.ops
 
     def weight_targets(self) -> dict[str, Any]:
         """Published `mtp.*` name -> a QLinear, an ExpertBank half or (module, buffer name): the
@@ -106,21 +115,22 @@ class MtpLayer(nn.Module):
             tensors.clear()
 
     def _stem(self, model: Any, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        e = self.pre_fc_norm_embedding(model.embed(token_ids))
-        return self.fc(torch.cat((e, self.pre_fc_norm_hidden(hidden.to(e.dtype))), dim=-1))
+        norm, eps = self.ops.rms_norm, self.eps
+        e = norm(model.embed(token_ids), self.pre_fc_norm_embedding.weight, eps)
+        return self.fc(torch.cat((e, norm(hidden.to(e.dtype), self.pre_fc_norm_hidden.weight, eps)), dim=-1))
 
     @torch.no_grad()
     def forward(self, model: Any, token_ids, hidden, cache: MtpCache, slot: int, start_pos: int) -> torch.Tensor:
         """T columns of one slot at positions start_pos..: token_ids [T] (each hidden's NEXT token),
         hidden [T, H] -> MTP output [T, H] after mtp.norm. Writes the slot's MTP KV."""
         x = self.layers[0].prefill(self._stem(model, token_ids, hidden), cache, slot, start_pos)
-        return self.norm(x)
+        return self.ops.rms_norm(x, self.norm.weight, self.eps)
 
     @torch.no_grad()
     def decode(self, model: Any, token_ids, hidden, cache: MtpCache, slots, positions, max_len: int | None) -> torch.Tensor:
         """One column for each of B slots: token_ids [B], hidden [B, H], positions [B] -> [B, H]."""
         x = self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len)
-        return self.norm(x)
+        return self.ops.rms_norm(x, self.norm.weight, self.eps)
 
 
 class MtpDrafter:

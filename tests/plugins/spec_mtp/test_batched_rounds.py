@@ -139,3 +139,26 @@ def test_engine_rounds_are_batched_and_counted(dense, tok):
     out = eng.generate(PROMPT, params(max_new_tokens=20))
     s = out.stats["spec"]
     assert s["rounds"] > 0 and s["drafted"] == 3 * s["rounds"] and sum(s["accepted_per_position"]) == s["accepted"]
+
+
+def test_the_mtp_layer_runs_the_targets_fused_small_ops(tmp_path):
+    """The drafter's MTP layer is built after the model: it must still take the model's fused
+    norms and SwiGLU (one launch each, not ~8 torch ops a norm), and give what the torch ops give."""
+    from ninfer_plugins.qwen_hybrid.layers import TORCH_OPS, DecoderLayer, SwiGLU
+    from ninfer_plugins.spec_mtp.mtp import MtpCache, MtpLayer
+
+    device = "cuda" if CUDA else "cpu"
+    model = _model(make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4), device, torch.bfloat16, True)
+    assert model.ops.name == "triton"
+    layer = MtpLayer(model)
+    layer.load(model)
+    subs = [m for m in layer.modules() if isinstance(m, (DecoderLayer, SwiGLU))]
+    assert subs and all(m.ops is model.ops for m in subs) and layer.ops is model.ops
+    dev = model.device
+    ids, slots, pos = torch.tensor([5, 9], device=dev), torch.tensor([0, 1], device=dev), torch.tensor([3, 7], device=dev)
+    hidden = torch.randn(2, model.shape.hidden_size, generator=torch.Generator().manual_seed(0)).to(dev, torch.bfloat16)
+    fused = layer.decode(model, ids, hidden, MtpCache(model.shape, 2, 16, model.dtype, dev), slots, pos, None)
+    for m in [layer, *subs]:
+        m.ops = TORCH_OPS
+    plain = layer.decode(model, ids, hidden, MtpCache(model.shape, 2, 16, model.dtype, dev), slots, pos, None)
+    assert _rel(fused, plain) < 3e-2
