@@ -6,6 +6,7 @@
 #   bash bench/next_session.sh dense   # 27B int4: default, GEMV_GATED=1, LOOKAHEAD=1, GDN_AB=0; the MTP round (~5 min)
 #   bash bench/next_session.sh profile # 27B step profiles, gates in the GDN step and apart, and the MTP round
 #   bash bench/next_session.sh tune    # the MTP drafter's q8 shapes and the shortlist head through h2_tune (~5 min)
+#   bash bench/next_session.sh round   # the MTP round, gates in the verify launch and apart; the 35B step's profile (~8 min)
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
@@ -20,12 +21,15 @@ mkdir -p "$OUT"
 case "${1:-}" in
   tests)
     t0=$(date +%s)
-    timeout 520 python3 -m pytest -q -rf -m gpu -n 4 tests/core/test_graphs.py tests/plugins/cuda_fast \
+    timeout 495 python3 -m pytest -q -rf -m gpu -n 4 tests/core/test_graphs.py tests/plugins/cuda_fast \
       tests/core/kernels/test_triton_gdn.py tests/plugins/quant_int tests/plugins/moe_triton \
       tests/plugins/spec_mtp/test_spec_gpu.py > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s"
     tail -2 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -30
+    # the batched-round tests run on CUDA when there is one (the fused bf16 verify, unmarked)
+    timeout 60 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py > "$OUT/t2.txt" 2>&1
+    echo "batched rounds rc=$?"; tail -2 "$OUT/t2.txt"
     ;;
   folds)
     timeout 540 python3 bench/moe.py --out "$OUT/moe" --no-tests --recipes '' --budget-s 500 \
@@ -67,6 +71,16 @@ case "${1:-}" in
     timeout 200 $P --out "$OUT/p_mtp" --spec mtp --draft-tokens 3 --lm-head-draft > "$OUT/p_mtp.txt" 2>&1
     echo "profile (MTP round) rc=$?"
     for f in p_ab p_noab p_mtp; do echo "== $f"; head -25 "$OUT/$f.txt" | cut -c1-150; done
+    ;;
+  round)
+    # the MTP round with the gates inside the verify launch (default) and apart; the 35B step's profile
+    timeout 170 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
+    echo "mtp rc=$?"; tail -4 "$OUT/mtp.txt"
+    NINFER_GDN_AB=0 timeout 170 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp_noab.txt" 2>&1
+    echo "mtp, gates apart rc=$?"; tail -4 "$OUT/mtp_noab.txt"
+    timeout 200 python3 bench/profile_step.py --graph --model qwen3.6-35b-a3b --quant int4 --gen-len 16 --rows 70 \
+      --out "$OUT/p35" > "$OUT/p35.txt" 2>&1
+    echo "profile 35B rc=$?"; head -45 "$OUT/p35.txt" | cut -c1-160
     ;;
   *)
     echo "usage: bash bench/next_session.sh tests|folds|dense|profile|tune|kernels" >&2

@@ -31,8 +31,8 @@ from typing import Any
 import structlog
 import torch
 
-from ninfer.kernels.sampling import _by_probability, _i64, _inverse_cdf, counter_uniform, process
-from ninfer.sampling import Purpose
+from ninfer.kernels.sampling import _i64
+from ninfer.sampling import Purpose, rows_sampler
 
 log = structlog.get_logger("ninfer.graphs")
 
@@ -111,8 +111,10 @@ class StepInputs:
 
 
 class GraphDecoder:
-    def __init__(self, model: Any, cache: Any, max_batch: int) -> None:
+    def __init__(self, model: Any, cache: Any, max_batch: int, sampler: Any = None) -> None:
         self.model, self.cache = model, cache
+        # the sampler's tensor pipeline (a fused kernel where a plugin gives one, else the reference)
+        self.sample_rows = rows_sampler(sampler)
         self.device = model.device
         self.vocab = model.shape.vocab_size
         self.buckets = buckets_for(max_batch)
@@ -141,10 +143,10 @@ class GraphDecoder:
         hidden = self.model.decode(i[_IDS], self.cache, slots, i[_POS])
         logits = self.model.compute_logits(hidden)
         rows = torch.where(slots >= 0, slots, self.pad_row)
-        counts = self.counts.index_select(0, rows)
-        ids, probs = process(logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY], counts)
-        ids, probs = _by_probability(ids, probs, self.vocab)
-        token = _inverse_cdf(ids, probs, counter_uniform(i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE)))
+        _, _, token = self.sample_rows(
+            logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY],
+            i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=rows,
+        )  # fmt: skip
         # atomic adds: no sort, no host sync (padding rows all land in the last row)
         self.counts.view(-1).scatter_add_(0, rows * self.vocab + token, torch.ones_like(token, dtype=torch.float32))
         self.tokens[:b].copy_(token)

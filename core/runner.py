@@ -64,7 +64,7 @@ class Runner:
 
         self.eager_reason = graphs_supported(model, cuda_graph)
         if self.eager_reason is None:
-            self.graphs = GraphDecoder(model, cache, max_batch)
+            self.graphs = GraphDecoder(model, cache, max_batch, sampler)
         # decode steps launched one ahead (see the module's docstring); the engine turns it off
         # under speculative decoding
         self.lookahead = lookahead_enabled()

@@ -46,3 +46,18 @@ class Sampler(Protocol):
         purpose: Purpose = Purpose.DECODE,
     ) -> torch.Tensor:
         """One token id per row [B] (int64)."""
+
+    # Optional, for captured steps (ninfer.graphs, batched speculative rounds): the same pipeline on
+    # tensors with no host sync, `ninfer.kernels.sampling.sample_rows`'s signature and results. A
+    # sampler without it gets the reference's.
+    # def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds,
+    #                 positions, purpose, *, counts=None, count_rows=None, extra_ids=None,
+    #                 extra_len=None) -> tuple[ids, probs, token | None]
+
+
+def rows_sampler(sampler: object | None):
+    """The `sample_rows` a captured step uses: the sampler's own, else the reference's."""
+    fn = getattr(sampler, "sample_rows", None)
+    if fn is None:
+        from ninfer.kernels.sampling import sample_rows as fn
+    return fn

@@ -51,14 +51,13 @@ import torch
 from ninfer.kernels.sampling import (
     counter_uniform,
     draw,
+    draw_candidates,
     point_mass_accepts,
-    process,
     residual_without,
-    scatter_probs,
     uniforms,
 )
 from ninfer.request import Request
-from ninfer.sampling import Purpose
+from ninfer.sampling import Purpose, rows_sampler
 
 # rows of the int64 and float32 input buffers of a batched round (one column per sequence); the
 # float rows are ninfer.graphs.sampling_columns' order
@@ -116,6 +115,7 @@ class SpeculativeRound:
         # the runner's graphs share their pool and history counts with the rounds
         self.graphs = graphs
         self.history = graphs.history if graphs is not None else HistoryCounts(n, self.vocab, dev)
+        self.sample_rows = rows_sampler(self.sampler)
         reason = "the runner decodes eagerly (its reason: --no-cuda-graph, the device, or the model)"
         if graphs is not None:
             drafter_reason = getattr(self.drafter, "graph_reason", lambda: "the drafter cannot be captured")
@@ -365,31 +365,19 @@ class SpeculativeRound:
         col = torch.arange(m, device=dev)
         drafts, ids, pos, rows, hidden, logits = self._verify(b, verify_len)
 
-        # column i judges d_{i+1} with the drafts before it in the history (spec 3.1)
-        # (expand + reshape, not repeat_interleave: no host sync to size the result)
-        counts = self.history.counts.index_select(0, slots)[:, None, :].expand(b, m, vocab).contiguous()
-        before = (torch.arange(k, device=dev)[None, :] < col[:, None]).float()  # [M, K]: d_j counts in column i > j
-        counts.scatter_add_(2, drafts[:, None, :].expand(b, m, k), before.expand(b, m, k))
-
+        # column i judges d_{i+1} with the drafts before it in the history (spec 3.1): the slot's
+        # counts plus d_0..d_{i-1} (extra_len = i), read in place by the sampler
         def per_column(t: torch.Tensor) -> torch.Tensor:
             return t[:, None].expand(b, m).reshape(-1)
 
-        cand, p = process(
+        cand, p, _ = self.sample_rows(
             logits, per_column(f[_TEMP]), per_column(i[_TOP_K]), per_column(f[_TOP_P]), per_column(f[_MIN_P]),
-            per_column(f[_PRESENCE]), per_column(f[_FREQUENCY]), counts.view(b * m, vocab),
+            per_column(f[_PRESENCE]), per_column(f[_FREQUENCY]), None, None, 0,
+            counts=self.history.counts, count_rows=per_column(slots),
+            extra_ids=drafts[:, None, :].expand(b, m, k).reshape(b * m, k), extra_len=col.repeat(b),
         )  # fmt: skip
-        probs = scatter_probs(cand, p, vocab).view(b, m, vocab)
-        u = counter_uniform(seeds[:, None], pos[:, 1:], int(Purpose.SPEC_ACCEPT))  # positions E+1..E+K
-        ok = point_mass_accepts(probs[:, :k].reshape(b * k, vocab), drafts.reshape(-1), u.reshape(-1)).view(b, k)
-        accepted = torch.cumprod(ok.to(torch.int64), 1).sum(1)  # [b]
+        accepted, kept = judge(cand.view(b, m, -1), p.view(b, m, -1), drafts, seeds, starts, vocab)
         at = accepted[:, None]
-        dist = probs.gather(1, at[:, :, None].expand(b, 1, vocab))[:, 0]  # column `accepted`
-        rejected = torch.cat((drafts, drafts[:, :1]), 1).gather(1, at)[:, 0]  # (any id when all passed)
-        corrected = accepted < k
-        dist = torch.where(corrected[:, None], residual_without(dist, rejected), dist)
-        purpose = torch.where(corrected, int(Purpose.SPEC_CORRECTION), int(Purpose.SPEC_BONUS))
-        last = draw(dist, counter_uniform(seeds, starts + 1 + accepted, purpose))
-        kept = torch.cat((drafts, last[:, None]), 1).scatter(1, at, last[:, None])  # A drafts, then `last`
 
         self.verifier.commit(slots, accepted)
         keep = (col[None, :] <= at).to(torch.float32)
@@ -405,3 +393,40 @@ class SpeculativeRound:
         self.drafts.index_copy_(0, slots, new.to(device=dev, dtype=self.drafts.dtype))
         self.out[:b, :m].copy_(kept)
         self.out[:b, m].copy_(accepted)
+
+
+def judge(
+    cand: torch.Tensor, p: torch.Tensor, drafts: torch.Tensor, seeds: torch.Tensor, starts: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Acceptance and the last token of a batch of rounds (spec 3.1), in tensors with no host sync.
+
+    cand, p [B, K+1, C]: each verify column's processed distribution as candidates (ids and
+    probabilities, `process`'s output); drafts [B, K]; seeds and starts (the frontier E) [B].
+    Column i accepts d_{i+1} with probability p_i(d_{i+1}) (SPEC_ACCEPT uniform at E+1+i); the
+    first rejected column draws the correction from p_i without the draft (SPEC_CORRECTION), and
+    when all K pass the bonus is drawn from p_K (SPEC_BONUS), both at position E+1+accepted.
+    Returns (accepted [B], kept [B, K+1]: the accepted drafts, then the last token, then drafts
+    past it). The same tokens as the dense functions (point_mass_accepts, residual_without,
+    draw) on scatter_probs of the same candidates."""
+    b, k = drafts.shape
+    pos = starts[:, None] + torch.arange(1, k + 1, device=drafts.device)
+    u = counter_uniform(seeds[:, None], pos, int(Purpose.SPEC_ACCEPT))
+    # p_i(d_{i+1}): the draft's probability among column i's candidates (0 when it is not one)
+    p_draft = torch.where(cand[:, :k] == drafts[:, :, None], p[:, :k], 0.0).sum(-1)
+    accepted = torch.cumprod((u < p_draft).to(torch.int64), 1).sum(1)
+    at = accepted[:, None]
+    width = cand.shape[-1]
+    col_ids = cand.gather(1, at[:, :, None].expand(b, 1, width))[:, 0]  # column `accepted`
+    col_p = p.gather(1, at[:, :, None].expand(b, 1, width))[:, 0]
+    rejected = torch.cat((drafts, drafts[:, :1]), 1).gather(1, at)  # (any id when all passed)
+    corrected = accepted < k
+    # the correction's distribution: the column without the rejected draft, renormalised (where
+    # the draft held all the mass it was never rejected)
+    rest = torch.where(col_ids == rejected, 0.0, col_p)
+    total = rest.sum(-1, keepdim=True)
+    rest = torch.where(total > 0, rest / total.clamp_min(torch.finfo(torch.float32).tiny), col_p)
+    dist = torch.where(corrected[:, None], rest, col_p)
+    purpose = torch.where(corrected, int(Purpose.SPEC_CORRECTION), int(Purpose.SPEC_BONUS))
+    last = draw_candidates(col_ids, dist, vocab, counter_uniform(seeds, starts + 1 + accepted, purpose))
+    kept = torch.cat((drafts, last[:, None]), 1).scatter(1, at, last[:, None])
+    return accepted, kept

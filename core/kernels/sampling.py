@@ -199,6 +199,55 @@ def scatter_probs(ids: torch.Tensor, probs: torch.Tensor, vocab: int) -> torch.T
     return torch.zeros(ids.shape[0], vocab, dtype=torch.float32, device=ids.device).scatter_(-1, ids, probs)
 
 
+def sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    seeds: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    purpose: int | torch.Tensor,
+    *,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+    extra_ids: torch.Tensor | None = None,
+    extra_len: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The whole pipeline for the rows of a captured step, in tensors: (ids [R, K], probs [R, K])
+    as `process` gives them, and the token each row draws with counter_uniform(seeds, positions,
+    purpose) (None when seeds is None: the caller only wants the distributions).
+
+    History: row r counts counts[count_rows[r]] (a [S, V] table: no gather copy is asked of the
+    caller), plus each of extra_ids[r, :extra_len[r]] once more (a speculative verify column's
+    drafts before it). Tensor ops only. This is the reference; `ninfer.kernels.triton.sampling.
+    fused_sample` computes the same in two launches."""
+    rows_counts = None
+    if counts is not None:
+        if count_rows is None:
+            raise ValueError("counts need count_rows (the counts row of each logits row)")
+        rows_counts = counts.index_select(0, count_rows)
+        if extra_ids is not None:
+            if extra_len is None:
+                raise ValueError("extra_ids need extra_len")
+            used = (torch.arange(extra_ids.shape[1], device=extra_ids.device)[None, :] < extra_len[:, None]).float()
+            rows_counts = rows_counts.scatter_add(1, extra_ids, used)
+    ids, probs = process(logits, temperature, top_k, top_p, min_p, presence, frequency, rows_counts)
+    if seeds is None:
+        return ids, probs, None
+    ordered, p = _by_probability(ids, probs, logits.shape[-1])
+    return ids, probs, _inverse_cdf(ordered, p, counter_uniform(seeds, positions, purpose))
+
+
+def draw_candidates(ids: torch.Tensor, probs: torch.Tensor, vocab: int, u: torch.Tensor) -> torch.Tensor:
+    """`draw` over a distribution given as candidates (ids, probs) [B, K] (at most K positive
+    entries): the same token as draw(scatter_probs(ids, probs, vocab), u)."""
+    ordered, p = _by_probability(ids, probs, vocab)
+    return _inverse_cdf(ordered, p, u)
+
+
 # ---------------------------------------------------------------------------- speculative accept
 
 
@@ -250,6 +299,9 @@ class ReferenceSampler:
 
     name = "reference"
     requirements = ANYWHERE
+
+    # the captured steps' pipeline (graphs, speculative rounds): tensors in, no host sync
+    sample_rows = staticmethod(sample_rows)
 
     def candidates(
         self, logits: torch.Tensor, params: Sequence[SamplingParams], history: Sequence[Sequence[int]]
