@@ -222,7 +222,7 @@ def sample_rows(
 
     History: row r counts counts[count_rows[r]] (a [S, V] table: no gather copy is asked of the
     caller), plus each of extra_ids[r, :extra_len[r]] once more (a speculative verify column's
-    drafts before it). Tensor ops only. This is the reference; `ninfer.kernels.triton.sampling.
+    drafts before it). Tensor ops only. This is the reference; `ninfer.kernels.triton.sample.
     fused_sample` computes the same in two launches."""
     rows_counts = None
     if counts is not None:

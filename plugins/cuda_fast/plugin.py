@@ -11,6 +11,9 @@ ask for, on CUDA sm_80+ with Triton:
   `chunk_gated_delta_rule` when importable (else the torch chunked form), decode through the
   fused Triton step (conv, L2 norms, gates, state update in place, gated RMSNorm).
 
+* the sampler: `TritonSampler` (sampler.py), the reference sampler whose captured-step pipeline
+  (`sample_rows`) is two fused Triton launches.
+
 Elsewhere (CPU, older GPUs) startup passes these over and the reference backends serve. The
 kernels live in `ninfer.kernels.triton` (generic) and here (the few that are this path's own).
 """
@@ -40,3 +43,10 @@ def ninfer_attention_backend(kind, device, kv_dtype, head_dim):
 
         return TritonLinearAttention()
     return None
+
+
+@hookimpl(tryfirst=True)
+def ninfer_sampler(device):
+    from ninfer_plugins.cuda_fast.sampler import TritonSampler
+
+    return TritonSampler()

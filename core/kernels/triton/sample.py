@@ -1,0 +1,276 @@
+"""The sampler's whole pipeline for a captured step in two launches (`fused_sample`).
+
+`ninfer.kernels.sampling.sample_rows` in torch is ~100 launches after the logits (penalties, the
+int64 rank keys, torch.topk's multi-block radix select over 248k entries, temperature, min-p,
+top-p, a second top-k to order by probability, cumulative sums, and SplitMix64 as a dozen int64
+ops): each a few µs on the GPU plus its launch gap, ~0.2 ms of a 2.7 ms 35B-A3B decode step.
+
+Stage 1, grid (rows, chunks): each program applies the penalties to a chunk of one row's logits
+(counts read in place through `count_rows`, a speculative column's earlier drafts added), makes
+the order-preserving int64 keys of `sampling._rank_keys` (value descending, lower id first) and
+writes the chunk's K largest keys. Stage 2, grid (rows,): the row's K largest of those, decoded
+back to (value, id), then temperature, top-k, min-p, top-p and the renormalisation on a 32-wide
+vector, the order by probability, the sequential CDF and the counter-based draw.
+
+Same results as the reference: the candidates' ids exactly (the keys are exact and the penalties
+are computed in the reference's order with no fused multiply-add); the probabilities to float
+rounding (the reference's sums are torch reductions, ours sequential; exp and the divisions are
+the IEEE ones where the device has them); the uniform bit for bit; so the same token except where
+u lands within a rounding error of a CDF boundary.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ninfer.config import TOP_K_CAP
+from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue
+
+# the smallest int64: below every real key (the smallest real one, -inf's, is about -2^63 + 2^55)
+_NONE = tl.constexpr(-(2**63))
+
+
+@triton.jit
+def _mix64(z):
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _uniform(seed, position, purpose):
+    """counter_uniform of int64 seed, position, purpose (tensors or scalars): float32 in [0, 1)."""
+    counter = (position * 8 + purpose).to(tl.uint64, bitcast=True)
+    z = _mix64(_mix64(seed.to(tl.uint64, bitcast=True)) + (counter + 1) * 0x9E3779B97F4A7C15)
+    return (z >> 40).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n_extra,
+                      CHUNK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_COUNTS: tl.constexpr,
+                      HAS_EXTRA: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    nc = tl.num_programs(1)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < V
+    x = tl.load(L + r * sl + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_COUNTS:
+        crow = tl.load(CROWS + r)
+        cnt = tl.load(C + crow * sc + offs, mask=ok, other=0.0)
+        if HAS_EXTRA:
+            n = tl.load(XLEN + r)
+            for e in range(n_extra):
+                xid = tl.load(XID + r * sx + e)
+                cnt += tl.where((offs == xid) & (e < n), 1.0, 0.0)
+        # the reference's order: (x - presence * [count > 0]) - frequency * count
+        x = x - tl.load(PRES + r) * (cnt > 0).to(tl.float32)
+        x = x - tl.load(FREQ + r) * cnt
+    bits = (x + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 sorts as +0.0
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    keys = ordered * 4294967296 + (V - 1 - offs).to(tl.int64)
+    keys = tl.where(ok, keys, _NONE)
+    base = PART + (r * nc + c) * KP
+    for j in tl.static_range(K):
+        m = tl.max(keys, 0)
+        tl.store(base + j, m)
+        keys = tl.where(keys == m, _NONE, keys)
+
+
+@triton.jit
+def _finish_kernel(PART, n_part, V, TEMP, TOPK, TOPP, MINP, SEEDS, POS, PURP, purpose_stride,
+                   IDS, PROBS, TOKEN,
+                   K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr, DRAW: tl.constexpr, LIBDEVICE: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, NP)
+    part = tl.load(PART + r * n_part + offs, mask=(offs < n_part) & (offs % KP < K), other=_NONE)
+    cols = tl.arange(0, KP)
+    top = tl.full([KP], _NONE, tl.int64)
+    for j in tl.static_range(K):
+        m = tl.max(part, 0)
+        top = tl.where(cols == j, m, top)
+        part = tl.where(part == m, _NONE, part)
+    real = cols < K
+    ids = (V - 1 - (top & 0xFFFFFFFF)).to(tl.int64)
+    hi = (top >> 32).to(tl.int32)
+    vals = tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi).to(tl.float32, bitcast=True)
+    vals = tl.where(real, vals, float("-inf"))
+    ids = tl.where(real, ids, 0)
+
+    t = tl.load(TEMP + r)
+    top_k = tl.load(TOPK + r)
+    top_p = tl.load(TOPP + r)
+    min_p = tl.load(MINP + r)
+    first = tl.sum(tl.where(cols == 0, vals, 0.0), 0)
+    if LIBDEVICE:  # torch's expf; the interpreter has no libdevice
+        w = libdevice.exp(tl.div_rn(vals - first, t))
+    else:
+        w = tl.exp(tl.div_rn(vals - first, t))
+    w = tl.where(real & (cols < top_k), w, 0.0)
+    # the reference: before = cumsum(w) - w, total = sum(w); here both from one sequential pass
+    before = tl.zeros([KP], tl.float32)
+    acc = 0.0
+    for j in tl.static_range(K):
+        wj = tl.sum(tl.where(cols == j, w, 0.0), 0)
+        inc = acc + wj
+        before = tl.where(cols == j, inc - wj, before)
+        acc = inc
+    within = ((before < top_p * acc).to(tl.int32) + (top_p >= 1.0).to(tl.int32)) > 0
+    keep = (w >= min_p) & within
+    keep = keep | (cols == 0)
+    w = tl.where(keep, w, 0.0)
+    probs = tl.div_rn(w, tl.zeros([KP], tl.float32) + tl.sum(w, 0))
+    tl.store(IDS + r * K + cols, ids, mask=real)
+    tl.store(PROBS + r * K + cols, probs, mask=real)
+    if DRAW:
+        # order by probability (descending, lower id first), as `_by_probability`
+        pkey = probs.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (V - 1 - ids)
+        pkey = tl.where(real, pkey, _NONE)
+        rank = tl.sum((pkey[None, :] > pkey[:, None]).to(tl.int32), 1)
+        cdf = tl.full([KP], float("inf"), tl.float32)
+        run = 0.0
+        for j in tl.static_range(K):
+            run = run + tl.sum(tl.where(rank == j, probs, 0.0), 0)
+            cdf = tl.where(rank == j, run, cdf)
+        u = _uniform(tl.load(SEEDS + r), tl.load(POS + r), tl.load(PURP + r * purpose_stride))
+        target = u * run
+        idx = tl.sum((cdf <= target).to(tl.int32), 0)
+        npos = tl.sum((real & (probs > 0)).to(tl.int32), 0)
+        idx = tl.minimum(idx, npos - 1)
+        tl.store(TOKEN + r, tl.sum(tl.where(rank == idx, ids, 0), 0))
+
+
+def _row_param(t: torch.Tensor, rows: int, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.shape != (rows,):
+        raise ValueError(f"{name} must be a [{rows}] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if t.dtype != dtype or t.device != device:
+        raise ValueError(f"{name} must be {dtype} on {device}, got {t.dtype} on {t.device}")
+    return t.contiguous()
+
+
+def fused_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    seeds: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    purpose: int | torch.Tensor,
+    *,
+    counts: torch.Tensor | None = None,
+    count_rows: torch.Tensor | None = None,
+    extra_ids: torch.Tensor | None = None,
+    extra_len: torch.Tensor | None = None,
+    chunk: int = 2048,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`ninfer.kernels.sampling.sample_rows` in two launches: (ids [R, K], probs [R, K], token [R]
+    or None when seeds is None). Per-row parameters are [R] tensors on the logits' device (float32;
+    top_k, seeds, positions int64); purpose an int or an int64 [R] tensor. No host sync."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [rows, vocab] with a unit last stride, got {tuple(logits.shape)}")
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    rows, vocab = logits.shape
+    dev = logits.device
+    if vocab >= 2**31:
+        raise ValueError(f"vocab {vocab} does not fit the kernel's 32-bit ids")
+    if chunk < 32 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= 32, got {chunk}")
+    k = min(TOP_K_CAP, vocab)
+    f32, i64 = torch.float32, torch.int64
+    temperature = _row_param(temperature, rows, "temperature", f32, dev)
+    top_k = _row_param(top_k, rows, "top_k", i64, dev)
+    top_p = _row_param(top_p, rows, "top_p", f32, dev)
+    min_p = _row_param(min_p, rows, "min_p", f32, dev)
+    presence = _row_param(presence, rows, "presence", f32, dev)
+    frequency = _row_param(frequency, rows, "frequency", f32, dev)
+    draw = seeds is not None
+    if draw:
+        seeds = _row_param(seeds, rows, "seeds", i64, dev)
+        positions = _row_param(positions, rows, "positions", i64, dev)
+        if isinstance(purpose, torch.Tensor):
+            purp, purpose_stride = _row_param(purpose, rows, "purpose", i64, dev), 1
+        else:
+            purp, purpose_stride = torch.full((1,), int(purpose), dtype=i64, device=dev), 0
+    else:
+        seeds = positions = purp = top_k  # unread
+        purpose_stride = 0
+    has_counts = counts is not None
+    has_extra = extra_ids is not None
+    if has_counts:
+        if counts.dim() != 2 or counts.shape[1] != vocab or counts.stride(1) != 1 or counts.dtype != f32:
+            raise ValueError(f"counts must be float32 [slots, {vocab}] with a unit last stride, got "
+                             f"{counts.dtype} {tuple(counts.shape)}")  # fmt: skip
+        if count_rows is None:
+            raise ValueError("counts need count_rows (the counts row of each logits row)")
+        count_rows = _row_param(count_rows, rows, "count_rows", i64, dev)
+    else:
+        counts, count_rows = logits, top_k  # unread
+        if has_extra:
+            raise ValueError("extra_ids need counts")
+    if has_extra:
+        if extra_len is None or extra_ids.dim() != 2 or extra_ids.shape[0] != rows or extra_ids.dtype != i64:
+            raise ValueError("extra_ids must be int64 [rows, E] with extra_len [rows]")
+        extra_len = _row_param(extra_len, rows, "extra_len", i64, dev)
+        extra_ids = extra_ids.contiguous()
+        n_extra = extra_ids.shape[1]
+    else:
+        extra_ids, extra_len, n_extra = top_k, top_k, 0  # unread
+    ids = torch.empty(rows, k, dtype=i64, device=dev)
+    probs = torch.empty(rows, k, dtype=f32, device=dev)
+    token = torch.empty(rows, dtype=i64, device=dev)
+    if rows == 0:
+        return ids, probs, token if draw else None
+    chunk = min(chunk, max(32, triton.next_power_of_2(vocab)))
+    n_chunks = triton.cdiv(vocab, chunk)
+    kp = 32
+    part = torch.empty(rows, n_chunks, kp, dtype=i64, device=dev)
+    pdl = pdl_kwargs(dev)
+    # no fused multiply-add: the penalties must round as the reference's separate ops do
+    exact = {} if interpreting() else {"enable_fp_fusion": False}
+    _chunk_top_kernel[(rows, n_chunks)](
+        logits, logits.stride(0), counts, counts.stride(0), count_rows, extra_ids, extra_ids.stride(0) if has_extra else 0,
+        extra_len, presence, frequency, part, vocab, n_extra,
+        CHUNK=chunk, K=k, KP=kp, HAS_COUNTS=has_counts, HAS_EXTRA=has_extra,
+        num_warps=4 if chunk <= 2048 else 8, **exact, **pdl,
+    )  # fmt: skip
+    # the partial keys of a row, [n_chunks, KP] with K used each: read as one flat row of n_chunks * KP
+    n_part = n_chunks * kp
+    _finish_kernel[(rows,)](
+        part, n_part, vocab, temperature, top_k, top_p, min_p, seeds, positions, purp, purpose_stride,
+        ids, probs, token,
+        K=k, KP=kp, NP=triton.next_power_of_2(n_part), DRAW=draw, LIBDEVICE=not interpreting(), num_warps=8, **exact, **pdl,
+    )  # fmt: skip
+    return ids, probs, token if draw else None
+
+
+@triton.jit
+def _uniform_kernel(S, P, Q, OUT, n, PDL: tl.constexpr = False, BLOCK: tl.constexpr = 256):
+    pdl_prologue(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    u = _uniform(tl.load(S + offs, mask=ok, other=0), tl.load(P + offs, mask=ok, other=0),
+                 tl.load(Q + offs, mask=ok, other=0))
+    tl.store(OUT + offs, u, mask=ok)
+
+
+def uniform(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Tensor) -> torch.Tensor:
+    """`ninfer.kernels.sampling.counter_uniform` in one launch (int64 tensors broadcast together)."""
+    purpose = torch.as_tensor(purpose, dtype=torch.int64, device=seeds.device)
+    if seeds.dtype != torch.int64 or positions.dtype != torch.int64:
+        raise ValueError(f"seeds and positions must be int64, got {seeds.dtype} and {positions.dtype}")
+    s, p, q = (t.contiguous() for t in torch.broadcast_tensors(seeds, positions, purpose))
+    out = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    n = out.numel()
+    if n:
+        _uniform_kernel[(triton.cdiv(n, 256),)](s, p, q, out, n, **pdl_kwargs(s.device))
+    return out

@@ -1,0 +1,175 @@
+"""The fused sampler (`ninfer.kernels.triton.sample`) against the reference pipeline
+(`ninfer.kernels.sampling.sample_rows`) on fresh random inputs: the candidates' ids exactly, the
+probabilities to float rounding, the drawn token, and the uniform bit for bit.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 at small vocabularies with small chunks (so
+rows span several chunks and a tail); `-m gpu` runs the real vocabulary on the device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ninfer.kernels.triton  # noqa: F401  (TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
+from ninfer.kernels.sampling import counter_uniform, sample_rows
+from ninfer.kernels.triton.sample import fused_sample, uniform
+
+CUDA = torch.cuda.is_available()
+
+
+def _case(g, rows, vocab, dtype, device, *, penalties=True, extra=True):
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    # ties (one value repeated over a run of ids), -inf entries, a row that is mostly -inf
+    logits[0, 3 : 3 + vocab // 4] = logits[0, 1]
+    logits[-1, : vocab // 2] = float("-inf")
+    if rows > 2:
+        logits[1, vocab // 3 :] = float("-inf")
+    logits = logits.to(dtype)
+    t = [0.3, 1.0, 2.0, 0.7, 1.3]
+    k = [20, 1, 7, 20, 13]
+    p = [0.5, 1.0, 0.0, 0.9, 0.95]
+    mp = [0.0, 0.1, 0.0, 0.05, 0.0]
+    params = {
+        "temperature": torch.tensor([t[r % 5] for r in range(rows)]),
+        "top_k": torch.tensor([min(k[r % 5], vocab) for r in range(rows)]),
+        "top_p": torch.tensor([p[r % 5] for r in range(rows)]),
+        "min_p": torch.tensor([mp[r % 5] for r in range(rows)]),
+        "presence": torch.rand(rows, generator=g) if penalties else torch.zeros(rows),
+        "frequency": torch.rand(rows, generator=g) * 0.5 if penalties else torch.zeros(rows),
+        "seeds": torch.randint(-(2**63), 2**63 - 1, (rows,), generator=g),
+        "positions": torch.randint(0, 1 << 40, (rows,), generator=g),
+    }
+    kw = {}
+    if penalties:
+        kw["counts"] = torch.randint(0, 3, (rows + 2, vocab), generator=g).float().to(device)
+        kw["count_rows"] = torch.randperm(rows + 2, generator=g)[:rows].to(device)
+        if extra:
+            kw["extra_ids"] = torch.randint(0, vocab, (rows, 3), generator=g).to(device)
+            kw["extra_len"] = torch.randint(0, 4, (rows,), generator=g).to(device)
+    params = {n: v.to(device) for n, v in params.items()}
+    return logits.to(device), params, kw
+
+
+def _args(logits, params, purpose):
+    p = params
+    return (logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["presence"], p["frequency"],
+            p["seeds"], p["positions"], purpose)  # fmt: skip
+
+
+def _check(got, want):
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=2e-6, atol=1e-7)
+    assert torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 1000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_sample_matches_the_reference(vocab, dtype):
+    g = torch.Generator().manual_seed(vocab + (dtype == torch.bfloat16))
+    for penalties, extra in ((False, False), (True, False), (True, True)):
+        logits, params, kw = _case(g, 5, vocab, dtype, "cpu", penalties=penalties, extra=extra)
+        purpose = torch.randint(0, 6, (5,), generator=g)
+        got = fused_sample(*_args(logits, params, purpose), chunk=64, **kw)
+        _check(got, sample_rows(*_args(logits, params, purpose), **kw))
+        # without seeds: the distributions only
+        ids, probs, token = fused_sample(*_args(logits, params, 1)[:7], None, None, 0, chunk=128, **kw)
+        assert token is None and torch.equal(ids, got[0]) and torch.equal(probs, got[1])
+
+
+def test_fused_sample_draws_like_the_reference_over_many_uniforms():
+    """One row, many seeds: the token follows the reference's inverse CDF everywhere, and a
+    different purpose changes some draws (so the uniform is really used)."""
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 64, 200
+    logits = (torch.randn(1, vocab, generator=g) * 1.5).expand(rows, vocab).contiguous()
+    ones = torch.ones(rows)
+    params = {"temperature": ones, "top_k": torch.full((rows,), 20), "top_p": torch.full((rows,), 0.95),
+              "min_p": torch.zeros(rows), "presence": torch.zeros(rows), "frequency": torch.zeros(rows),
+              "seeds": torch.randint(-(2**62), 2**62, (rows,), generator=g), "positions": torch.arange(rows)}  # fmt: skip
+    got = fused_sample(*_args(logits, params, 1), chunk=64)
+    _check(got, sample_rows(*_args(logits, params, 1)))
+    assert len(set(got[2].tolist())) > 3
+    other = fused_sample(*_args(logits, params, 2), chunk=64)[2]
+    assert not torch.equal(other, got[2])
+
+
+def test_uniform_is_counter_uniform_bit_for_bit():
+    g = torch.Generator().manual_seed(3)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (7, 1), generator=g)
+    pos = torch.randint(0, 1 << 59, (1, 9), generator=g)
+    for purpose in (0, 5, torch.randint(0, 8, (7, 9), generator=g)):
+        assert torch.equal(uniform(seeds, pos, purpose), counter_uniform(seeds, pos, purpose))
+
+
+def test_fused_sample_refuses_bad_inputs():
+    logits = torch.randn(2, 50)
+    z = torch.zeros(2)
+    k = torch.full((2,), 20)
+    s = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="temperature"):
+        fused_sample(logits, torch.zeros(3), k, z, z, z, z, s, s, 1)
+    with pytest.raises(ValueError, match="top_k"):
+        fused_sample(logits, z, k.float(), z, z, z, z, s, s, 1)
+    with pytest.raises(ValueError, match="logits"):
+        fused_sample(logits.t(), z, k, z, z, z, z, s, s, 1)
+    with pytest.raises(ValueError, match="count_rows"):
+        fused_sample(logits, z, k, z, z, z, z, s, s, 1, counts=torch.zeros(2, 50))
+    with pytest.raises(ValueError, match="counts must be float32"):
+        fused_sample(logits, z, k, z, z, z, z, s, s, 1, counts=torch.zeros(2, 49), count_rows=s)
+    with pytest.raises(ValueError, match="chunk"):
+        fused_sample(logits, z, k, z, z, z, z, s, s, 1, chunk=100)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_fused_sample_matches_the_reference_on_the_gpu(rows):
+    g = torch.Generator().manual_seed(rows)
+    vocab = 248320
+    for penalties in (False, True):
+        logits, params, kw = _case(g, rows, vocab, torch.bfloat16, "cuda", penalties=penalties)
+        got = fused_sample(*_args(logits, params, 1), **kw)
+        want = sample_rows(*_args(logits, params, 1), **kw)
+        _check(got, want)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (64, 1), generator=g).cuda()
+    pos = torch.randint(0, 1 << 40, (1, 33), generator=g).cuda()
+    assert torch.equal(uniform(seeds, pos, 3), counter_uniform(seeds, pos, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_fused_sample_in_a_cuda_graph():
+    g = torch.Generator().manual_seed(9)
+    logits, params, kw = _case(g, 4, 248320, torch.bfloat16, "cuda")
+    args = _args(logits, params, 1)
+    want = fused_sample(*args, **kw)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fused_sample(*args, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_sample(*args, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, want):
+        assert torch.equal(a, b)
+
+
+def test_top_p_one_keeps_weights_below_the_sum_s_rounding():
+    """top_p = 1 keeps every top_k candidate even where the running sum no longer moves (weights
+    of e^-20 after a weight of 1): the filter's `top_p >= 1` clause, not the comparison."""
+    vocab = 100
+    logits = torch.full((2, vocab), -40.0)
+    logits[:, 0] = 0.0
+    logits[:, 1:6] = torch.tensor([-20.0, -20.5, -21.0, -21.5, -22.0])
+    one = torch.ones(2)
+    z = torch.zeros(2)
+    k = torch.full((2,), 20)
+    top_p = torch.tensor([1.0, 0.999999])
+    seeds = torch.zeros(2, dtype=torch.int64)
+    ids, probs, _ = fused_sample(logits, one, k, top_p, z, z, z, seeds, seeds, 1, chunk=32)
+    want = sample_rows(logits, one, k, top_p, z, z, z, seeds, seeds, 1)
+    assert torch.equal(ids, want[0]) and torch.equal(probs > 0, want[1] > 0)
+    assert int((probs[0] > 0).sum()) == 20 and int((probs[1] > 0).sum()) == 1
