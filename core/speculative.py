@@ -116,6 +116,7 @@ class SpeculativeRound:
         self.graphs = graphs
         self.history = graphs.history if graphs is not None else HistoryCounts(n, self.vocab, dev)
         self.sample_rows = rows_sampler(self.sampler)
+        self.judge = getattr(self.sampler, "judge", None) or judge
         reason = "the runner decodes eagerly (its reason: --no-cuda-graph, the device, or the model)"
         if graphs is not None:
             drafter_reason = getattr(self.drafter, "graph_reason", lambda: "the drafter cannot be captured")
@@ -376,12 +377,12 @@ class SpeculativeRound:
             counts=self.history.counts, count_rows=per_column(slots),
             extra_ids=drafts[:, None, :].expand(b, m, k).reshape(b * m, k), extra_len=col.repeat(b),
         )  # fmt: skip
-        accepted, kept = judge(cand.view(b, m, -1), p.view(b, m, -1), drafts, seeds, starts, vocab)
+        # acceptance, the last token, and the kept tokens counted in the slots' histories
+        accepted, kept = self.judge(
+            cand.view(b, m, -1), p.view(b, m, -1), drafts, seeds, starts, vocab, self.history.counts, slots
+        )
         at = accepted[:, None]
-
         self.verifier.commit(slots, accepted)
-        keep = (col[None, :] <= at).to(torch.float32)
-        self.history.counts.view(-1).scatter_add_(0, (slots[:, None] * vocab + kept).reshape(-1), keep.reshape(-1))
 
         # the drafter's columns are the verify columns, each with the token after it (`kept`: the
         # verify ids shifted left, `last` at `accepted`); the ones past `accepted` are overwritten
@@ -396,7 +397,14 @@ class SpeculativeRound:
 
 
 def judge(
-    cand: torch.Tensor, p: torch.Tensor, drafts: torch.Tensor, seeds: torch.Tensor, starts: torch.Tensor, vocab: int
+    cand: torch.Tensor,
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    seeds: torch.Tensor,
+    starts: torch.Tensor,
+    vocab: int,
+    counts: torch.Tensor | None = None,
+    slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Acceptance and the last token of a batch of rounds (spec 3.1), in tensors with no host sync.
 
@@ -407,7 +415,11 @@ def judge(
     when all K pass the bonus is drawn from p_K (SPEC_BONUS), both at position E+1+accepted.
     Returns (accepted [B], kept [B, K+1]: the accepted drafts, then the last token, then drafts
     past it). The same tokens as the dense functions (point_mass_accepts, residual_without,
-    draw) on scatter_probs of the same candidates."""
+    draw) on scatter_probs of the same candidates. With `counts` [S, V] and `slots` [B], the
+    history of slot b counts its kept tokens (the first accepted + 1).
+
+    The reference; a sampler may carry a faster `judge` with this signature (cuda_fast's is one
+    Triton launch)."""
     b, k = drafts.shape
     pos = starts[:, None] + torch.arange(1, k + 1, device=drafts.device)
     u = counter_uniform(seeds[:, None], pos, int(Purpose.SPEC_ACCEPT))
@@ -429,4 +441,7 @@ def judge(
     purpose = torch.where(corrected, int(Purpose.SPEC_CORRECTION), int(Purpose.SPEC_BONUS))
     last = draw_candidates(col_ids, dist, vocab, counter_uniform(seeds, starts + 1 + accepted, purpose))
     kept = torch.cat((drafts, last[:, None]), 1).scatter(1, at, last[:, None])
+    if counts is not None:
+        keep = (torch.arange(k + 1, device=drafts.device)[None, :] <= at).to(counts.dtype)
+        counts.view(-1).scatter_add_(0, (slots[:, None] * counts.shape[1] + kept).reshape(-1), keep.reshape(-1))
     return accepted, kept

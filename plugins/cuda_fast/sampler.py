@@ -2,6 +2,8 @@
 (`sample_rows`: penalties, top-k, temperature, min-p, top-p, the counter-based draw) runs as two
 Triton launches (`ninfer.kernels.triton.sample.fused_sample`) instead of ~100 small torch ops.
 
+A batched speculative round's acceptance (`judge`) is one more launch (`fused_judge`).
+
 The eager calls (`probs`, `sample`) stay the reference's: they build their inputs on the host
 anyway. NINFER_FUSED_SAMPLE=0 puts the captured steps back on the reference pipeline (A/B)."""
 
@@ -42,3 +44,14 @@ class TritonSampler(ReferenceSampler):
             counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len,
         )  # fmt: skip
         return ids, probs, token if want_token else None
+
+    def judge(self, cand, p, drafts, seeds, starts, vocab, counts=None, slots=None):
+        """A batched round's acceptance, last token and history update (ninfer.speculative.judge)
+        in one launch."""
+        if not self.fused:
+            from ninfer.speculative import judge
+
+            return judge(cand, p, drafts, seeds, starts, vocab, counts, slots)
+        from ninfer.kernels.triton.sample import fused_judge
+
+        return fused_judge(cand, p, drafts, seeds, starts, vocab, counts, slots)

@@ -274,3 +274,102 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.T
     if n:
         _uniform_kernel[(triton.cdiv(n, 256),)](s, p, q, out, n, **pdl_kwargs(s.device))
     return out
+
+
+@triton.jit
+def _judge_kernel(CAND, PROB, DRAFTS, SEEDS, STARTS, KEPT, ACC, COUNTS, SLOTS, V, C,
+                  K: tl.constexpr, CP: tl.constexpr, HAS_COUNTS: tl.constexpr, LIBDEVICE: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, CP)
+    real = cols < C
+    seed = tl.load(SEEDS + b)
+    start = tl.load(STARTS + b)
+    # column i accepts d_{i+1} with probability p_i(d_{i+1}) (SPEC_ACCEPT = 2, position E+1+i)
+    alive = 1
+    accepted = 0
+    for i in tl.static_range(K):
+        d = tl.load(DRAFTS + b * K + i)
+        ids = tl.load(CAND + (b * (K + 1) + i) * C + cols, mask=real, other=-1)
+        pr = tl.load(PROB + (b * (K + 1) + i) * C + cols, mask=real, other=0.0)
+        pd = tl.sum(tl.where(ids == d, pr, 0.0), 0)
+        ok = (_uniform(seed, start + 1 + i, 2) < pd).to(tl.int32)
+        alive = alive * ok
+        accepted = accepted + alive
+    # column `accepted`: the correction's distribution (the rejected draft removed) or the bonus's
+    ids = tl.load(CAND + (b * (K + 1) + accepted) * C + cols, mask=real, other=0)
+    pr = tl.load(PROB + (b * (K + 1) + accepted) * C + cols, mask=real, other=0.0)
+    corrected = accepted < K
+    rejected = tl.load(DRAFTS + b * K + tl.where(corrected, accepted, 0))
+    rest = tl.where(ids == rejected, 0.0, pr)
+    total = 0.0
+    for j in tl.static_range(CP):
+        total = total + tl.sum(tl.where(cols == j, rest, 0.0), 0)
+    use_rest = corrected & (total > 0)
+    dist = tl.where(use_rest, tl.div_rn(rest, tl.zeros([CP], tl.float32) + tl.maximum(total, 1.1754943508222875e-38)), pr)
+    dist = tl.where(real, dist, 0.0)
+    # the draw, as _by_probability + _inverse_cdf (SPEC_CORRECTION = 3, SPEC_BONUS = 4)
+    pkey = dist.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (V - 1 - ids)
+    pkey = tl.where(real, pkey, _NONE)
+    rank = tl.sum((pkey[None, :] > pkey[:, None]).to(tl.int32), 1)
+    cdf = tl.full([CP], float("inf"), tl.float32)
+    run = 0.0
+    for j in tl.static_range(CP):
+        run = run + tl.sum(tl.where(rank == j, dist, 0.0), 0)
+        cdf = tl.where(rank == j, run, cdf)
+    u = _uniform(seed, start + 1 + accepted, tl.where(corrected, 3, 4))
+    idx = tl.sum(((cdf <= u * run) & real).to(tl.int32), 0)
+    idx = tl.minimum(idx, tl.sum((real & (dist > 0)).to(tl.int32), 0) - 1)
+    last = tl.sum(tl.where(rank == idx, ids, 0), 0)
+    tl.store(ACC + b, accepted.to(tl.int64))
+    if HAS_COUNTS:
+        slot = tl.load(SLOTS + b)
+    for j in tl.static_range(K + 1):
+        if j < K:
+            tok = tl.load(DRAFTS + b * K + j)
+        else:
+            tok = last
+        tok = tl.where(accepted == j, last, tok)
+        tl.store(KEPT + b * (K + 1) + j, tok)
+        if HAS_COUNTS:
+            tl.atomic_add(COUNTS + slot * V + tok, 1.0, mask=j <= accepted)
+
+
+def fused_judge(
+    cand: torch.Tensor,
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    seeds: torch.Tensor,
+    starts: torch.Tensor,
+    vocab: int,
+    counts: torch.Tensor | None = None,
+    slots: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ninfer.speculative.judge` in one launch: acceptance, the correction or bonus draw, the kept
+    tokens, and (with counts and slots) the kept tokens added to the slots' history counts."""
+    b, k = drafts.shape
+    if cand.shape[:2] != (b, k + 1) or p.shape != cand.shape:
+        raise ValueError(f"candidates {tuple(cand.shape)} / probs {tuple(p.shape)} do not fit drafts {tuple(drafts.shape)}")
+    if cand.dtype != torch.int64 or p.dtype != torch.float32 or drafts.dtype != torch.int64:
+        raise ValueError("judge needs int64 candidates and drafts and float32 probabilities")
+    c = cand.shape[2]
+    if c > 32:
+        raise ValueError(f"judge takes at most 32 candidates a column, got {c}")
+    dev = cand.device
+    kept = torch.empty(b, k + 1, dtype=torch.int64, device=dev)
+    accepted = torch.empty(b, dtype=torch.int64, device=dev)
+    if b == 0:
+        return accepted, kept
+    has_counts = counts is not None
+    if has_counts:
+        if counts.dtype != torch.float32 or counts.dim() != 2 or counts.shape[1] != vocab or not counts.is_contiguous():
+            raise ValueError(f"counts must be contiguous float32 [slots, {vocab}]")
+        if slots is None or slots.shape != (b,):
+            raise ValueError(f"counts need slots [{b}]")
+    _judge_kernel[(b,)](
+        cand.contiguous(), p.contiguous(), drafts.contiguous(), seeds.contiguous(), starts.contiguous(), kept, accepted,
+        counts if has_counts else p, slots.contiguous() if has_counts else seeds, vocab, c,
+        K=k, CP=32, HAS_COUNTS=has_counts, LIBDEVICE=not interpreting(), num_warps=1, **pdl_kwargs(dev),
+    )  # fmt: skip
+    return accepted, kept

@@ -173,3 +173,57 @@ def test_top_p_one_keeps_weights_below_the_sum_s_rounding():
     want = sample_rows(logits, one, k, top_p, z, z, z, seeds, seeds, 1)
     assert torch.equal(ids, want[0]) and torch.equal(probs > 0, want[1] > 0)
     assert int((probs[0] > 0).sum()) == 20 and int((probs[1] > 0).sum()) == 1
+
+
+def _rounds(g, b, k, vocab, device):
+    from ninfer.kernels.sampling import process
+
+    m = k + 1
+    logits = torch.randn(b * m, vocab, generator=g) * 3
+    top = logits.view(b, m, vocab)[:, :k].argmax(-1)
+    drafts = torch.where(torch.rand(b, k, generator=g) < 0.6, top, torch.randint(0, vocab, (b, k), generator=g))
+    temp = torch.rand(b * m, generator=g) * 1.5 + 0.2
+    top_k = torch.randint(1, 21, (b * m,), generator=g)
+    zeros = torch.zeros(b * m)
+    cand, p = process(logits, temp, top_k, torch.rand(b * m, generator=g), torch.rand(b * m, generator=g) * 0.2,
+                      zeros, zeros, None)  # fmt: skip
+    seeds = torch.randint(-(2**63), 2**63 - 1, (b,), generator=g)
+    starts = torch.randint(0, 1 << 30, (b,), generator=g)
+    slots = torch.randperm(b + 5, generator=g)[:b]
+    out = (cand.view(b, m, -1), p.view(b, m, -1), drafts, seeds, starts)
+    return tuple(t.to(device) for t in out), slots.to(device)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_fused_judge_matches_the_reference(k):
+    from ninfer.speculative import judge
+
+    from ninfer.kernels.triton.sample import fused_judge
+
+    g = torch.Generator().manual_seed(k)
+    b, vocab = 48, 40
+    args, slots = _rounds(g, b, k, vocab, "cpu")
+    c_ref, c_got = torch.ones(b + 5, vocab), torch.ones(b + 5, vocab)
+    want = judge(*args, vocab, c_ref, slots)
+    got = fused_judge(*args, vocab, c_got, slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(c_got, c_ref)
+    assert set(want[0].tolist()) == set(range(k + 1))  # every outcome occurs
+    got2 = fused_judge(*args, vocab)  # no history
+    assert torch.equal(got2[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_fused_judge_matches_the_reference_on_the_gpu():
+    from ninfer.speculative import judge
+
+    from ninfer.kernels.triton.sample import fused_judge
+
+    g = torch.Generator().manual_seed(11)
+    b, k, vocab = 64, 3, 248320
+    args, slots = _rounds(g, b, k, 300, "cuda")
+    c_ref = torch.zeros(b + 5, vocab, device="cuda")
+    c_got = c_ref.clone()
+    want = judge(*args, vocab, c_ref, slots)
+    got = fused_judge(*args, vocab, c_got, slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(c_got, c_ref)
