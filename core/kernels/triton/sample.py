@@ -170,7 +170,7 @@ def fused_sample(
     count_rows: torch.Tensor | None = None,
     extra_ids: torch.Tensor | None = None,
     extra_len: torch.Tensor | None = None,
-    chunk: int = 2048,
+    chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`ninfer.kernels.sampling.sample_rows` in two launches: (ids [R, K], probs [R, K], token [R]
     or None when seeds is None). Per-row parameters are [R] tensors on the logits' device (float32;
