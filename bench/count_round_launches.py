@@ -1,6 +1,6 @@
 """Kernel launches of one speculative round (--spec mtp, K drafts), counted on the CPU by phase.
 
-    python bench/count_round_launches.py [--k 3] [--lm-head-draft]
+    python bench/count_round_launches.py [--k 3] [--lm-head-draft] [--sampler triton|reference]
 
 Builds the tiny 27B-like checkpoint of bench/count_launches.py (bf16, the cuda_fast backends with
 their Triton kernels interpreted), an MTP drafter and an engine on it, prefills a prompt, then
@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--lm-head-draft", action="store_true", help="draft through the shortlist head")
     ap.add_argument("--sequence", default=None, help="print this phase's launches in order")
+    ap.add_argument("--sampler", choices=("triton", "reference"), default="triton",
+                    help="the GPU's sampler (cuda_fast's fused kernels, interpreted) or the torch reference")
     args = ap.parse_args()
     import torch
     import triton.runtime.interpreter as interp
@@ -89,7 +91,13 @@ def main() -> int:
 
     from ninfer.frontend.tokenizer import load_tokenizer
 
-    eng = LLMEngine(model, cache, ReferenceSampler(), load_tokenizer(None), max_context=128, prefill_chunk=64, max_batch=1,
+    if args.sampler == "triton":
+        from ninfer_plugins.cuda_fast.sampler import TritonSampler
+
+        sampler = TritonSampler()
+    else:
+        sampler = ReferenceSampler()
+    eng = LLMEngine(model, cache, sampler, load_tokenizer(None), max_context=128, prefill_chunk=64, max_batch=1,
                     speculator=drafter)
     spec: SpeculativeRound = eng.speculative
 
