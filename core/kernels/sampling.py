@@ -237,8 +237,7 @@ def sample_rows(
     ids, probs = process(logits, temperature, top_k, top_p, min_p, presence, frequency, rows_counts)
     if seeds is None:
         return ids, probs, None
-    ordered, p = _by_probability(ids, probs, logits.shape[-1])
-    return ids, probs, _inverse_cdf(ordered, p, counter_uniform(seeds, positions, purpose))
+    return ids, probs, draw_candidates(ids, probs, logits.shape[-1], counter_uniform(seeds, positions, purpose))
 
 
 def draw_candidates(ids: torch.Tensor, probs: torch.Tensor, vocab: int, u: torch.Tensor) -> torch.Tensor:

@@ -35,15 +35,10 @@ class TritonSampler(ReferenceSampler):
                                   purpose, counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len)  # fmt: skip
         from ninfer.kernels.triton.sample import fused_sample
 
-        want_token = seeds is not None
-        if not want_token:
-            # distributions only (a speculative round's verify columns): the draw is not used
-            seeds = positions = count_rows if count_rows is not None else top_k
-        ids, probs, token = fused_sample(
+        return fused_sample(
             logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions, purpose,
             counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len,
         )  # fmt: skip
-        return ids, probs, token if want_token else None
 
     def judge(self, cand, p, drafts, seeds, starts, vocab, counts=None, slots=None):
         """A batched round's acceptance, last token and history update (ninfer.speculative.judge)

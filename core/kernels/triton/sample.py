@@ -49,6 +49,30 @@ def _uniform(seed, position, purpose):
 
 
 @triton.jit
+def _rank_key(v, ids, V):
+    """`sampling._rank_keys` in a kernel: int64 keys ordered like (v descending, id ascending)."""
+    bits = (v + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 sorts as +0.0
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    return ordered * 4294967296 + (V - 1 - ids).to(tl.int64)
+
+
+@triton.jit
+def _draw(ids, probs, real, u, V, N: tl.constexpr):
+    """`_inverse_cdf(*_by_probability(ids, probs))` for one row of candidates (real: the columns in
+    use, at most N): ranks by probability, the sequential CDF in that order, the clamped pick."""
+    pkey = tl.where(real, _rank_key(probs, ids, V), _NONE)
+    rank = tl.sum((pkey[None, :] > pkey[:, None]).to(tl.int32), 1)
+    cdf = tl.zeros_like(probs)
+    run = 0.0
+    for j in tl.static_range(N):
+        run = run + tl.sum(tl.where(rank == j, probs, 0.0), 0)
+        cdf = tl.where(rank == j, run, cdf)
+    idx = tl.sum(((cdf <= u * run) & real).to(tl.int32), 0)
+    idx = tl.minimum(idx, tl.sum((real & (probs > 0)).to(tl.int32), 0) - 1)
+    return tl.sum(tl.where(rank == idx, ids, 0), 0)
+
+
+@triton.jit
 def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n_extra,
                       CHUNK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_COUNTS: tl.constexpr,
                       HAS_EXTRA: tl.constexpr, PDL: tl.constexpr = False):
@@ -70,10 +94,7 @@ def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n
         # the reference's order: (x - presence * [count > 0]) - frequency * count
         x = x - tl.load(PRES + r) * (cnt > 0).to(tl.float32)
         x = x - tl.load(FREQ + r) * cnt
-    bits = (x + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 sorts as +0.0
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-    keys = ordered * 4294967296 + (V - 1 - offs).to(tl.int64)
-    keys = tl.where(ok, keys, _NONE)
+    keys = tl.where(ok, _rank_key(x, offs, V), _NONE)
     base = PART + (r * nc + c) * KP
     for j in tl.static_range(K):
         m = tl.max(keys, 0)
@@ -129,21 +150,8 @@ def _finish_kernel(PART, n_part, V, TEMP, TOPK, TOPP, MINP, SEEDS, POS, PURP, pu
     tl.store(IDS + r * K + cols, ids, mask=real)
     tl.store(PROBS + r * K + cols, probs, mask=real)
     if DRAW:
-        # order by probability (descending, lower id first), as `_by_probability`
-        pkey = probs.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (V - 1 - ids)
-        pkey = tl.where(real, pkey, _NONE)
-        rank = tl.sum((pkey[None, :] > pkey[:, None]).to(tl.int32), 1)
-        cdf = tl.full([KP], float("inf"), tl.float32)
-        run = 0.0
-        for j in tl.static_range(K):
-            run = run + tl.sum(tl.where(rank == j, probs, 0.0), 0)
-            cdf = tl.where(rank == j, run, cdf)
         u = _uniform(tl.load(SEEDS + r), tl.load(POS + r), tl.load(PURP + r * purpose_stride))
-        target = u * run
-        idx = tl.sum((cdf <= target).to(tl.int32), 0)
-        npos = tl.sum((real & (probs > 0)).to(tl.int32), 0)
-        idx = tl.minimum(idx, npos - 1)
-        tl.store(TOKEN + r, tl.sum(tl.where(rank == idx, ids, 0), 0))
+        tl.store(TOKEN + r, _draw(ids, probs, real, u, V, K))
 
 
 def _row_param(t: torch.Tensor, rows: int, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -278,8 +286,7 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.T
 
 @triton.jit
 def _judge_kernel(CAND, PROB, DRAFTS, SEEDS, STARTS, KEPT, ACC, COUNTS, SLOTS, V, C,
-                  K: tl.constexpr, CP: tl.constexpr, HAS_COUNTS: tl.constexpr, LIBDEVICE: tl.constexpr,
-                  PDL: tl.constexpr = False):
+                  K: tl.constexpr, CP: tl.constexpr, HAS_COUNTS: tl.constexpr, PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     b = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, CP)
@@ -309,19 +316,8 @@ def _judge_kernel(CAND, PROB, DRAFTS, SEEDS, STARTS, KEPT, ACC, COUNTS, SLOTS, V
     use_rest = corrected & (total > 0)
     dist = tl.where(use_rest, tl.div_rn(rest, tl.zeros([CP], tl.float32) + tl.maximum(total, 1.1754943508222875e-38)), pr)
     dist = tl.where(real, dist, 0.0)
-    # the draw, as _by_probability + _inverse_cdf (SPEC_CORRECTION = 3, SPEC_BONUS = 4)
-    pkey = dist.to(tl.int32, bitcast=True).to(tl.int64) * 4294967296 + (V - 1 - ids)
-    pkey = tl.where(real, pkey, _NONE)
-    rank = tl.sum((pkey[None, :] > pkey[:, None]).to(tl.int32), 1)
-    cdf = tl.full([CP], float("inf"), tl.float32)
-    run = 0.0
-    for j in tl.static_range(CP):
-        run = run + tl.sum(tl.where(rank == j, dist, 0.0), 0)
-        cdf = tl.where(rank == j, run, cdf)
-    u = _uniform(seed, start + 1 + accepted, tl.where(corrected, 3, 4))
-    idx = tl.sum(((cdf <= u * run) & real).to(tl.int32), 0)
-    idx = tl.minimum(idx, tl.sum((real & (dist > 0)).to(tl.int32), 0) - 1)
-    last = tl.sum(tl.where(rank == idx, ids, 0), 0)
+    # the draw (SPEC_CORRECTION = 3, SPEC_BONUS = 4)
+    last = _draw(ids, dist, real, _uniform(seed, start + 1 + accepted, tl.where(corrected, 3, 4)), V, CP)
     tl.store(ACC + b, accepted.to(tl.int64))
     if HAS_COUNTS:
         slot = tl.load(SLOTS + b)
@@ -370,6 +366,6 @@ def fused_judge(
     _judge_kernel[(b,)](
         cand.contiguous(), p.contiguous(), drafts.contiguous(), seeds.contiguous(), starts.contiguous(), kept, accepted,
         counts if has_counts else p, slots.contiguous() if has_counts else seeds, vocab, c,
-        K=k, CP=32, HAS_COUNTS=has_counts, LIBDEVICE=not interpreting(), num_warps=1, **pdl_kwargs(dev),
+        K=k, CP=32, HAS_COUNTS=has_counts, num_warps=1, **pdl_kwargs(dev),
     )  # fmt: skip
     return accepted, kept
