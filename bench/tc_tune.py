@@ -40,11 +40,21 @@ def cands():
             TCConfig(2, 4, 2, 8), TCConfig(8, 2, 4, 2), TCConfig(2, 3, 1, 16), TCConfig(8, 3, 1, 5)]
 
 
+def direct_cands():
+    from ninfer_plugins.quant_int.gemv_tc import TCConfig
+
+    return [TCConfig(4, 0, 4, 6, 2), TCConfig(4, 0, 4, 4, 2), TCConfig(4, 0, 4, 8, 2), TCConfig(8, 0, 4, 4, 2),
+            TCConfig(8, 0, 4, 6, 2), TCConfig(4, 0, 2, 8, 2), TCConfig(4, 0, 2, 12, 2), TCConfig(8, 0, 2, 8, 2),
+            TCConfig(4, 0, 8, 3, 2), TCConfig(4, 0, 4, 6, 1), TCConfig(16, 0, 4, 4, 2)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench_out")))
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--pairs", default=DEFAULT_PAIRS)
+    ap.add_argument("--direct", action="store_true",
+                    help="the direct kernel's candidates (weights straight into registers), against the full dispatch")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -69,7 +79,7 @@ def main() -> int:
         def time_it(m: int, cfg) -> float:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             if cfg is None:
-                os.environ["NINFER_TC"] = "0"
+                os.environ["NINFER_TC"] = "1" if args.direct else "0"
                 try:
                     return 1e3 * QL.graph_ms_per_call([lambda p=p: K.launch(x, p) for p in ps])
                 finally:
@@ -82,7 +92,7 @@ def main() -> int:
             d = {m: time_it(m, None) for m in (1, 4, 8)}
             for m in (1, 4, 8):
                 row[f"m{m}"]["dispatch"] = d[m]
-            res = GT.rank(time_it, 1, [c for c in cands() if TC.supports(ps[0], c)], row["m1"], lambda cfg, exc: print(
+            res = GT.rank(time_it, 1, [c for c in (direct_cands() if args.direct else cands()) if TC.supports(ps[0], c)], row["m1"], lambda cfg, exc: print(
                 f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:300]}", flush=True))
             top = [cfg for _, cfg in res[:3]]
             res4 = GT.rank(time_it, 4, top, row["m4"])

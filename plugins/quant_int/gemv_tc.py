@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.kernels.triton.launch import pdl_kwargs
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
@@ -58,6 +59,7 @@ except Exception:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
 MAX_M = 8
+GATED_MAXNREG = 128
 # set by bench/compile_sm90_dense.py: launch the kernel on CPU tensors (a compile-only driver)
 COMPILE_ONLY = False
 FORMATS = (4, 5)
@@ -282,6 +284,210 @@ if HAVE_GLUON:
             gl.atomic_xchg(CNT + pid_c, 0)
 
 
+    _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
+
+    @gluon.jit
+    def _xload(ptr, mask, X, GATED: gl.constexpr, GOFF: gl.constexpr):
+        """x at ptr as fp32; GATED: silu(ptr[..]) * ptr[GOFF + ..] rounded once to x's dtype (the
+        expression of cuda_fast's silu_mul: tl.sigmoid is 1 / (1 + exp(-x)))."""
+        if GATED:
+            g = gl.load(ptr, mask=mask, other=0.0).to(gl.float32)
+            u = gl.load(ptr + GOFF, mask=mask, other=0.0).to(gl.float32)
+            return (g * (1 / (1 + gl.exp(-g))) * u).to(X.dtype.element_ty).to(gl.float32)
+        return gl.load(ptr, mask=mask, other=0.0).to(gl.float32)
+
+    @gluon.jit
+    def _block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT: gl.constexpr, R: gl.constexpr, L5: gl.constexpr,
+                    MMA: gl.constexpr, LH3: gl.constexpr):
+        """Pointers of K block 0 of rows 0..R-1, in the layouts the decode reads: words [R, 4 t, 4 j]
+        (lane (g, t): 16 bytes of rows g and g + 8), the fp16 scale pair [R], q5's bit words
+        [R, 4 t, 2]; a block is these plus a scalar offset (_load_block)."""
+        LW: gl.constexpr = gl.SliceLayout(3, L5)
+        rr = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
+        tt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
+        jj = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+        wp = W + (rr * stride_wn)[:, None, None] + (tt * 4)[None, :, None] + jj[None, None, :]
+        sr = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
+        sp = S + sr * stride_sn
+        if FMT == 5:
+            hr = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, LH3)))
+            ht = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LH3)))
+            hh = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, LH3)))
+            hp = H + (hr * stride_hn)[:, None, None] + (ht // 2)[None, :, None] + (hh * 2)[None, None, :]
+        else:
+            hp = sp
+        return wp, sp, hp
+
+    @gluon.jit
+    def _load_block(wp, sp, hp, r0, kb, stride_wn, stride_hn, stride_sn, FMT: gl.constexpr):
+        """K block kb of rows r0.. straight into registers: words, scales, q5 bit words."""
+        r64 = r0.to(gl.int64)
+        w = gl.load(wp + (r64 * stride_wn + kb * 16))
+        s = gl.load(sp + (r64 * stride_sn + kb))
+        if FMT == 5:
+            hw = gl.load(hp + (r64 * stride_hn + kb * 4))
+        else:
+            hw = s
+        return w, s, hw
+
+    @gluon.jit
+    def _block_mma(acc, w, s, hw, xsm, csm, kb: gl.constexpr, FMT: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr,
+                   CONSTR: gl.constexpr, L5: gl.constexpr, LH3: gl.constexpr, LB4: gl.constexpr, MMA: gl.constexpr,
+                   A_L: gl.constexpr, B_L: gl.constexpr):
+        """acc [R, 8] += one K block's two groups (the ring kernel's inner step, on registers)."""
+        s_lo = (s & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        s_hi = ((s >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        wb = gl.broadcast(w[:, :, :, None], gl.full([R, 4, 4, 8], 0, gl.int32, layout=L5))[0]
+        if FMT == 5:
+            ht = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LH3)))
+            hsh = (ht % 2) * 16
+            j4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L5))))
+            hl, hh = gl.split(hw)
+            sa = (hl >> hsh[None, :]) & 0xFFFF
+            sa = sa | (sa << 14)
+            sb = (hh >> hsh[None, :]) & 0xFFFF
+            sb = sb | (sb << 14)
+            sa4 = gl.convert_layout(sa, gl.SliceLayout(2, gl.SliceLayout(3, L5)))[:, :, None]
+            sb4 = gl.convert_layout(sb, gl.SliceLayout(2, gl.SliceLayout(3, L5)))[:, :, None]
+            jb = j4[None, None, :]
+            ul = gl.where(jb == 0, sa4 << 4, sa4 >> gl.maximum(4 * jb - 4, 0))
+            uh = gl.where(jb == 0, sb4 << 8, gl.where(jb == 1, sb4 << 4, sb4 >> gl.maximum(4 * jb - 8, 0)))
+            ulb = gl.broadcast(ul[:, :, :, None], wb)[0]
+            uhb = gl.broadcast(uh[:, :, :, None], wb)[0]
+            d = gl.inline_asm_elementwise(ASM, CONSTR, [wb, ulb, uhb], dtype=gl.float16, is_pure=True, pack=8)
+        else:
+            d = gl.inline_asm_elementwise(ASM, CONSTR, [wb], dtype=gl.float16, is_pure=True, pack=8)
+        d = gl.reshape(d, [R, 4, 4, 2, 2, 2])
+        d = gl.permute(d, [0, 2, 4, 1, 5, 3])
+        d_lo, d_hi = gl.split(d)
+        for g in gl.static_range(2):
+            if g == 0:
+                a = gl.convert_layout(gl.reshape(d_lo, [R, 64]), A_L)
+                sg = s_lo
+            else:
+                a = gl.convert_layout(gl.reshape(d_hi, [R, 64]), A_L)
+                sg = s_hi
+            xb = xsm.index(kb * 2 + g).load(LB4)
+            xb = gl.reshape(xb, [2, 8, 4, 2, 2, 2])
+            xb = gl.permute(xb, [0, 3, 4, 2, 5, 1])
+            b = gl.convert_layout(gl.reshape(xb, [64, 8]), B_L)
+            c = mma_v2(a, b, gl.zeros([R, 8], gl.float32, layout=MMA))
+            cg = csm.index(kb * 2 + g).load(gl.SliceLayout(0, MMA))
+            acc += (c - cg[None, :]) * sg[:, None]
+        return acc
+
+    @gluon.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
+    def _gemv_tcd_kernel(
+        X, W, H, S, Y, WS, CNT,
+        M, N,
+        stride_xm, stride_wn, stride_hn, stride_sn, stride_ym,
+        ROWS_PER_CTA, N_SLICES,
+        FMT: gl.constexpr, KB: gl.constexpr, PF: gl.constexpr, R: gl.constexpr, SLICES_P2: gl.constexpr,
+        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, GATED: gl.constexpr, GOFF: gl.constexpr,
+        ASM: gl.constexpr, CONSTR: gl.constexpr,
+        XF_A: gl.constexpr, XF_B: gl.constexpr, XF_C: gl.constexpr, XF_D: gl.constexpr,
+        BIAS_A: gl.constexpr, BIAS_B: gl.constexpr, BIAS_C: gl.constexpr, BIAS_D: gl.constexpr,
+        L5: gl.constexpr, LCW: gl.constexpr, LCS: gl.constexpr, LCH: gl.constexpr, LX: gl.constexpr,
+        LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
+        MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SH4: gl.constexpr, SH3: gl.constexpr, SH1: gl.constexpr,
+    ):
+        """The ring kernel's arithmetic with the weights loaded straight into the registers the
+        decode reads (no shared-memory ring, so occupancy is set by registers): K blocks stream
+        one at a time, PF (1 or 2) blocks ahead of the one being multiplied. MT: the tokens the
+        last CTA's sum reads (M rounded up to a power of two). GATED: x is silu(gate) * up of
+        [gate | up] rows (up GOFF elements after gate), rounded to x's dtype as silu_mul would
+        store it, computed as x is read."""
+        pid_c = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        kb0 = pid_s * KB
+        row_lo = pid_c * ROWS_PER_CTA
+        row_hi = gl.minimum(row_lo + ROWS_PER_CTA, N)
+        trips = gl.cdiv(row_hi - row_lo, R)
+        last = row_lo + (trips - 1) * R
+
+        xsm = gl.allocate_shared_memory(gl.float16, [KB * 2, 2, 8, 4, 8], SH4)
+        csm = gl.allocate_shared_memory(gl.float32, [KB * 2, 8], SH1)
+
+        # the first blocks go out before x is read (weights: no kernel writes them)
+        wp, sp, hp = _block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT, R, L5, MMA, LH3)
+        wa, sa, ha = _load_block(wp, sp, hp, row_lo, kb0, stride_wn, stride_hn, stride_sn, FMT)
+        if PF == 2:
+            if KB > 1:
+                wb_, sb_, hb_ = _load_block(wp, sp, hp, row_lo, kb0 + 1, stride_wn, stride_hn, stride_sn, FMT)
+            else:
+                r1 = gl.minimum(row_lo + R, last)
+                wb_, sb_, hb_ = _load_block(wp, sp, hp, r1, kb0, stride_wn, stride_hn, stride_sn, FMT)
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+        nn = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
+        ee = gl.arange(0, 64, layout=gl.SliceLayout(0, LX))
+        xp = X + nn[:, None].to(gl.int64) * stride_xm + (kb0 * 128 + ee)[None, :]
+        xmask = (nn < M)[:, None]
+        sel = ee % 2
+        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(1, LX))
+        # runtime loops over x's groups: one group's values live at a time (an unrolled loop holds
+        # them all: 166-168 registers with the gated input, against ~93)
+        for kg in range(KB * 2):
+            xv = _xload(xp + kg * 64, xmask, X, GATED, GOFF)
+            amax = gl.maximum(amax, gl.max(gl.abs(xv), axis=1))
+        ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
+        f = ((e + 127) << 23).to(gl.float32, bitcast=True)
+        inv = ((127 - e) << 23).to(gl.float32, bitcast=True)
+        fac_lo = gl.where(sel == 0, XF_A, XF_C)
+        bias_lo = gl.where(sel == 0, BIAS_A, BIAS_C)
+        fac_hi = gl.where(sel == 0, XF_B, XF_D)
+        bias_hi = gl.where(sel == 0, BIAS_B, BIAS_D)
+        for kg in range(KB * 2):
+            xv = _xload(xp + kg * 64, xmask, X, GATED, GOFF)
+            odd = (kg % 2) == 1
+            fac = gl.where(odd, fac_hi, fac_lo)
+            bias = gl.where(odd, bias_hi, bias_lo)
+            xs = (xv * f[:, None] * fac[None, :]).to(gl.float16)
+            csm.index(kg).store(gl.sum(xs.to(gl.float32) * bias[None, :], axis=1))
+            xs = gl.permute(gl.reshape(xs, [8, 4, 2, 2, 2, 2]), [2, 0, 1, 3, 5, 4])
+            xsm.index(kg).store(gl.reshape(xs, [2, 8, 4, 8]))
+        _tbarrier()
+        inv_n = gl.convert_layout(inv, gl.SliceLayout(0, MMA))
+        ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
+        yn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
+
+        for i in range(trips):
+            acc = gl.zeros([R, 8], gl.float32, layout=MMA)
+            for kb in gl.static_range(KB):
+                # the block PF ahead: (trip, block) of this one + PF, the last tile again past the end
+                nk = kb + PF
+                r_n = gl.minimum(row_lo + (i + nk // KB) * R, last)
+                wn, sn, hn = _load_block(wp, sp, hp, r_n, kb0 + nk % KB, stride_wn, stride_hn, stride_sn, FMT)
+                acc = _block_mma(acc, wa, sa, ha, xsm, csm, kb, FMT, R, ASM, CONSTR, L5, LH3, LB4, MMA, A_L, B_L)
+                if PF == 2:
+                    wa, sa, ha = wb_, sb_, hb_
+                    wb_, sb_, hb_ = wn, sn, hn
+                else:
+                    wa, sa, ha = wn, sn, hn
+            rows = row_lo + i * R + ym
+            dst = WS + rows.to(gl.int64)[:, None] + ((pid_s * 8 + yn) * N).to(gl.int64)[None, :]
+            keep = (rows < row_hi)[:, None] & (yn < M)[None, :]
+            gl.store(dst, acc * inv_n[None, :], mask=keep)
+
+        _tbarrier()
+        arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+        if arrived == N_SLICES - 1:
+            sl_ = gl.arange(0, SLICES_P2, layout=gl.SliceLayout(1, LRED))
+            cc = gl.arange(0, RED * MT, layout=gl.SliceLayout(0, LRED))
+            tok = cc // RED
+            for r0 in range(row_lo, row_hi, RED):
+                rr = r0 + cc % RED
+                ok = (rr < row_hi) & (tok < M)
+                p = gl.load(WS + ((sl_[:, None] * 8 + tok[None, :]) * N).to(gl.int64) + rr[None, :],
+                            mask=(sl_ < N_SLICES)[:, None] & ok[None, :], other=0.0, cache_modifier=".cg")
+                gl.store(Y + tok * stride_ym + rr, gl.sum(p, 0).to(Y.dtype.element_ty), mask=ok)
+            gl.atomic_xchg(CNT + pid_c, 0)
+
+
 
 # --- host side -------------------------------------------------------------------------------
 
@@ -292,8 +498,13 @@ class TCConfig:
     stages: int = 4  # cp.async ring depth
     num_warps: int = 4  # R = 16 x num_warps rows a trip
     ctas: int = 4  # target CTAs per SM (sets the row chunk)
+    # > 0: the direct kernel (weights straight into registers, this many K blocks ahead; 1 or 2),
+    # `stages` unused; 0: the cp.async ring
+    direct: int = 0
 
     def describe(self) -> str:
+        if self.direct:
+            return f"TCD KB{self.kb} P{self.direct} w{self.num_warps} C{self.ctas}"
         return f"TC KB{self.kb} S{self.stages} w{self.num_warps} C{self.ctas}"
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
@@ -310,7 +521,16 @@ def enabled() -> bool:
 
 
 def supports(p: QK.Prepared, cfg: TCConfig) -> bool:
-    return p.fmt in FORMATS and p.k % (128 * cfg.kb) == 0 and QK.ROW_PAD % (16 * cfg.num_warps) == 0
+    return (p.fmt in FORMATS and p.k % (128 * cfg.kb) == 0 and QK.ROW_PAD % (16 * cfg.num_warps) == 0
+            and cfg.direct in (0, 1, 2))
+
+
+def direct_default(fmt: int, n: int, k: int) -> TCConfig | None:
+    """The direct kernel's config where none is tuned: 8 K blocks a slice on long K, else 4."""
+    for kb in ((8, 4) if k >= 16384 else (4, 8)):
+        if fmt in FORMATS and k % (128 * kb) == 0:
+            return TCConfig(kb, 0, 4, 6, 2)
+    return None
 
 
 def grid_of(p: QK.Prepared, cfg: TCConfig) -> tuple[int, int, int]:
@@ -375,9 +595,9 @@ def _consts(fmt: int, cfg: TCConfig) -> dict:
     return out
 
 
-def red_rows(slices_p2: int, num_warps: int) -> int:
-    """Rows the last CTA sums a step: [slices, 8 tokens x rows] at <= 32 values a thread."""
-    r = max(1, (32 * 32 * num_warps) // (8 * slices_p2))
+def red_rows(slices_p2: int, num_warps: int, tokens: int = 8) -> int:
+    """Rows the last CTA sums a step: [slices, tokens x rows] at <= 32 values a thread."""
+    r = max(1, (32 * 32 * num_warps) // (tokens * slices_p2))
     return max(4, min(128, 1 << (r.bit_length() - 1)))
 
 
@@ -402,15 +622,23 @@ def reference(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
     return y.to(x2.dtype)
 
 
-def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
-    """y [M, n] = x2 [M, k] @ W.T for M <= 8 rows."""
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig, gated: bool = False) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 8 rows. gated (the direct kernel only): x2 is
+    [M, 2k] = [gate | up] and the GEMV's input is silu(gate) * up, rounded to x2's dtype as
+    silu_mul stores it (a SwiGLU's down projection without the silu_mul launch)."""
     m = x2.shape[0]
     if m > MAX_M:
         raise ValueError(f"the tensor-core GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
         raise ValueError(f"the tensor-core GEMV needs q4/q5 and K % {128 * cfg.kb} == 0 "
                          f"(format {p.fmt}, K={p.k}, {cfg.describe()})")
+    if gated and (not cfg.direct or x2.shape[1] != 2 * p.k or x2.stride(1) != 1):
+        raise ValueError(f"the tensor-core GEMV's gated input needs the direct kernel and [M, 2 x {p.k}] rows with a "
+                         f"unit last stride, got {tuple(x2.shape)} ({cfg.describe()})")
     if (x2.device.type != "cuda" and not COMPILE_ONLY) or QK.interpreting():
+        if gated:
+            g, u = x2[:, :p.k].float(), x2[:, p.k:].float()
+            x2 = (g * torch.sigmoid(g) * u).to(x2.dtype)
         return reference(x2, p, cfg)
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
@@ -423,6 +651,25 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
     s = p.scales.view(torch.int32)
     c = _consts(p.fmt, cfg)
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
+    if cfg.direct:
+        mt = 1 << max(0, (m - 1).bit_length())
+        pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": True} if COMPILE_ONLY == "pdl" else {})
+        _gemv_tcd_kernel[(chunks, n_slices)](
+            x2, w, h, s, y, ws.partials, ws.counters,
+            m, p.n,
+            x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+            rows_per_cta, n_slices,
+            FMT=p.fmt, KB=cfg.kb, PF=cfg.direct, R=16 * cfg.num_warps,
+            SLICES_P2=slices_p2, RED=red_rows(slices_p2, cfg.num_warps, mt), MT=mt,
+            PDL=bool(pdl.get("PDL", False)), GATED=gated, GOFF=p.k if gated else 0,
+            num_warps=cfg.num_warps,
+            # the gated input's prologue alone took ptxas to ~168 registers (the main loop needs
+            # ~90): capped so that the main loop keeps its occupancy (no spills, bench/tc_sass.py)
+            **({"maxnreg": GATED_MAXNREG} if gated else {}),
+            **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
+            **c,
+        )
+        return y
     _gemv_tc_kernel[(chunks, n_slices)](
         x2, w, h, s, y, ws.partials, ws.counters,
         m, p.n,

@@ -107,7 +107,11 @@ SHAPES = {
     "q5_g64": [(5120, 17408), (16384, 5120), (5120, 6144), (6144, 5120), (13312, 5120), (200, 1024)],
 }
 CONFIGS = [TC.TCConfig(), TC.TCConfig(kb=8, stages=3, num_warps=4, ctas=2), TC.TCConfig(kb=2, stages=6),
-           TC.TCConfig(kb=4, stages=3, num_warps=8, ctas=2), TC.TCConfig(kb=1, stages=4)]
+           TC.TCConfig(kb=4, stages=3, num_warps=8, ctas=2), TC.TCConfig(kb=1, stages=4),
+           # the direct kernel: two blocks ahead, one ahead, one block a slice (the prologue's
+           # other branch), 2 and 8 warps
+           TC.TCConfig(4, 0, 4, 6, 2), TC.TCConfig(8, 0, 4, 4, 1), TC.TCConfig(1, 0, 4, 6, 2),
+           TC.TCConfig(4, 0, 2, 8, 2), TC.TCConfig(2, 0, 8, 3, 1)]
 
 
 @gpu
@@ -151,6 +155,98 @@ def test_gpu_tc_graph_replay_and_bit_equal_repeats():
         torch.cuda.synchronize()
         assert torch.equal(y, first)
     assert rel_err(first, x.float() @ deq.T) < 4e-3
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("pdl", ["0", "1"])
+def test_gpu_tc_direct_graph_replay_bit_equal_to_eager(pdl, monkeypatch):
+    """The direct kernel (weights straight into registers) with and without its programmatic
+    dependent launch prologue: a CUDA graph's replays bit-equal to the eager launch, and a
+    launch after another kernel that wrote x reads the new x."""
+    monkeypatch.setenv("NINFER_PDL", pdl)
+    torch.manual_seed(7)
+    for scheme, n, k in (("q5_g64", 5120, 17408), ("q4_g64", 34816, 5120)):
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        cfg = TC.direct_default(p.fmt, n, k)
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        x = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+        first = TC.launch(x, p, cfg)
+        src = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            x.copy_(src)  # the kernel before it writes x
+            y = TC.launch(x, p, cfg)
+        for _ in range(3):
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, TC.launch(src, p, cfg))
+        assert rel_err(first, x.float() @ deq.T) > 0.1  # x changed: the graph's output is not the first one
+        assert rel_err(y, src.float() @ deq.T) < 4e-3
+
+
+def test_gated_input_on_the_cpu_and_what_is_refused():
+    """gated=True: x2 = [gate | up] and the GEMV's input is silu(gate) * up rounded to bf16 (the
+    CPU path: the same reference after that rounding); only the direct kernel takes it."""
+    p, deq = packed_and_ref(torch.randn(64, 512), "q5_g64")
+    cfg = TC.TCConfig(4, 0, 4, 6, 2)
+    gu = (torch.randn(3, 1024) * 2).bfloat16()
+    g, u = gu[:, :512].float(), gu[:, 512:].float()
+    x = (g * torch.sigmoid(g) * u).bfloat16()
+    assert torch.equal(TC.launch(gu, p, cfg, gated=True), TC.reference(x, p, cfg))
+    assert rel_err(TC.launch(gu, p, cfg, gated=True), x.float() @ deq.T) < 4e-3
+    with pytest.raises(ValueError, match="direct kernel"):
+        TC.launch(gu, p, TC.TCConfig(4, 2, 4, 6), gated=True)
+    with pytest.raises(ValueError, match="direct kernel"):
+        TC.launch(gu[:, :768], p, cfg, gated=True)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("scheme", ["q5_g64", "q4_g64"])
+def test_gpu_tc_direct_gated_matches_silu_mul_then_gemv(scheme):
+    """The down projection with the SwiGLU folded into the direct kernel's x preparation against
+    silu_mul then the same kernel, M = 1..8, eager and in a CUDA graph."""
+    from ninfer_plugins.cuda_fast.ops import silu_mul
+
+    torch.manual_seed(11)
+    n, k = 5120, 17408
+    p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    cfg = TC.direct_default(p.fmt, n, k)
+    K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+    for m in (1, 2, 4, 8):
+        gu = (torch.randn(m, 2 * k, device="cuda") * 2).bfloat16()
+        want = TC.launch(silu_mul(gu[:, :k], gu[:, k:]), p, cfg)
+        got = TC.launch(gu, p, cfg, gated=True)
+        assert rel_err(got, want.float()) < 1e-3, (scheme, m, rel_err(got, want.float()))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = TC.launch(gu, p, cfg, gated=True)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, got)
+
+
+def test_direct_default_and_the_switch(monkeypatch):
+    """direct_default: 8 K blocks a slice on long K, 4 elsewhere; q4/q5 only. NINFER_TCD=1 makes
+    the dispatch take it for every q4/q5 launch of M <= 8 (the A/B switch); off by default."""
+    assert TC.direct_default(5, 5120, 17408) == TC.TCConfig(8, 0, 4, 6, 2)
+    assert TC.direct_default(4, 34816, 5120) == TC.TCConfig(4, 0, 4, 6, 2)
+    assert TC.direct_default(4, 1000, 384) is None  # 3 K blocks
+    p, _ = packed_and_ref(torch.randn(32, 512), "q4_g64")
+    assert not TC.supports(p, TC.TCConfig(4, 0, 4, 6, 3))  # one or two blocks ahead only
+    if not TC.enabled():
+        pytest.skip("Gluon missing")
+    monkeypatch.setenv("NINFER_TCD", "1")
+    assert K.pick_gemv(5, 4, 5120, 17408, 132) == TC.TCConfig(8, 0, 4, 6, 2)
+    assert not isinstance(K.pick_gemv(6, 1, 5120, 17408, 132), TC.TCConfig)
+    monkeypatch.delenv("NINFER_TCD")
+    from ninfer_plugins.quant_int.tuned import TUNED_TC
+
+    for fmt, n, k in ((5, 5120, 6144), (5, 5120, 17408), (4, 34816, 5120)):
+        got = K.pick_gemv(fmt, 1, n, k, 132)
+        want = TUNED_TC.get((fmt, n, k, "m1"))
+        assert got == TC.TCConfig(*want) if want else not isinstance(got, TC.TCConfig)
 
 
 @gpu
