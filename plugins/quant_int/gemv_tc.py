@@ -59,7 +59,6 @@ except Exception:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
 MAX_M = 8
-GATED_MAXNREG = 128
 # set by bench/compile_sm90_dense.py: launch the kernel on CPU tensors (a compile-only driver)
 COMPILE_ONLY = False
 FORMATS = (4, 5)
@@ -287,16 +286,6 @@ if HAVE_GLUON:
     _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 
     @gluon.jit
-    def _xload(ptr, mask, X, GATED: gl.constexpr, GOFF: gl.constexpr):
-        """x at ptr as fp32; GATED: silu(ptr[..]) * ptr[GOFF + ..] rounded once to x's dtype (the
-        expression of cuda_fast's silu_mul: tl.sigmoid is 1 / (1 + exp(-x)))."""
-        if GATED:
-            g = gl.load(ptr, mask=mask, other=0.0).to(gl.float32)
-            u = gl.load(ptr + GOFF, mask=mask, other=0.0).to(gl.float32)
-            return (g * (1 / (1 + gl.exp(-g))) * u).to(X.dtype.element_ty).to(gl.float32)
-        return gl.load(ptr, mask=mask, other=0.0).to(gl.float32)
-
-    @gluon.jit
     def _block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT: gl.constexpr, R: gl.constexpr, L5: gl.constexpr,
                     MMA: gl.constexpr, LH3: gl.constexpr):
         """Pointers of K block 0 of rows 0..R-1, in the layouts the decode reads: words [R, 4 t, 4 j]
@@ -383,7 +372,7 @@ if HAVE_GLUON:
         stride_xm, stride_wn, stride_hn, stride_sn, stride_ym,
         ROWS_PER_CTA, N_SLICES,
         FMT: gl.constexpr, KB: gl.constexpr, PF: gl.constexpr, R: gl.constexpr, SLICES_P2: gl.constexpr,
-        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, GATED: gl.constexpr, GOFF: gl.constexpr,
+        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr,
         ASM: gl.constexpr, CONSTR: gl.constexpr,
         XF_A: gl.constexpr, XF_B: gl.constexpr, XF_C: gl.constexpr, XF_D: gl.constexpr,
         BIAS_A: gl.constexpr, BIAS_B: gl.constexpr, BIAS_C: gl.constexpr, BIAS_D: gl.constexpr,
@@ -394,9 +383,7 @@ if HAVE_GLUON:
         """The ring kernel's arithmetic with the weights loaded straight into the registers the
         decode reads (no shared-memory ring, so occupancy is set by registers): K blocks stream
         one at a time, PF (1 or 2) blocks ahead of the one being multiplied. MT: the tokens the
-        last CTA's sum reads (M rounded up to a power of two). GATED: x is silu(gate) * up of
-        [gate | up] rows (up GOFF elements after gate), rounded to x's dtype as silu_mul would
-        store it, computed as x is read."""
+        last CTA's sum reads (M rounded up to a power of two)."""
         pid_c = gl.program_id(0)
         pid_s = gl.program_id(1)
         kb0 = pid_s * KB
@@ -428,10 +415,9 @@ if HAVE_GLUON:
         xmask = (nn < M)[:, None]
         sel = ee % 2
         amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(1, LX))
-        # runtime loops over x's groups: one group's values live at a time (an unrolled loop holds
-        # them all: 166-168 registers with the gated input, against ~93)
+        # runtime loops over x's groups (one group's values live at a time)
         for kg in range(KB * 2):
-            xv = _xload(xp + kg * 64, xmask, X, GATED, GOFF)
+            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
             amax = gl.maximum(amax, gl.max(gl.abs(xv), axis=1))
         ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
         e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
@@ -442,7 +428,7 @@ if HAVE_GLUON:
         fac_hi = gl.where(sel == 0, XF_B, XF_D)
         bias_hi = gl.where(sel == 0, BIAS_B, BIAS_D)
         for kg in range(KB * 2):
-            xv = _xload(xp + kg * 64, xmask, X, GATED, GOFF)
+            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
             odd = (kg % 2) == 1
             fac = gl.where(odd, fac_hi, fac_lo)
             bias = gl.where(odd, bias_hi, bias_lo)
@@ -622,23 +608,15 @@ def reference(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
     return y.to(x2.dtype)
 
 
-def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig, gated: bool = False) -> torch.Tensor:
-    """y [M, n] = x2 [M, k] @ W.T for M <= 8 rows. gated (the direct kernel only): x2 is
-    [M, 2k] = [gate | up] and the GEMV's input is silu(gate) * up, rounded to x2's dtype as
-    silu_mul stores it (a SwiGLU's down projection without the silu_mul launch)."""
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 8 rows."""
     m = x2.shape[0]
     if m > MAX_M:
         raise ValueError(f"the tensor-core GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
         raise ValueError(f"the tensor-core GEMV needs q4/q5 and K % {128 * cfg.kb} == 0 "
                          f"(format {p.fmt}, K={p.k}, {cfg.describe()})")
-    if gated and (not cfg.direct or x2.shape[1] != 2 * p.k or x2.stride(1) != 1):
-        raise ValueError(f"the tensor-core GEMV's gated input needs the direct kernel and [M, 2 x {p.k}] rows with a "
-                         f"unit last stride, got {tuple(x2.shape)} ({cfg.describe()})")
     if (x2.device.type != "cuda" and not COMPILE_ONLY) or QK.interpreting():
-        if gated:
-            g, u = x2[:, :p.k].float(), x2[:, p.k:].float()
-            x2 = (g * torch.sigmoid(g) * u).to(x2.dtype)
         return reference(x2, p, cfg)
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
@@ -661,11 +639,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig, gated: bool = False)
             rows_per_cta, n_slices,
             FMT=p.fmt, KB=cfg.kb, PF=cfg.direct, R=16 * cfg.num_warps,
             SLICES_P2=slices_p2, RED=red_rows(slices_p2, cfg.num_warps, mt), MT=mt,
-            PDL=bool(pdl.get("PDL", False)), GATED=gated, GOFF=p.k if gated else 0,
+            PDL=bool(pdl.get("PDL", False)),
             num_warps=cfg.num_warps,
-            # the gated input's prologue alone took ptxas to ~168 registers (the main loop needs
-            # ~90): capped so that the main loop keeps its occupancy (no spills, bench/tc_sass.py)
-            **({"maxnreg": GATED_MAXNREG} if gated else {}),
             **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
             **c,
         )

@@ -40,18 +40,15 @@ def _dequant():
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
 
 
-def _h2_decode_config(x2: torch.Tensor, prepared: K.Prepared, direct_tc: bool = False) -> Any:
+def _h2_decode_config(x2: torch.Tensor, prepared: K.Prepared) -> Any:
     """The f16x2 GEMV's config where it is the decode kernel for these rows (bf16 on a GPU, unit
     last stride, 16-byte aligned, and the dispatch picks it for this shape and row count); None
-    otherwise. What the launches that fold extra work into that GEMV ask first. direct_tc: the
-    direct tensor-core GEMV's config counts too (it takes the gated input, not the add + norm)."""
+    otherwise. What the launches that fold extra work into that GEMV ask first."""
     if x2.dtype != torch.bfloat16 or x2.device.type != "cuda" or x2.stride(-1) != 1 or x2.data_ptr() % 16:
         return None
-    from ninfer_plugins.quant_int import gemv_h2, gemv_tc
+    from ninfer_plugins.quant_int import gemv_h2
 
     cfg = _kernels().pick_gemv(prepared.fmt, x2.shape[0], prepared.n, prepared.k, prepared.sm_count)
-    if direct_tc and isinstance(cfg, gemv_tc.TCConfig) and cfg.direct:
-        return cfg
     return cfg if isinstance(cfg, gemv_h2.H2Config) else None
 
 
@@ -150,13 +147,11 @@ class TritonQuantLinear:
         g2 = gu.reshape(-1, gu.shape[-1])
         if g2.shape[1] != 2 * prepared.k or g2.stride(0) % 8:
             return None
-        cfg = _h2_decode_config(g2, prepared, direct_tc=os.environ.get("NINFER_TCD_GATED", "1") != "0")
+        cfg = _h2_decode_config(g2, prepared)
         if cfg is None:
             return None
-        from ninfer_plugins.quant_int import gemv_h2, gemv_tc
+        from ninfer_plugins.quant_int import gemv_h2
 
-        if isinstance(cfg, gemv_tc.TCConfig):  # the direct tensor-core GEMV (the verify's M = 2..8)
-            return gemv_tc.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
         return gemv_h2.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
 
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
