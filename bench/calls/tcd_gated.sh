@@ -3,6 +3,8 @@
 # last-CTA sum over M's tokens only; GPU tests, the gated A/B on the down projection, the direct kernel's
 # tuning on down / o_proj / q_v, the 27B plain step (qkvz M = 1 back on the f16x2 GEMV) and the MTP round with
 # the folded down projection (default) and without (NINFER_TCD_GATED=0). Results under $OUT.
+# Ran at commit 099725c. The fold lost and was removed in the next commit, along with
+# bench/tcd_gated_ab.py and NINFER_TCD_GATED (BENCHMARKS.md "Tenth run"), so this script no longer runs as is.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
   && export PYTHONPATH=/tmp/site_1 || exit 1
