@@ -8,6 +8,8 @@
 #   bash bench/next_session.sh tune    # the MTP drafter's q8 shapes and the shortlist head through h2_tune (~5 min)
 #   bash bench/next_session.sh round   # the MTP round, gates in the verify launch and apart; the 35B step's profile (~8 min)
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
+#   bash bench/next_session.sh tcd     # 27B plain step with every q4/q5 launch on the direct tensor-core GEMV
+#                                      # (NINFER_TCD=1) and without: ninfer bench and the graph profile of each
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
@@ -87,8 +89,19 @@ case "${1:-}" in
       --out "$OUT/p35" > "$OUT/p35.txt" 2>&1
     echo "profile 35B rc=$?"; head -45 "$OUT/p35.txt" | cut -c1-160
     ;;
+  tcd)
+    # why qkv+z on the direct kernel at M = 1 won alone (28.0 vs 30.6 µs) and cost the step 0.55 ms
+    B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
+    timeout 120 $B --json "$OUT/b27.json" > "$OUT/b27.txt" 2>&1; echo "27B rc=$?"; grep -E "decode|roofline" "$OUT/b27.txt"
+    NINFER_TCD=1 timeout 100 $B --json "$OUT/b27_tcd.json" > "$OUT/b27_tcd.txt" 2>&1
+    echo "27B, NINFER_TCD=1 rc=$?"; grep -E "decode|roofline" "$OUT/b27_tcd.txt"
+    P="python3 bench/profile_step.py --graph --model qwen3.6-27b --quant int4 --gen-len 16 --rows 30"
+    timeout 150 $P --out "$OUT/p" > "$OUT/p.txt" 2>&1; echo "profile rc=$?"
+    NINFER_TCD=1 timeout 150 $P --out "$OUT/p_tcd" > "$OUT/p_tcd.txt" 2>&1; echo "profile (NINFER_TCD=1) rc=$?"
+    for f in p p_tcd; do echo "== $f"; head -22 "$OUT/$f.txt" | cut -c1-150; done
+    ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd" >&2
     exit 2
     ;;
 esac
