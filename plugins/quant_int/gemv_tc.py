@@ -32,9 +32,17 @@ Work split as gemv_h2: a CTA owns a K slice (KB blocks) and a chunk of rows, str
 R = 16 x num_warps rows a trip, writes fp32 partials; the last CTA of each row chunk sums the
 slices in a fixed order (bit-reproducible, CUDA-graph safe).
 
+The direct variant (`TCConfig.direct` = 1 or 2, `_gemv_tcd_kernel`) keeps the decode, the
+relabelling and the split-K sum, and drops the ring: each lane loads its two rows' 16 bytes of a
+K block straight into the registers the decode reads, 1 or 2 blocks ahead of the MMA (the
+first ones before the PDL wait), so shared memory holds only x (8.5-17 KB against 78-111 KB) and
+occupancy is set by registers (71-93). The last CTA's sum reads only M's tokens. It is what
+`tuned.TUNED_TC` names for the verify's q5 projections (H200: M = 4 at 1.0-1.1x the M = 1 time;
+BENCHMARKS.md "Tenth run").
+
 Gluon has no interpreter: on the CPU `launch` runs `reference` (the same relabelling done in
 torch), and the kernel itself is tested on the GPU (`-m gpu`) and compiled for sm_90 in
-bench/compile_sm90_dense.py.
+bench/compile_sm90_dense.py and bench/tc_sass.py.
 """
 
 from __future__ import annotations
