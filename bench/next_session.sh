@@ -8,6 +8,8 @@
 #   bash bench/next_session.sh tune    # the MTP drafter's q8 shapes and the shortlist head through h2_tune (~5 min)
 #   bash bench/next_session.sh round   # the MTP round, gates in the verify launch and apart; the 35B step's profile (~8 min)
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
+#   bash bench/next_session.sh ahead   # speculative rounds launched ahead (NINFER_SPEC_AHEAD=1): GPU tests, the
+#                                      # 27B MTP round with and without (~5 min)
 #   bash bench/next_session.sh tcd     # 27B plain step with every q4/q5 launch on the direct tensor-core GEMV
 #                                      # (NINFER_TCD=1) and without: ninfer bench and the graph profile of each
 #
@@ -89,6 +91,17 @@ case "${1:-}" in
       --out "$OUT/p35" > "$OUT/p35.txt" 2>&1
     echo "profile 35B rc=$?"; head -45 "$OUT/p35.txt" | cut -c1-160
     ;;
+  ahead)
+    timeout 200 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/spec_mtp/test_spec_gpu.py > "$OUT/t.txt" 2>&1
+    echo "spec GPU tests rc=$?"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout 40 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_spec_ahead.py > "$OUT/t2.txt" 2>&1
+    echo "ahead (stand-in graphs) rc=$?"; tail -1 "$OUT/t2.txt"
+    timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
+    echo "mtp rc=$?"; tail -3 "$OUT/mtp.txt" | head -2
+    NINFER_SPEC_AHEAD=1 timeout 120 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp_ahead.txt" 2>&1
+    echo "mtp, rounds launched ahead rc=$?"; tail -3 "$OUT/mtp_ahead.txt" | head -2
+    grep -o '"ahead_rounds": [0-9]*' "$OUT"/*.json | head -3
+    ;;
   tcd)
     # why qkv+z on the direct kernel at M = 1 won alone (28.0 vs 30.6 µs) and cost the step 0.55 ms
     B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
@@ -101,7 +114,7 @@ case "${1:-}" in
     for f in p p_tcd; do echo "== $f"; head -22 "$OUT/$f.txt" | cut -c1-150; done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead" >&2
     exit 2
     ;;
 esac

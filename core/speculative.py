@@ -35,14 +35,27 @@ runner's CUDA graphs (`graphs`, ninfer.graphs) the step is captured per batch si
 up to EXACT_UP_TO, so no padding row ever runs it) and replayed; otherwise (`--no-cuda-graph`,
 the CPU, other sizes) the very same step runs eagerly, so both give the same tokens.
 
+ROUNDS LAUNCHED AHEAD (NINFER_SPEC_AHEAD=1; off until an H200 run has timed it): a captured
+round leaves each row's next anchor and start on the device (`next_in`), so the batch's next
+round can be replayed right after it, before the host reads its results. The host's reading,
+the engine's detokenizing and stop checks, and the next bookkeeping then overlap the GPU (0.49
+ms of a 13.8 ms 27B round were host time, BENCHMARKS.md "Tenth run"). A round is launched ahead
+only when every request keeps room for it whatever the round before accepts (context and
+output budget), so the engine's next step runs a round for each of them. A request that stops
+on a token inside the round before wastes the one ahead, harmlessly (its slot is reset when
+next allocated). When the next batch differs, each row still valid (same request and slot, at
+the frontier and fed the token that the round before it ended on) is kept for its request.
+
 Other drafters (a scripted one in tests, or "replay") take the per-sequence path below, which
 syncs three times a round: the drafts, the accepted count and the new tokens.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -69,6 +82,44 @@ log = structlog.get_logger("ninfer.speculative")
 ROLLBACKS = ("columns", "replay")
 # "columns" won on every measured shape (BENCHMARKS.md, "Speculative decoding")
 DEFAULT_ROLLBACK = "columns"
+
+
+def ahead_enabled() -> bool:
+    """NINFER_SPEC_AHEAD=1: batched rounds are launched one ahead (see `_launch_ahead`); off until
+    an H200 run has timed it."""
+    return os.environ.get("NINFER_SPEC_AHEAD", "0") == "1"
+
+
+@dataclass
+class _Round:
+    """A batched round launched for `requests` (in order) and not read yet: its results are on
+    their way to `host` (an event marks their arrival). A round launched ahead also carries what
+    each row ran at (its start, the output length it follows, the anchor it fed), filled in when
+    the round before it is read."""
+
+    requests: list[Request]
+    host: torch.Tensor
+    done: Any
+    t: tuple[float, float, float]  # host clock: launch begun, inputs written, graph launched
+    ahead: bool = False
+    starts: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    fed: list[int] = field(default_factory=list)
+    rows: list[list[int]] | None = None
+
+    def read(self) -> list[list[int]]:
+        if self.rows is None:
+            if self.done is not None:
+                self.done.synchronize()
+            self.rows = self.host[: len(self.requests)].tolist()
+        return self.rows
+
+    def valid_for(self, j: int, r: Request, ready: list[bool]) -> bool:
+        """Whether row j ran exactly the round `r` needs now: same request and slot, at r's frontier,
+        after every token of the round before it, fed that round's last token."""
+        return (self.requests[j] is r and len(self.starts) > j and not r.finished and ready[r.slot]
+                and r.num_computed == self.starts[j] and len(r.output_ids) == self.outputs[j]
+                and r.output_ids[-1] == self.fed[j])
 
 
 class SpeculativeRound:
@@ -112,6 +163,18 @@ class SpeculativeRound:
         self.ints, self.floats = self.inputs.ints, self.inputs.floats
         # per sequence: the K+1 tokens the round keeps from (the first `accepted + 1`), then `accepted`
         self.out = torch.zeros(n, self.k + 2, dtype=torch.int64, device=dev)
+        # rounds launched one ahead (NINFER_SPEC_AHEAD=1): the round in flight, rows of rounds whose
+        # batch changed (by request id), and two host buffers for the results (a round launched
+        # ahead copies its results while the one before it is read)
+        self.ahead = ahead_enabled()
+        self.ahead_rounds = 0
+        self._pending: _Round | None = None
+        self._kept: dict[str, tuple[_Round, int]] = {}
+        cuda = torch.device(dev).type == "cuda"
+        self._out_host = [torch.zeros(n, self.k + 2, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._flip = 0
+        # each round's next anchor and start, left on the device by the round itself
+        self.next_in = torch.zeros(2, n, dtype=torch.int64, device=dev)
         # the runner's graphs share their pool and history counts with the rounds
         self.graphs = graphs
         self.history = graphs.history if graphs is not None else HistoryCounts(n, self.vocab, dev)
@@ -276,49 +339,143 @@ class SpeculativeRound:
     # --- batched rounds -------------------------------------------------------------------------
 
     def _run_batched(self, requests: Sequence[Request]) -> list[list[int]]:
+        reqs = list(requests)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if len(pending.requests) == len(reqs) and all(pending.valid_for(j, r, self.ready) for j, r in enumerate(reqs)):
+                # that round is already running: launch the one after it, then read it
+                self._pending = self._launch_ahead(reqs)
+                self.ahead_rounds += 1
+                return self._book(pending, reqs)
+            self._keep(pending)
+        if self._kept:
+            # what belongs to finished requests goes first (a new request may reuse a finished one's id)
+            self._kept = {rid: v for rid, v in self._kept.items() if not v[0].requests[v[1]].finished}
+            kept = [self._kept.pop(r.id, None) for r in reqs]
+            if any(v is not None for v in kept):
+                return self._with_kept(reqs, kept)
+        launched = self._launch(reqs)
+        self._pending = self._launch_ahead(reqs)
+        return self._book(launched, reqs)
+
+    def _launch(self, reqs: list[Request], ahead: bool = False) -> _Round:
+        """One round of reqs, launched without waiting. ahead: the round after the one just
+        launched for the same requests, fed on the device (the round leaves each row's next
+        anchor and start in `next_in`); otherwise the host writes the inputs."""
         from ninfer.graphs import EXACT_UP_TO, sampling_columns
 
-        b, k = len(requests), self.k
+        b, k = len(reqs), self.k
         t0 = time.perf_counter()
-        self.history.sync(requests)
-        ints = [[0] * b for _ in range(5)]
-        floats = [[0.0] * b for _ in range(5)]
-        for j, r in enumerate(requests):
-            ints[_ANCHOR][j] = r.output_ids[-1]
-            ints[_SLOTS][j] = r.slot
-            ints[_START][j] = r.num_computed
-            ints[_SEEDS][j], ints[_TOP_K][j], row = sampling_columns(r.params)
-            for n, v in enumerate(row):
-                floats[n][j] = v
-        self.inputs.write(ints, floats)
+        if ahead:
+            # fed on the device: the round just launched left each row's next anchor and start
+            self.ints[_ANCHOR, :b].copy_(self.next_in[0, :b])
+            self.ints[_START, :b].copy_(self.next_in[1, :b])
+        else:
+            self.history.sync(reqs)
+            ints = [[0] * b for _ in range(5)]
+            floats = [[0.0] * b for _ in range(5)]
+            for j, r in enumerate(reqs):
+                ints[_ANCHOR][j] = r.output_ids[-1]
+                ints[_SLOTS][j] = r.slot
+                ints[_START][j] = r.num_computed
+                ints[_SEEDS][j], ints[_TOP_K][j], row = sampling_columns(r.params)
+                for n, v in enumerate(row):
+                    floats[n][j] = v
+            self.inputs.write(ints, floats)
         graph = self._graph(b) if self.eager_reason is None and b <= EXACT_UP_TO else None
         t1 = time.perf_counter()
         if graph is not None:
             graph.replay()
         else:
-            e = max(r.num_computed for r in requests)
+            e = max(r.num_computed for r in reqs)
             # bounds of the reference attention's reads: the verify and alignment reach E+K, the
             # drafts E+A+K-1 <= E+2K-1
             self._round_step(b, e + k + 1, e + 2 * k)
+        # the results on their way to the host (the next round, if launched ahead, rewrites `out`
+        # after this copy in stream order)
+        self._flip ^= 1
+        host = self._out_host[self._flip]
+        cuda = self.out.is_cuda
+        host[:b].copy_(self.out[:b], non_blocking=cuda)
+        done = None
+        if cuda:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+        return _Round(reqs, host, done, (t0, t1, time.perf_counter()), ahead)
+
+    def _launch_ahead(self, reqs: list[Request]) -> _Round | None:
+        """The batch's next round, launched before the one just launched is read (so the host's
+        reading, the engine's detokenizing, stop checks and scheduling overlap the GPU); None where
+        it is off, the round is not a captured graph, or some request might take a plain step or
+        finish on length before it (every request keeps room for it however many drafts the
+        round before accepts). A request that stops on a token inside the round before wastes
+        this one, harmlessly: its slot is reset when next allocated."""
+        from ninfer.graphs import EXACT_UP_TO
+
+        k, b = self.k, len(reqs)
+        if (not self.ahead or self.eager_reason is not None or b > EXACT_UP_TO or self.graphs is None
+                or ("spec", b) not in self.graphs.graphs):
+            return None
+        for r in reqs:
+            if (r.num_tokens + 2 * k + 1 > self.cache.max_context
+                    or r.params.max_new_tokens - len(r.output_ids) - (k + 1) < 2):
+                return None
+        return self._launch(reqs, ahead=True)
+
+    def _book(self, launched: _Round, reqs: list[Request]) -> list[list[int]]:
+        """Read a round's results and do its bookkeeping; a round launched after it (ahead) learns
+        what it ran at."""
         t2 = time.perf_counter()
-        rows = self.out[:b].tolist()
+        rows = launched.read()
         t3 = time.perf_counter()
+        nxt = self._pending if self._pending is not None and self._pending.requests is reqs else None
         tokens = []
-        for r, row in zip(requests, rows):
-            accepted = row[k + 1]
-            e = r.num_computed
-            r.num_computed = e + accepted + 1
-            self._last[r.slot] = (e, None, None)
-            self._count(r, accepted)
-            # the engine appends the kept tokens: the counts row already holds them
-            self.history.counted(r, len(r.output_ids) + accepted + 1)
-            tokens.append(row[: accepted + 1])
-        h = self.host_s
+        for r, row in zip(reqs, rows):
+            accepted = row[self.k + 1]
+            tokens.append(self._book_row(r, row))
+            if nxt is not None:
+                nxt.starts.append(r.num_computed)
+                nxt.outputs.append(len(r.output_ids) + accepted + 1)
+                nxt.fed.append(row[accepted])
+        h, (t0, t1, tl) = self.host_s, launched.t
         h["prepare"] += t1 - t0
-        h["launch"] += t2 - t1
+        h["launch"] += tl - t1
         h["wait"] += t3 - t2
         h["after"] += time.perf_counter() - t3
         return tokens
+
+    def _book_row(self, r: Request, row: list[int]) -> list[int]:
+        accepted = row[self.k + 1]
+        e = r.num_computed
+        r.num_computed = e + accepted + 1
+        self._last[r.slot] = (e, None, None)
+        self._count(r, accepted)
+        # the engine appends the kept tokens: the counts row already holds them
+        self.history.counted(r, len(r.output_ids) + accepted + 1)
+        return row[: accepted + 1]
+
+    def _keep(self, launched: _Round) -> None:
+        """The batch changed under a round launched ahead: keep each row for its request."""
+        launched.read()
+        for j, r in enumerate(launched.requests):
+            self._kept[r.id] = (launched, j)
+
+    def _with_kept(self, reqs: list[Request], kept: list) -> list[list[int]]:
+        """Requests whose round already ran ahead take its rows; the others run a round now."""
+        tokens: list[list[int] | None] = [None] * len(reqs)
+        for j, (r, v) in enumerate(zip(reqs, kept)):
+            if v is None:
+                continue
+            launched, row = v
+            if not launched.valid_for(row, r, self.ready):
+                raise RuntimeError(f"request {r.id}: a speculative round ran ahead for it, and its sequence then "
+                                   "changed other than by the round before it (a bug: its state is a round on)")
+            tokens[j] = self._book_row(r, launched.read()[row])
+        rest = [r for r, t in zip(reqs, tokens) if t is None]
+        if rest:
+            it = iter(self._book(self._launch(rest), rest))
+            tokens = [t if t is not None else next(it) for t in tokens]
+        return tokens  # type: ignore[return-value]
 
     def _graph(self, b: int) -> Any:
         """The round of b sequences as a CUDA graph, captured on first use from the inputs just
@@ -394,6 +551,10 @@ class SpeculativeRound:
         self.drafts.index_copy_(0, slots, new.to(device=dev, dtype=self.drafts.dtype))
         self.out[:b, :m].copy_(kept)
         self.out[:b, m].copy_(accepted)
+        # the next round's anchor (this round's last token) and start (past the kept tokens), for
+        # a round launched ahead (`_launch` copies them into the inputs before its replay)
+        self.next_in[0, :b].copy_(kept.gather(1, at)[:, 0])
+        self.next_in[1, :b].copy_(starts + accepted + 1)
 
 
 def judge(

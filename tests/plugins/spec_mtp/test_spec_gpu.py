@@ -71,6 +71,21 @@ def test_captured_rounds_give_the_eager_rounds_tokens(tiny, k):
     _graph_vs_eager(tiny, k)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_rounds_launched_ahead_give_the_same_tokens(tiny, k, monkeypatch):
+    """NINFER_SPEC_AHEAD=1: each captured round also launches the batch's next one, fed on the
+    device, before its own results are read; requests end at different lengths (the batch
+    changes under a round in flight). Same tokens as without it, and rounds were run ahead."""
+    outs, used = {}, {}
+    for ahead in ("0", "1"):
+        monkeypatch.setenv("NINFER_SPEC_AHEAD", ahead)
+        engine = _spec_engine(tiny, k, True)
+        outs[ahead] = _run(engine, PROMPTS, PARAMS)
+        used[ahead] = engine.speculative.ahead_rounds
+    assert used["0"] == 0 and used["1"] > 0
+    assert outs["1"] == outs["0"]
+
+
 def test_captured_rounds_with_an_int8_cache(tiny):
     _graph_vs_eager(tiny, 3, kv_dtype="int8")
 
