@@ -436,7 +436,9 @@ def spec_run(
     assert runner._ahead is None
     runner.lookahead = False
     k, rows = spec.k, len(plain)
-    params = SamplingParams(temperature=0.0, max_new_tokens=decode["timed_steps"] + WARMUP_STEPS + 1, ignore_eos=True)
+    # budget for every round to keep all K + 1 tokens (rounds launched ahead need it left over)
+    params = SamplingParams(temperature=0.0, max_new_tokens=(decode["timed_steps"] + WARMUP_STEPS + 1) * (k + 1),
+                            ignore_eos=True)
     requests = []
     for i, old in enumerate(plain):
         r = Request(f"bench-spec-{i}", old.prompt_ids, params)
@@ -458,9 +460,12 @@ def spec_run(
     def room() -> bool:
         return all(r.num_tokens + k <= cache.max_context for r in requests)
 
+    # no round launched ahead during the warm-up may run into the timed window
+    ahead, spec.ahead = getattr(spec, "ahead", False), False
     for _ in range(WARMUP_STEPS):  # the first round captures its graph
         if room():
             round_()
+    spec.ahead = ahead
     for r in requests:
         r.spec = type(r.spec)()
     # as many rounds as the plain run timed steps, while the context has room for one
@@ -472,8 +477,9 @@ def spec_run(
     while rounds < decode["timed_steps"] and room():
         tokens += round_()
         rounds += 1
-    _sync(device)
+    # every timed round has been read (a sync each); a round launched ahead of the last is not timed
     seconds = time.perf_counter() - t0
+    _sync(device)
     if rounds == 0:
         raise UserError(f"no room for a speculative round of {k} drafts: raise --gen-len or --max-context.")
     ms_round = 1000 * seconds / rounds

@@ -98,6 +98,7 @@ class _Round:
     the round before it is read."""
 
     requests: list[Request]
+    slots: list[int]
     host: torch.Tensor
     done: Any
     t: tuple[float, float, float]  # host clock: launch begun, inputs written, graph launched
@@ -117,7 +118,7 @@ class _Round:
     def valid_for(self, j: int, r: Request, ready: list[bool]) -> bool:
         """Whether row j ran exactly the round `r` needs now: same request and slot, at r's frontier,
         after every token of the round before it, fed that round's last token."""
-        return (self.requests[j] is r and len(self.starts) > j and not r.finished and ready[r.slot]
+        return (self.requests[j] is r and r.slot == self.slots[j] and len(self.starts) > j and not r.finished and ready[r.slot]
                 and r.num_computed == self.starts[j] and len(r.output_ids) == self.outputs[j]
                 and r.output_ids[-1] == self.fed[j])
 
@@ -307,6 +308,11 @@ class SpeculativeRound:
     def truncate(self, r: Request, slot: int, kept: int) -> None:
         """The engine kept only `kept` tokens of the last round (a stop or a length limit inside it):
         roll `slot` back to them, so the slot holds exactly the committed prefix."""
+        pending = self._pending
+        if pending is not None and any(q is r for q in pending.requests) and not r.finished:
+            # a round launched ahead already moved this slot past the round being cut: only a
+            # request that ends here may be cut (the engine cuts on a stop or a length limit)
+            raise RuntimeError(f"request {r.id}: cut inside a round while the next one runs ahead, and not finished")
         e, ids, snap = self._last[slot]
         r.num_computed = e + kept
         if ids is None:
@@ -401,7 +407,7 @@ class SpeculativeRound:
         if cuda:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(self.device))
-        return _Round(reqs, host, done, (t0, t1, time.perf_counter()), ahead)
+        return _Round(reqs, [r.slot for r in reqs], host, done, (t0, t1, time.perf_counter()), ahead)
 
     def _launch_ahead(self, reqs: list[Request]) -> _Round | None:
         """The batch's next round, launched before the one just launched is read (so the host's

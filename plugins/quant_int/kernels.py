@@ -613,13 +613,16 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_tc
     from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_TC
 
+    tc_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
     if gemv_tc.enabled() and os.environ.get("NINFER_TCD") == "1" and fmt in gemv_tc.FORMATS:
-        # experiment switch: the direct tensor-core kernel's default everywhere it applies
-        cfg = gemv_tc.direct_default(fmt, n, k)
+        # experiment switch (set before the model loads: workspace is reserved then): the direct
+        # tensor-core kernel everywhere it applies, its tuned winner where there is one
+        hit = TUNED_TC.get(tc_key)
+        cfg = gemv_tc.TCConfig(*hit) if hit and len(hit) == 5 and hit[4] else gemv_tc.direct_default(fmt, n, k)
         if cfg is not None:
             return cfg
     if gemv_tc.enabled():
-        hit = TUNED_TC.get((fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8"))
+        hit = TUNED_TC.get(tc_key)
         if hit:
             return gemv_tc.TCConfig(*hit)
     if m > 4:

@@ -242,7 +242,7 @@ def test_h2_rejects_what_it_cannot_do():
         H.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, H.H2Config(32, 1, 4), gated=True)
 
 
-def test_dispatch_takes_h2_at_one_row():
+def test_dispatch_takes_h2_at_one_row(monkeypatch):
     assert isinstance(K.pick_gemv(4, 1, 34816, 5120, 132), H.H2Config)
     assert isinstance(K.pick_gemv(8, 1, 8192, 2048, 132), H.H2Config)
     # NVFP4 at one row: its tuned winner, and the NVFP4 default where a shape was not tuned
@@ -255,11 +255,9 @@ def test_dispatch_takes_h2_at_one_row():
     # M = 2..4: only the measured wins ('m4' entries); () means the kernel dispatched before it
     # (q5 down at M = 4 with the tensor-core kernels off: since 2026-12-04 the direct tensor-core
     # GEMV's TUNED_TC entry takes it first)
-    os.environ["NINFER_TC"] = "0"
-    try:
-        assert isinstance(K.pick_gemv(5, 4, 5120, 17408, 132), H.H2Config)
-    finally:
-        os.environ.pop("NINFER_TC")
+    monkeypatch.setenv("NINFER_TC", "0")
+    assert isinstance(K.pick_gemv(5, 4, 5120, 17408, 132), H.H2Config)
+    monkeypatch.delenv("NINFER_TC")
     assert not isinstance(K.pick_gemv(4, 4, 34816, 5120, 132), H.H2Config)
 
 

@@ -196,6 +196,8 @@ def test_direct_default_and_the_switch(monkeypatch):
         pytest.skip("Gluon missing")
     monkeypatch.setenv("NINFER_TCD", "1")
     assert K.pick_gemv(5, 4, 5120, 17408, 132) == TC.TCConfig(8, 0, 4, 6, 2)
+    assert K.pick_gemv(5, 4, 13312, 5120, 132) == TC.TCConfig(8, 0, 4, 4, 2)  # its tuned winner
+    assert K.pick_gemv(5, 1, 13312, 5120, 132) == TC.TCConfig(4, 0, 4, 6, 2)  # the default (M = 1 untuned)
     assert not isinstance(K.pick_gemv(6, 1, 5120, 17408, 132), TC.TCConfig)
     monkeypatch.delenv("NINFER_TCD")
     from ninfer_plugins.quant_int.tuned import TUNED_TC
@@ -217,9 +219,11 @@ def test_gpu_dispatched_tc_configs_in_a_graph():
     dispatched_in_a_graph(TUNED_TC, (1, 2, 4, 6, 8))
 
 
-def test_dispatch_picks_tc_where_tuned():
+def test_dispatch_picks_tc_where_tuned(monkeypatch):
     from ninfer_plugins.quant_int.tuned import TUNED_TC
 
+    monkeypatch.delenv("NINFER_TCD", raising=False)
+    monkeypatch.delenv("NINFER_TC", raising=False)
     if not TC.enabled():
         pytest.skip("Gluon missing")
     for (fmt, n, k, bucket), cfg in TUNED_TC.items():
