@@ -152,6 +152,8 @@ class SpeculativeRound:
         # host seconds of batched rounds by phase (inputs written, graph launched, waiting for the
         # results, bookkeeping after): `ninfer bench` reports where a round's wall time goes
         self.host_s = {"prepare": 0.0, "launch": 0.0, "wait": 0.0, "after": 0.0}
+        # a batched round launched ahead and not read yet (NINFER_SPEC_AHEAD=1; `_init_batched`)
+        self._pending: _Round | None = None
         if self.verifier is not None:
             self._init_batched(graphs)
 
@@ -169,7 +171,6 @@ class SpeculativeRound:
         # ahead copies its results while the one before it is read)
         self.ahead = ahead_enabled()
         self.ahead_rounds = 0
-        self._pending: _Round | None = None
         self._kept: dict[str, tuple[_Round, int]] = {}
         cuda = torch.device(dev).type == "cuda"
         self._out_host = [torch.zeros(n, self.k + 2, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
