@@ -138,6 +138,65 @@ if HAVE_GLUON:
             cp.async_copy_global_to_shared(hsm.index(slot), H + hoff[:, None, None] + (ht // 2)[None, :, None]
                                            + (hh * 2)[None, None, :])
 
+    # Triton 3.6's name (the H200's) and Triton 3.9's
+    _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
+
+    @gluon.jit
+    def _prep_x(X, M, stride_xm, kb0, xsm, csm, KB: gl.constexpr, LX: gl.constexpr, MMA: gl.constexpr,
+                XF_A: gl.constexpr, XF_B: gl.constexpr, XF_C: gl.constexpr, XF_D: gl.constexpr,
+                BIAS_A: gl.constexpr, BIAS_B: gl.constexpr, BIAS_C: gl.constexpr, BIAS_D: gl.constexpr):
+        """x of this CTA's slice into shared memory, times a power of two per token (largest |x|
+        in [2^14, 2^15)) and the decode's factor (XF), rounded to fp16, in the MMA's k order (see
+        logical_to_element); per group and token, the sum of bias x stored x (`csm`). Loaded in
+        element order ([8 tokens, 64] a group, 8-byte vectors), relabelled in registers. Returns
+        1 / the scaling per token, in the MMA layout's token axis."""
+        nn = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
+        ee = gl.arange(0, 64, layout=gl.SliceLayout(0, LX))
+        xp = X + nn[:, None].to(gl.int64) * stride_xm + (kb0 * 128 + ee)[None, :]
+        xmask = (nn < M)[:, None]
+        sel = ee % 2
+        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(1, LX))
+        for kg in gl.static_range(KB * 2):
+            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
+            amax = gl.maximum(amax, gl.max(gl.abs(xv), axis=1))
+        ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
+        f = ((e + 127) << 23).to(gl.float32, bitcast=True)
+        inv = ((127 - e) << 23).to(gl.float32, bitcast=True)
+        for kg in gl.static_range(KB * 2):
+            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
+            if kg % 2 == 0:
+                fac = gl.where(sel == 0, XF_A, XF_C)
+                bias = gl.where(sel == 0, BIAS_A, BIAS_C)
+            else:
+                fac = gl.where(sel == 0, XF_B, XF_D)
+                bias = gl.where(sel == 0, BIAS_B, BIAS_D)
+            xs = (xv * f[:, None] * fac[None, :]).to(gl.float16)
+            csm.index(kg).store(gl.sum(xs.to(gl.float32) * bias[None, :], axis=1))
+            # element e = 16 t + 8 jh + 4 jl + 2 half + sel -> [jh, n, t, (jl, sel, half)]
+            xs = gl.permute(gl.reshape(xs, [8, 4, 2, 2, 2, 2]), [2, 0, 1, 3, 5, 4])
+            xsm.index(kg).store(gl.reshape(xs, [2, 8, 4, 8]))
+        return gl.convert_layout(inv, gl.SliceLayout(0, MMA))
+
+    @gluon.jit
+    def _sum_slices(Y, WS, CNT, pid_c, row_lo, row_hi, M, N, stride_ym, N_SLICES, SLICES_P2: gl.constexpr,
+                    RED: gl.constexpr, MT: gl.constexpr, LRED: gl.constexpr):
+        """The last slice of this row chunk to arrive sums all slices' partials WS[slice, token,
+        row] in slice order (bit-reproducible) into Y: RED rows a step, MT tokens at once
+        ([slices, MT x RED], column = token x RED + row), then resets the chunk's counter."""
+        arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+        if arrived == N_SLICES - 1:
+            sl_ = gl.arange(0, SLICES_P2, layout=gl.SliceLayout(1, LRED))
+            cc = gl.arange(0, RED * MT, layout=gl.SliceLayout(0, LRED))
+            tok = cc // RED
+            for r0 in range(row_lo, row_hi, RED):
+                rr = r0 + cc % RED
+                ok = (rr < row_hi) & (tok < M)
+                p = gl.load(WS + ((sl_[:, None] * 8 + tok[None, :]) * N).to(gl.int64) + rr[None, :],
+                            mask=(sl_ < N_SLICES)[:, None] & ok[None, :], other=0.0, cache_modifier=".cg")
+                gl.store(Y + tok * stride_ym + rr, gl.sum(p, 0).to(Y.dtype.element_ty), mask=ok)
+            gl.atomic_xchg(CNT + pid_c, 0)
+
     @gluon.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
     def _gemv_tc_kernel(
         X, W, H, S, Y, WS, CNT,
@@ -177,46 +236,14 @@ if HAVE_GLUON:
             _issue(W, H, S, wsm, hsm, ssm, i, r0, kb0, stride_wn, stride_hn, stride_sn, FMT, KB, R, LCW, LCS, LCH)
             cp.commit_group()
 
-        # x of this slice, times a power of two per token (largest |x| in [2^14, 2^15)) and the
-        # decode's factor (XF), rounded to fp16, in the MMA's k order (see logical_to_element)
-        # loaded in element order ([8 tokens, 64] a group, 8-byte vectors), relabelled in registers
-        nn = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
-        ee = gl.arange(0, 64, layout=gl.SliceLayout(0, LX))
-        xp = X + nn[:, None].to(gl.int64) * stride_xm + (kb0 * 128 + ee)[None, :]
-        xmask = (nn < M)[:, None]
-        sel = ee % 2
-        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(1, LX))
-        for kg in gl.static_range(KB * 2):
-            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
-            amax = gl.maximum(amax, gl.max(gl.abs(xv), axis=1))
-        ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
-        f = ((e + 127) << 23).to(gl.float32, bitcast=True)
-        inv = ((127 - e) << 23).to(gl.float32, bitcast=True)
-        for kg in gl.static_range(KB * 2):
-            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
-            if kg % 2 == 0:
-                fac = gl.where(sel == 0, XF_A, XF_C)
-                bias = gl.where(sel == 0, BIAS_A, BIAS_C)
-            else:
-                fac = gl.where(sel == 0, XF_B, XF_D)
-                bias = gl.where(sel == 0, BIAS_B, BIAS_D)
-            xs = (xv * f[:, None] * fac[None, :]).to(gl.float16)
-            csm.index(kg).store(gl.sum(xs.to(gl.float32) * bias[None, :], axis=1))
-            # element e = 16 t + 8 jh + 4 jl + 2 half + sel -> [jh, n, t, (jl, sel, half)]
-            xs = gl.permute(gl.reshape(xs, [8, 4, 2, 2, 2, 2]), [2, 0, 1, 3, 5, 4])
-            xsm.index(kg).store(gl.reshape(xs, [2, 8, 4, 8]))
-        inv_n = gl.convert_layout(inv, gl.SliceLayout(0, MMA))
+        inv_n = _prep_x(X, M, stride_xm, kb0, xsm, csm, KB, LX, MMA, XF_A, XF_B, XF_C, XF_D,
+                        BIAS_A, BIAS_B, BIAS_C, BIAS_D)
 
         ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
         yn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
-        if FMT == 5:
-            ht = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LH3)))
-            hsh = (ht % 2) * 16
-            j4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L5))))
         for i in range(trips):
             cp.wait_group(NS - 2)
-            gl.thread_barrier()
+            _tbarrier()
             slot = i % NS
             nxt = i + NS - 1
             r_n = row_lo + gl.minimum(nxt, trips - 1) * R
@@ -227,46 +254,12 @@ if HAVE_GLUON:
             acc = gl.zeros([R, 8], gl.float32, layout=MMA)
             for kb in gl.static_range(KB):
                 w = wsm.index(slot).slice(kb * R, R).load(gl.SliceLayout(3, L5))  # [R, 4 t, 4 j]
-                s = ssm.index(slot).slice(kb * R, R).load(gl.SliceLayout(1, MMA))  # fp16 pair (group 2kb, 2kb + 1)
-                s_lo = (s & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-                s_hi = ((s >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-                wb = gl.broadcast(w[:, :, :, None], gl.full([R, 4, 4, 8], 0, gl.int32, layout=L5))[0]
+                sc = ssm.index(slot).slice(kb * R, R).load(gl.SliceLayout(1, MMA))  # fp16 pair (group 2kb, 2kb + 1)
                 if FMT == 5:
                     hw = hsm.index(slot).slice(kb * R, R).load(LH3)  # [R, 4 t, 2]: low-group, high-group bit words
-                    hl, hh = gl.split(hw)
-                    sa = (hl >> hsh[None, :]) & 0xFFFF
-                    sa = sa | (sa << 14)
-                    sb = (hh >> hsh[None, :]) & 0xFFFF
-                    sb = sb | (sb << 14)
-                    sa4 = gl.convert_layout(sa, gl.SliceLayout(2, gl.SliceLayout(3, L5)))[:, :, None]
-                    sb4 = gl.convert_layout(sb, gl.SliceLayout(2, gl.SliceLayout(3, L5)))[:, :, None]
-                    jb = j4[None, None, :]
-                    # word j reads its elements' fifth bits from sa >> (4 j - 4) and sb >> (4 j - 8)
-                    ul = gl.where(jb == 0, sa4 << 4, sa4 >> gl.maximum(4 * jb - 4, 0))
-                    uh = gl.where(jb == 0, sb4 << 8, gl.where(jb == 1, sb4 << 4, sb4 >> gl.maximum(4 * jb - 8, 0)))
-                    ulb = gl.broadcast(ul[:, :, :, None], wb)[0]
-                    uhb = gl.broadcast(uh[:, :, :, None], wb)[0]
-                    d = gl.inline_asm_elementwise(ASM, CONSTR, [wb, ulb, uhb], dtype=gl.float16, is_pure=True, pack=8)
                 else:
-                    d = gl.inline_asm_elementwise(ASM, CONSTR, [wb], dtype=gl.float16, is_pure=True, pack=8)
-                # [R, t, j, (grp, sel, half)] -> per group [R, j, sel, t, half] = logical k of the group
-                d = gl.reshape(d, [R, 4, 4, 2, 2, 2])
-                d = gl.permute(d, [0, 2, 4, 1, 5, 3])
-                d_lo, d_hi = gl.split(d)
-                for g in gl.static_range(2):
-                    if g == 0:
-                        a = gl.convert_layout(gl.reshape(d_lo, [R, 64]), A_L)
-                        sg = s_lo
-                    else:
-                        a = gl.convert_layout(gl.reshape(d_hi, [R, 64]), A_L)
-                        sg = s_hi
-                    xb = xsm.index(kb * 2 + g).load(LB4)  # [jh, n, t, v]
-                    xb = gl.reshape(xb, [2, 8, 4, 2, 2, 2])
-                    xb = gl.permute(xb, [0, 3, 4, 2, 5, 1])  # [jh, jl, sel, t, half, n]
-                    b = gl.convert_layout(gl.reshape(xb, [64, 8]), B_L)
-                    c = mma_v2(a, b, gl.zeros([R, 8], gl.float32, layout=MMA))
-                    cg = csm.index(kb * 2 + g).load(gl.SliceLayout(0, MMA))
-                    acc += (c - cg[None, :]) * sg[:, None]
+                    hw = sc
+                acc = _block_mma(acc, w, sc, hw, xsm, csm, kb, FMT, R, ASM, CONSTR, L5, LH3, LB4, MMA, A_L, B_L)
             rows = row_lo + i * R + ym
             # partials WS[slice, token, row]: a warp's rows of one token are contiguous
             dst = WS + rows.to(gl.int64)[:, None] + ((pid_s * 8 + yn) * N).to(gl.int64)[None, :]
@@ -274,24 +267,9 @@ if HAVE_GLUON:
             gl.store(dst, acc * inv_n[None, :], mask=keep)
         cp.wait_group(0)
 
-        # the last slice of this row chunk to arrive sums all slices, in slice order
-        gl.thread_barrier()
-        arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
-        if arrived == N_SLICES - 1:
-            # RED rows a step, every token at once: [slices, 8 x RED] (column = token x RED + row)
-            sl_ = gl.arange(0, SLICES_P2, layout=gl.SliceLayout(1, LRED))
-            cc = gl.arange(0, RED * 8, layout=gl.SliceLayout(0, LRED))
-            tok = cc // RED
-            for r0 in range(row_lo, row_hi, RED):
-                rr = r0 + cc % RED
-                ok = (rr < row_hi) & (tok < M)
-                p = gl.load(WS + ((sl_[:, None] * 8 + tok[None, :]) * N).to(gl.int64) + rr[None, :],
-                            mask=(sl_ < N_SLICES)[:, None] & ok[None, :], other=0.0, cache_modifier=".cg")
-                gl.store(Y + tok * stride_ym + rr, gl.sum(p, 0).to(Y.dtype.element_ty), mask=ok)
-            gl.atomic_xchg(CNT + pid_c, 0)
+        _tbarrier()
+        _sum_slices(Y, WS, CNT, pid_c, row_lo, row_hi, M, N, stride_ym, N_SLICES, SLICES_P2, RED, 8, LRED)
 
-
-    _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 
     @gluon.jit
     def _block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT: gl.constexpr, R: gl.constexpr, L5: gl.constexpr,
@@ -331,7 +309,9 @@ if HAVE_GLUON:
     def _block_mma(acc, w, s, hw, xsm, csm, kb: gl.constexpr, FMT: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr,
                    CONSTR: gl.constexpr, L5: gl.constexpr, LH3: gl.constexpr, LB4: gl.constexpr, MMA: gl.constexpr,
                    A_L: gl.constexpr, B_L: gl.constexpr):
-        """acc [R, 8] += one K block's two groups (the ring kernel's inner step, on registers)."""
+        """acc [R, 8] += one K block's two groups, from its words, scales and q5 bit words in registers
+        (both kernels' inner step: the ring kernel loads them from shared memory, the direct one from
+        global memory)."""
         s_lo = (s & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
         s_hi = ((s >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
         wb = gl.broadcast(w[:, :, :, None], gl.full([R, 4, 4, 8], 0, gl.int32, layout=L5))[0]
@@ -417,35 +397,9 @@ if HAVE_GLUON:
                                       is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
-        nn = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
-        ee = gl.arange(0, 64, layout=gl.SliceLayout(0, LX))
-        xp = X + nn[:, None].to(gl.int64) * stride_xm + (kb0 * 128 + ee)[None, :]
-        xmask = (nn < M)[:, None]
-        sel = ee % 2
-        amax = gl.zeros([8], gl.float32, layout=gl.SliceLayout(1, LX))
-        # runtime loops over x's groups (one group's values live at a time)
-        for kg in range(KB * 2):
-            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
-            amax = gl.maximum(amax, gl.max(gl.abs(xv), axis=1))
-        ex = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        e = XHEAD_C - gl.minimum(gl.maximum(ex, -100), 100)
-        f = ((e + 127) << 23).to(gl.float32, bitcast=True)
-        inv = ((127 - e) << 23).to(gl.float32, bitcast=True)
-        fac_lo = gl.where(sel == 0, XF_A, XF_C)
-        bias_lo = gl.where(sel == 0, BIAS_A, BIAS_C)
-        fac_hi = gl.where(sel == 0, XF_B, XF_D)
-        bias_hi = gl.where(sel == 0, BIAS_B, BIAS_D)
-        for kg in range(KB * 2):
-            xv = gl.load(xp + kg * 64, mask=xmask, other=0.0).to(gl.float32)
-            odd = (kg % 2) == 1
-            fac = gl.where(odd, fac_hi, fac_lo)
-            bias = gl.where(odd, bias_hi, bias_lo)
-            xs = (xv * f[:, None] * fac[None, :]).to(gl.float16)
-            csm.index(kg).store(gl.sum(xs.to(gl.float32) * bias[None, :], axis=1))
-            xs = gl.permute(gl.reshape(xs, [8, 4, 2, 2, 2, 2]), [2, 0, 1, 3, 5, 4])
-            xsm.index(kg).store(gl.reshape(xs, [2, 8, 4, 8]))
-        _tbarrier()
-        inv_n = gl.convert_layout(inv, gl.SliceLayout(0, MMA))
+        inv_n = _prep_x(X, M, stride_xm, kb0, xsm, csm, KB, LX, MMA, XF_A, XF_B, XF_C, XF_D,
+                        BIAS_A, BIAS_B, BIAS_C, BIAS_D)
+        _tbarrier()  # x's shared copy, written by every warp, is read by every warp
         ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
         yn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
 
@@ -468,18 +422,7 @@ if HAVE_GLUON:
             gl.store(dst, acc * inv_n[None, :], mask=keep)
 
         _tbarrier()
-        arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
-        if arrived == N_SLICES - 1:
-            sl_ = gl.arange(0, SLICES_P2, layout=gl.SliceLayout(1, LRED))
-            cc = gl.arange(0, RED * MT, layout=gl.SliceLayout(0, LRED))
-            tok = cc // RED
-            for r0 in range(row_lo, row_hi, RED):
-                rr = r0 + cc % RED
-                ok = (rr < row_hi) & (tok < M)
-                p = gl.load(WS + ((sl_[:, None] * 8 + tok[None, :]) * N).to(gl.int64) + rr[None, :],
-                            mask=(sl_ < N_SLICES)[:, None] & ok[None, :], other=0.0, cache_modifier=".cg")
-                gl.store(Y + tok * stride_ym + rr, gl.sum(p, 0).to(Y.dtype.element_ty), mask=ok)
-            gl.atomic_xchg(CNT + pid_c, 0)
+        _sum_slices(Y, WS, CNT, pid_c, row_lo, row_hi, M, N, stride_ym, N_SLICES, SLICES_P2, RED, MT, LRED)
 
 
 
