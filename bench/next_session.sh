@@ -15,12 +15,7 @@
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
-  && export PYTHONPATH=/tmp/site_1 || exit 1
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
-OUT=${OUT:-bench_out}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_env.sh"
 
 case "${1:-}" in
   tests|tests-a|tests-b)

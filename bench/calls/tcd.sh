@@ -5,11 +5,7 @@
 # The Gluon f16x2 GEMV lost that A/B and was dropped (BENCHMARKS.md "Tenth run"); its lines below
 # no longer run (gemv_h2g.py, its tests and bench/h2g_ab.py are not in the tree).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
-  && export PYTHONPATH=/tmp/site_1 || exit 1
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
-OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+. "$(dirname "$0")/../device_env.sh"
 t0=$(date +%s)
 timeout 200 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_tc.py > "$OUT/t.txt" 2>&1
 echo "tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20

@@ -3,11 +3,7 @@
 # GPU tests (the direct kernel's configs, the dispatched tuned table in a CUDA graph, the speculative verify,
 # graph = eager), the 27B int4 plain step and the MTP round (K = 3). Results under $OUT.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
-  && export PYTHONPATH=/tmp/site_1 || exit 1
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
-OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+. "$(dirname "$0")/../device_env.sh"
 t0=$(date +%s)
 timeout 180 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_tc.py tests/plugins/spec_mtp/test_spec_gpu.py \
   tests/core/test_graphs.py > "$OUT/t.txt" 2>&1

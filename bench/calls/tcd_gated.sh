@@ -6,11 +6,7 @@
 # Ran at commit 099725c. The fold lost and was removed in the next commit, along with
 # bench/tcd_gated_ab.py and NINFER_TCD_GATED (BENCHMARKS.md "Tenth run"), so this script no longer runs as is.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
-  && export PYTHONPATH=/tmp/site_1 || exit 1
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
-OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+. "$(dirname "$0")/../device_env.sh"
 t0=$(date +%s)
 timeout 150 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_tc.py > "$OUT/t.txt" 2>&1
 echo "tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
