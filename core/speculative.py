@@ -102,7 +102,6 @@ class _Round:
     host: torch.Tensor
     done: Any
     t: tuple[float, float, float]  # host clock: launch begun, inputs written, graph launched
-    ahead: bool = False
     starts: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     fed: list[int] = field(default_factory=list)
@@ -408,7 +407,7 @@ class SpeculativeRound:
         if cuda:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(self.device))
-        return _Round(reqs, [r.slot for r in reqs], host, done, (t0, t1, time.perf_counter()), ahead)
+        return _Round(reqs, [r.slot for r in reqs], host, done, (t0, t1, time.perf_counter()))
 
     def _launch_ahead(self, reqs: list[Request]) -> _Round | None:
         """The batch's next round, launched before the one just launched is read (so the host's

@@ -171,7 +171,7 @@ def test_a_stale_kept_row_is_refused(dense, tok):
     rid = eng.add_request(PROMPTS[0], params(max_new_tokens=20))
     eng.step()  # prefill and first token
     r = eng._requests[rid]
-    stale = _Round([r], [r.slot], spec._out_host[0], None, (0.0, 0.0, 0.0), True, [r.num_computed + 5],
+    stale = _Round([r], [r.slot], spec._out_host[0], None, (0.0, 0.0, 0.0), [r.num_computed + 5],
                    [len(r.output_ids)], [r.output_ids[-1]], rows=[[0] * (spec.k + 2)])
     with pytest.raises(RuntimeError, match="ran ahead"):
         spec._with_kept([r], [(stale, 0)])
