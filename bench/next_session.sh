@@ -8,8 +8,8 @@
 #   bash bench/next_session.sh tune    # the MTP drafter's q8 shapes and the shortlist head through h2_tune (~5 min)
 #   bash bench/next_session.sh round   # the MTP round, gates in the verify launch and apart; the 35B step's profile (~8 min)
 #   bash bench/next_session.sh kernels # 35B MoE per-layer timings (add+norm against route_gemv+add+norm)
-#   bash bench/next_session.sh ahead   # speculative rounds launched ahead (NINFER_SPEC_AHEAD=1): GPU tests, the
-#                                      # 27B MTP round with and without (~5 min)
+#   bash bench/next_session.sh ahead   # speculative rounds launched ahead (the default since the ninth session)
+#                                      # against NINFER_SPEC_AHEAD=0: GPU tests, the 27B MTP round each way (~5 min)
 #   bash bench/next_session.sh tcd     # 27B plain step with every q4/q5 launch on the direct tensor-core GEMV
 #                                      # (NINFER_TCD=1) and without: ninfer bench and the graph profile of each
 #
@@ -93,8 +93,8 @@ case "${1:-}" in
     echo "ahead (stand-in graphs) rc=$?"; tail -1 "$OUT/t2.txt"
     timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp.txt" 2>&1
     echo "mtp rc=$?"; tail -3 "$OUT/mtp.txt" | head -2
-    NINFER_SPEC_AHEAD=1 timeout 120 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp_ahead.txt" 2>&1
-    echo "mtp, rounds launched ahead rc=$?"; tail -3 "$OUT/mtp_ahead.txt" | head -2
+    NINFER_SPEC_AHEAD=0 timeout 120 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/mtp_noahead.txt" 2>&1
+    echo "mtp, rounds not launched ahead (NINFER_SPEC_AHEAD=0) rc=$?"; tail -3 "$OUT/mtp_noahead.txt" | head -2
     grep -o '"ahead_rounds": [0-9]*' "$OUT"/*.json | head -3
     ;;
   tcd)

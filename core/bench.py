@@ -510,7 +510,7 @@ def spec_run(
         # where a round's wall time went on the host, ms per round: writing the inputs, launching
         # the graph (or the eager round), waiting for its results, bookkeeping after
         "host_ms_per_round": {k: round(1000 * v / rounds, 3) for k, v in spec.host_s.items()},
-        # timed rounds that were launched ahead of the host reading the round before (NINFER_SPEC_AHEAD=1)
+        # timed rounds that were launched ahead of the host reading the round before (on unless NINFER_SPEC_AHEAD=0)
         "ahead_rounds": getattr(spec, "ahead_rounds", 0),
         "measured_tok_s": round(tokens / seconds, 2),
         "stats": {

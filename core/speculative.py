@@ -35,11 +35,12 @@ runner's CUDA graphs (`graphs`, ninfer.graphs) the step is captured per batch si
 up to EXACT_UP_TO, so no padding row ever runs it) and replayed; otherwise (`--no-cuda-graph`,
 the CPU, other sizes) the very same step runs eagerly, so both give the same tokens.
 
-ROUNDS LAUNCHED AHEAD (NINFER_SPEC_AHEAD=1; off until an H200 run has timed it): a captured
+ROUNDS LAUNCHED AHEAD (default; NINFER_SPEC_AHEAD=0 turns it off): a captured
 round leaves each row's next anchor and start on the device (`next_in`), so the batch's next
 round can be replayed right after it, before the host reads its results. The host's reading,
 the engine's detokenizing and stop checks, and the next bookkeeping then overlap the GPU (0.49
-ms of a 13.8 ms 27B round were host time, BENCHMARKS.md "Tenth run"). A round is launched ahead
+ms of a 13.8 ms 27B round were host time; the H200 measured 13.51 -> 13.30 ms a round,
+BENCHMARKS.md "Eleventh run"). A round is launched ahead
 only when every request keeps room for it whatever the round before accepts (context and
 output budget), so the engine's next step runs a round for each of them. A request that stops
 on a token inside the round before wastes the one ahead, harmlessly (its slot is reset when
@@ -85,9 +86,8 @@ DEFAULT_ROLLBACK = "columns"
 
 
 def ahead_enabled() -> bool:
-    """NINFER_SPEC_AHEAD=1: batched rounds are launched one ahead (see `_launch_ahead`); off until
-    an H200 run has timed it."""
-    return os.environ.get("NINFER_SPEC_AHEAD", "0") == "1"
+    """Batched rounds are launched one ahead (see `_launch_ahead`) unless NINFER_SPEC_AHEAD=0."""
+    return os.environ.get("NINFER_SPEC_AHEAD", "1") != "0"
 
 
 @dataclass
@@ -151,7 +151,7 @@ class SpeculativeRound:
         # host seconds of batched rounds by phase (inputs written, graph launched, waiting for the
         # results, bookkeeping after): `ninfer bench` reports where a round's wall time goes
         self.host_s = {"prepare": 0.0, "launch": 0.0, "wait": 0.0, "after": 0.0}
-        # a batched round launched ahead and not read yet (NINFER_SPEC_AHEAD=1; `_init_batched`)
+        # a batched round launched ahead and not read yet (unless NINFER_SPEC_AHEAD=0; `_init_batched`)
         self._pending: _Round | None = None
         if self.verifier is not None:
             self._init_batched(graphs)
@@ -165,7 +165,7 @@ class SpeculativeRound:
         self.ints, self.floats = self.inputs.ints, self.inputs.floats
         # per sequence: the K+1 tokens the round keeps from (the first `accepted + 1`), then `accepted`
         self.out = torch.zeros(n, self.k + 2, dtype=torch.int64, device=dev)
-        # rounds launched one ahead (NINFER_SPEC_AHEAD=1): the round in flight, rows of rounds whose
+        # rounds launched one ahead (on unless NINFER_SPEC_AHEAD=0): the round in flight, rows of rounds whose
         # batch changed (by request id), and two host buffers for the results (a round launched
         # ahead copies its results while the one before it is read)
         self.ahead = ahead_enabled()

@@ -1,4 +1,4 @@
-"""Batched rounds launched one ahead (NINFER_SPEC_AHEAD=1, `SpeculativeRound._launch_ahead`), on
+"""Batched rounds launched one ahead (the default; NINFER_SPEC_AHEAD=0 stops it; `SpeculativeRound._launch_ahead`), on
 the CPU through the graph path (test_batched_rounds' stand-in graphs): the round after the one
 just launched feeds on that round's results on the device, before the host has read them. The
 engine must give exactly the tokens it gives without it, when requests finish on length at
