@@ -214,6 +214,15 @@ def default_block_v(batch: int, num_v_heads: int, head_v_dim: int, device: torch
     return max(16, min(64, head_v_dim, head_v_dim // parts))
 
 
+def split_heads(batch: int, num_v_heads: int, device: torch.device) -> bool:
+    """Whether the verify columns split each value head over several programs (block_v from
+    default_block_v) and run the gated norm as a second launch, rather than one program a head
+    with the norm inside: yes while batch * Hv programs would leave SMs idle. H200, the 27B's 48
+    GDN layers at M = 4, one sequence (bench/gdn_columns.py): 27.5 us a layer whole (48 programs)
+    against 20.4 split to BV 32 with the norm apart. NINFER_GDN_SPLIT=0 keeps heads whole."""
+    return os.environ.get("NINFER_GDN_SPLIT", "1") != "0" and batch * num_v_heads < sm_count(str(device))
+
+
 def gdn_decode_step(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor | None,
@@ -409,7 +418,8 @@ def gdn_verify_columns(
     col_state [slots*M, Hv, Dk, Dv] (what M calls of gdn_decode_step on copied columns would
     leave there). a = b = None with ab_input = (x [B*M, H], W [2 Hv, H]): the raw gates computed
     in the kernel in fp32, as gdn_decode_step does (the rows of W loaded once for the M tokens).
-    Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv]."""
+    block_v = None with z: whole heads with the norm inside, unless `split_heads` says the grid
+    would be too small. Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv]."""
     BM = mixed_qkv.shape[0]
     fuse_ab = a is None
     if fuse_ab:
@@ -435,6 +445,8 @@ def gdn_verify_columns(
             raise ValueError(f"gdn_verify_columns: {name} needs contiguous [Dk, Dv] per head")
     if mixed_qkv.stride(1) != 1:
         raise ValueError("gdn_verify_columns: mixed_qkv needs a unit last stride")
+    if block_v is None and z is not None and split_heads(B, HV, mixed_qkv.device):
+        block_v = default_block_v(B, HV, DV, mixed_qkv.device)
     fuse = z is not None and (block_v is None or block_v == DV)
     bv = DV if fuse else (block_v or default_block_v(B, HV, DV, mixed_qkv.device))
     out = torch.empty(BM, HV, DV, dtype=mixed_qkv.dtype, device=mixed_qkv.device)

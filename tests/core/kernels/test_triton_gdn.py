@@ -155,7 +155,8 @@ def test_matches_fla_gpu():
     R.assert_close(L.ssm_state, s_fla, "gdn_output_bf16")
 
 
-@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8)])
+# (True, 8): the gated norm given but the heads split, so the norm runs as a second launch
+@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8), (True, 8)])
 @pytest.mark.parametrize("m", [1, 4])
 def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
     """M tokens of B sequences in one launch leave in the columns (and return) what M decode steps
@@ -232,6 +233,32 @@ def test_verify_columns_with_the_gates_in_the_kernel(H, fuse, block_v):
         for s in slots.tolist():
             assert torch.equal(cc[s * m + t], conv[s])
             R.assert_close(cr[s * m + t], ssm[s], "gdn_state_fp32")
+
+
+def test_verify_columns_split_heads_when_the_grid_is_small(monkeypatch):
+    """With more SMs than B * Hv programs the verify splits each head (default_block_v) and runs
+    the norm apart: the same outputs and columns as whole heads, within bf16 rounding of o;
+    NINFER_GDN_SPLIT=0 keeps heads whole."""
+    from ninfer.kernels.triton import gdn as G
+
+    HK, HV, DK, DV, m = 2, 4, 32, 32, 3
+    L = Layer(HK, HV, DK, DV, slots=3, seed=11)
+    slots = torch.tensor([2], dtype=torch.int32, device=DEV)
+    x, a, b, z = L.inputs(m, True)
+    outs = {}
+    for many in (False, True):
+        monkeypatch.setattr(G, "sm_count", lambda device, many=many: 1000 if many else 1)
+        assert G.split_heads(1, HV, torch.device(DEV)) is many
+        cc = torch.zeros(3 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+        cr = torch.zeros(3 * m, HV, DK, DV, device=DEV)
+        o = G.gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots,
+                                 m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight)
+        outs[many] = (o, cc, cr)
+    R.assert_close(outs[True][0], outs[False][0], "gdn_output_bf16")
+    assert torch.equal(outs[True][1], outs[False][1])
+    R.assert_close(outs[True][2], outs[False][2], "gdn_state_fp32")
+    monkeypatch.setenv("NINFER_GDN_SPLIT", "0")
+    assert not G.split_heads(1, HV, torch.device(DEV))
 
 
 def test_verify_columns_refuse_bad_gate_inputs():

@@ -1,0 +1,110 @@
+"""The GDN verify columns (`gdn_verify_columns`, M tokens of one sequence, every column's state
+written) at the 27B's shapes, per value-column block and warp count, against the M = 1 decode step:
+
+    python3 bench/gdn_columns.py [--m 4] [--reps 30] [--variants 128:4,64:4,32:4,16:2] [--decode-variants 128:4,32:4]
+
+One CUDA graph holds the 48 GDN layers of a step (distinct weights, states and columns per layer,
+so the L2 holds none of them), the gates computed in the launch as the round does. A variant
+BV:warps with BV < 128 splits each value head over 128 / BV programs and runs the gated RMSNorm as
+a second launch (it needs the whole head). Every variant's output and columns are checked against
+the first one's. Floor per layer: the slot's state read once (48 x 128 x 128 fp32 = 3.1 MB) and M
+states written (12.6 MB at M = 4), at the copy rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import graph_ms  # noqa: E402
+
+from ninfer.kernels.triton import gdn_decode_step, gdn_verify_columns  # noqa: E402
+
+DEV = "cuda"
+BF = torch.bfloat16
+HID, HK, HV, D, LAYERS = 5120, 16, 48, 128, 48
+
+
+def layer(m: int) -> dict:
+    conv = (2 * HK + HV) * D
+    return dict(
+        x=torch.randn(m, HID, dtype=BF, device=DEV),
+        w_ab=torch.randn(2 * HV, HID, dtype=BF, device=DEV) * HID**-0.5,
+        qkv=torch.randn(m, conv, dtype=BF, device=DEV),
+        z=torch.randn(m, HV * D, dtype=BF, device=DEV),
+        conv_weight=torch.randn(conv, 4, dtype=BF, device=DEV) * 0.5,
+        conv_state=torch.randn(1, conv, 3, dtype=BF, device=DEV),
+        A_log=torch.randn(HV, device=DEV) * 0.5,
+        dt_bias=torch.randn(HV, device=DEV) * 0.5,
+        state=torch.randn(1, HV, D, D, device=DEV) * 0.1,
+        norm=torch.ones(D, dtype=BF, device=DEV),
+        col_conv=torch.zeros(m, conv, 3, dtype=BF, device=DEV),
+        col_state=torch.zeros(m, HV, D, D, device=DEV),
+        slots=torch.zeros(1, dtype=torch.int32, device=DEV),
+    )
+
+
+def columns(L: dict, m: int, bv: int, warps: int) -> torch.Tensor:
+    return gdn_verify_columns(
+        L["qkv"], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
+        L["col_conv"], L["col_state"], L["slots"], m=m, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"],
+        norm_weight=L["norm"], block_v=bv, num_warps=warps, ab_input=(L["x"], L["w_ab"]),
+    )  # fmt: skip
+
+
+def decode(L: dict, bv: int | None = None, warps: int | None = None) -> torch.Tensor:
+    return gdn_decode_step(
+        L["qkv"][:1], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
+        num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"][:1], norm_weight=L["norm"], ab_input=(L["x"][:1], L["w_ab"]),
+        block_v=bv, num_warps=warps,
+    )  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--variants", default="128:4,128:8,64:4,64:2,32:4,32:2,16:2,16:1")
+    ap.add_argument("--decode-variants", default="128:4",
+                    help="the M = 1 decode step's BV:warps (BV < 128: the norm as a second launch)")
+    args = ap.parse_args()
+    m = args.m
+    variants = [tuple(int(t) for t in v.split(":")) for v in args.variants.split(",")]
+    print(torch.cuda.get_device_name(), flush=True)
+    layers = [layer(m) for _ in range(LAYERS)]
+    floor_us = (HV * D * D * 4 * (1 + m)) / 4.2e12 * 1e6
+    print(f"27B GDN, {LAYERS} layers, M = {m}: floor {floor_us:.1f} us/layer (state read once, {m} written, "
+          f"4.2 TB/s)", flush=True)
+    L = layers[0]
+    ref = None
+    for bv, w in variants:
+        L["col_state"].zero_()
+        o = columns(L, m, bv, w).float()
+        cs = L["col_state"].clone()
+        if ref is None:
+            ref = (o, cs)
+            continue
+        err = max((o - ref[0]).abs().max().item(), (cs - ref[1]).abs().max().item())
+        print(f"  BV {bv:3d} w{w}: max difference from the first variant {err:.3g}"
+              + ("" if err < 6e-2 else "  <-- MISMATCH"), flush=True)
+    # the decode step mutates its state: fine for timing
+    for bv, w in [tuple(int(t) for t in v.split(":")) for v in args.decode_variants.split(",")]:
+        ms = graph_ms(lambda bv=bv, w=w: [decode(x, bv, w) for x in layers], reps=args.reps)
+        print(f"  decode step (M = 1) BV {bv:3d} w{w} {ms:7.4f} ms/replay  {ms / LAYERS * 1e3:6.2f} us/layer", flush=True)
+    for bv, w in variants:
+        try:
+            ms = graph_ms(lambda bv=bv, w=w: [columns(x, m, bv, w) for x in layers], reps=args.reps)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"  columns BV {bv:3d} w{w}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            continue
+        us = ms / LAYERS * 1e3
+        print(f"  columns BV {bv:3d} w{w}     {ms:7.4f} ms/replay  {us:6.2f} us/layer  "
+              f"({100 * floor_us / us:4.1f}% of floor)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
