@@ -55,6 +55,10 @@ def main() -> int:
     ap.add_argument("--pairs", default=DEFAULT_PAIRS)
     ap.add_argument("--direct", action="store_true",
                     help="the direct kernel's candidates (weights straight into registers), against the full dispatch")
+    ap.add_argument("--cands", default="",
+                    help="the candidates instead of the built-in lists: kb:stages:warps:ctas:direct,...")
+    ap.add_argument("--rank-m", type=int, default=1, choices=(1, 4, 8),
+                    help="rank every candidate at this M (default 1; the best three then run at the others)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,12 +96,19 @@ def main() -> int:
             d = {m: time_it(m, None) for m in (1, 4, 8)}
             for m in (1, 4, 8):
                 row[f"m{m}"]["dispatch"] = d[m]
-            res = GT.rank(time_it, 1, [c for c in (direct_cands() if args.direct else cands()) if TC.supports(ps[0], c)], row["m1"], lambda cfg, exc: print(
-                f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:300]}", flush=True))
-            top = [cfg for _, cfg in res[:3]]
-            res4 = GT.rank(time_it, 4, top, row["m4"])
-            res8 = GT.rank(time_it, 8, top, row["m8"])
-            best = {1: res[0], 4: res4[0], 8: res8[0]}
+            pool = ([TC.TCConfig(*map(int, c.split(":"))) for c in args.cands.split(",")] if args.cands
+                    else direct_cands() if args.direct else cands())
+            first = GT.rank(time_it, args.rank_m, [c for c in pool if TC.supports(ps[0], c)], row[f"m{args.rank_m}"],
+                            lambda cfg, exc: print(f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:300]}",
+                                                   flush=True))
+            if args.rank_m != 1:
+                print(f"  {pair} M={args.rank_m}: " + ", ".join(f"{c.describe()} {us:.1f}" for us, c in first), flush=True)
+            top = [cfg for _, cfg in first[:3]]
+            res = {args.rank_m: first}
+            for m in (1, 4, 8):
+                if m != args.rank_m:
+                    res[m] = GT.rank(time_it, m, top, row[f"m{m}"])
+            best = {m: r[0] for m, r in res.items()}
             for m in (1, 2, 4, 8):
                 cfg = best[1 if m == 1 else 4 if m <= 4 else 8][1]
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -402,8 +402,12 @@ TUNED_TC: dict[tuple[int, int, int, str], tuple] = {
     (5, 5120, 6144, 'm4'): (4, 0, 4, 6, 1),
     (5, 5120, 6144, 'm8'): (8, 0, 4, 6, 2),
     (5, 5120, 17408, 'm1'): (),
+    # M = 4: 17 K blocks a slice won alone (40.1 -> 37.0 us, `bench/calls/gdn_down.sh`) and lost in
+    # the 27B MTP round (12.77 / 12.75 ms at 8 against 13.02 / 13.02 at 17, alternated,
+    # `bench/calls/down_ab.sh`): 8 stays. M = 8: 17 blocks, alone 61.6 -> 40.1 us, not yet timed in a
+    # batched round (ninth session)
     (5, 5120, 17408, 'm4'): (8, 0, 4, 6, 2),
-    (5, 5120, 17408, 'm8'): (8, 0, 4, 6, 2),
+    (5, 5120, 17408, 'm8'): (17, 0, 4, 8, 2),
     (5, 13312, 5120, 'm1'): (),
     (5, 13312, 5120, 'm4'): (8, 0, 4, 4, 2),
     (5, 13312, 5120, 'm8'): (8, 0, 4, 6, 2),
