@@ -12,6 +12,9 @@
 #                                      # against NINFER_SPEC_AHEAD=0: GPU tests, the 27B MTP round each way (~5 min)
 #   bash bench/next_session.sh tcd     # 27B plain step with every q4/q5 launch on the direct tensor-core GEMV
 #                                      # (NINFER_TCD=1) and without: ninfer bench and the graph profile of each
+#   bash bench/next_session.sh late    # the direct kernel's late PDL trigger (NINFER_TC_LATE=1): its GPU test, the
+#                                      # 27B plain step with every q4/q5 GEMV direct (NINFER_TCD=1) without and with it,
+#                                      # and the MTP round without and with it (~5 min)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
@@ -108,8 +111,20 @@ case "${1:-}" in
     NINFER_TCD=1 timeout 150 $P --out "$OUT/p_tcd" > "$OUT/p_tcd.txt" 2>&1; echo "profile (NINFER_TCD=1) rc=$?"
     for f in p p_tcd; do echo "== $f"; head -22 "$OUT/$f.txt" | cut -c1-150; done
     ;;
+  late)
+    timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_int/test_gemv_tc.py -k direct_graph_replay > "$OUT/t.txt" 2>&1
+    echo "tests rc=$?"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
+    for e in "X=1" "NINFER_TCD=1" "NINFER_TCD=1 NINFER_TC_LATE=1"; do
+      env $e timeout 100 $B > "$OUT/b.txt" 2>&1; echo "27B plain, $e rc=$?: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
+    done
+    for e in "X=1" "NINFER_TC_LATE=1"; do
+      env $e timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+      echo "MTP round, $e rc=$?: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    done
+    ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late" >&2
     exit 2
     ;;
 esac

@@ -367,11 +367,14 @@ if HAVE_GLUON:
         L5: gl.constexpr, LCW: gl.constexpr, LCS: gl.constexpr, LCH: gl.constexpr, LX: gl.constexpr,
         LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
         MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SH4: gl.constexpr, SH3: gl.constexpr, SH1: gl.constexpr,
+        LATE: gl.constexpr = False,
     ):
         """The ring kernel's arithmetic with the weights loaded straight into the registers the
         decode reads (no shared-memory ring, so occupancy is set by registers): K blocks stream
         one at a time, PF (1 or 2) blocks ahead of the one being multiplied. MT: the tokens the
-        last CTA's sum reads (M rounded up to a power of two)."""
+        last CTA's sum reads (M rounded up to a power of two). LATE (with PDL): the next kernel
+        may launch only once this CTA's partials are written, not at its start (an experiment,
+        `late_trigger`)."""
         pid_c = gl.program_id(0)
         pid_s = gl.program_id(1)
         kb0 = pid_s * KB
@@ -393,8 +396,9 @@ if HAVE_GLUON:
                 r1 = gl.minimum(row_lo + R, last)
                 wb_, sb_, hb_ = _load_block(wp, sp, hp, r1, kb0, stride_wn, stride_hn, stride_sn, FMT)
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            if not LATE:
+                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                          is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
         inv_n = _prep_x(X, M, stride_xm, kb0, xsm, csm, KB, LX, MMA, XF_A, XF_B, XF_C, XF_D,
@@ -421,6 +425,9 @@ if HAVE_GLUON:
             keep = (rows < row_hi)[:, None] & (yn < M)[None, :]
             gl.store(dst, acc * inv_n[None, :], mask=keep)
 
+        if PDL and LATE:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
         _tbarrier()
         _sum_slices(Y, WS, CNT, pid_c, row_lo, row_hi, M, N, stride_ym, N_SLICES, SLICES_P2, RED, MT, LRED)
 
@@ -450,6 +457,15 @@ class TCConfig:
 
     def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
         return launch(x2, p, self)
+
+
+def late_trigger() -> bool:
+    """NINFER_TC_LATE=1 (an experiment, off): the direct kernel lets the next kernel launch after
+    its main loop instead of at its start. Why: in the 27B step every q4/q5 GEMV on the direct
+    kernel (NINFER_TCD=1) cost 2.1 ms more than the f16x2 GEMVs with PDL on and 0.74 ms more
+    with it off, while the GEMVs' own kernel time was the same (BENCHMARKS.md, "Eleventh run"):
+    the neighbours launched early seem to be what slows."""
+    return os.environ.get("NINFER_TC_LATE", "0") == "1"
 
 
 def enabled() -> bool:
@@ -590,7 +606,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
             rows_per_cta, n_slices,
             FMT=p.fmt, KB=cfg.kb, PF=cfg.direct, R=16 * cfg.num_warps,
             SLICES_P2=slices_p2, RED=red_rows(slices_p2, cfg.num_warps, mt), MT=mt,
-            PDL=bool(pdl.get("PDL", False)),
+            PDL=bool(pdl.get("PDL", False)), LATE=late_trigger(),
             num_warps=cfg.num_warps,
             **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
             **c,

@@ -158,12 +158,14 @@ def test_gpu_tc_graph_replay_and_bit_equal_repeats():
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("pdl", ["0", "1"])
-def test_gpu_tc_direct_graph_replay_bit_equal_to_eager(pdl, monkeypatch):
+@pytest.mark.parametrize("pdl,late", [("0", "0"), ("1", "0"), ("1", "1")])
+def test_gpu_tc_direct_graph_replay_bit_equal_to_eager(pdl, late, monkeypatch):
     """The direct kernel (weights straight into registers) with and without its programmatic
-    dependent launch prologue: a CUDA graph's replays bit-equal to the eager launch, and a
-    launch after another kernel that wrote x reads the new x."""
+    dependent launch prologue (and with its late trigger, NINFER_TC_LATE=1): a CUDA graph's
+    replays bit-equal to the eager launch, and a launch after another kernel that wrote x reads
+    the new x."""
     monkeypatch.setenv("NINFER_PDL", pdl)
+    monkeypatch.setenv("NINFER_TC_LATE", late)
     torch.manual_seed(7)
     for scheme, n, k in (("q5_g64", 5120, 17408), ("q4_g64", 34816, 5120)):
         p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
