@@ -33,18 +33,20 @@ def main() -> int:
     ap.add_argument("--formats", default="4,5,6,8")
     ap.add_argument("--ms", default="1,4")
     ap.add_argument("--cfgs", default="32:4:4,16:8:6,32:8:4,16:4:8", help="block_n:kbs:ctas[:num_warps],...")
+    ap.add_argument("--shape", default="17408x5120", help="N x K of the weight")
     args = ap.parse_args()
     fails = 0
     cfgs = [H.H2Config(*(int(v) for v in c.split(":"))) for c in args.cfgs.split(",")]
     print(f"{'variant':42s} {'regs':>5s} {'local':>5s} {'loop':>5s} {'w/thr':>6s} {'ins/w':>6s}  top opcodes")
     for fmt in (int(f) for f in args.formats.split(",")):
-        p = S.empty_prepared(fmt, 17408, 5120)
+        n, k = (int(v) for v in args.shape.split("x"))
+        p = S.empty_prepared(fmt, n, k)
         for m in (int(x) for x in args.ms.split(",")):
             for cfg in cfgs:
                 name = f"q{fmt} M={m} {cfg.describe()}"
                 S._compiled.clear()
                 try:
-                    H.launch(torch.empty(m, 5120, dtype=torch.bfloat16), p, cfg)
+                    H.launch(torch.empty(m, k, dtype=torch.bfloat16), p, cfg)
                     kern = S._compiled[-1]
                 except Exception:
                     fails += 1
