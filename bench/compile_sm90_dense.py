@@ -1,6 +1,6 @@
 """Compile the dense decode/verify/prefill Triton kernels for sm_90 on a machine without a GPU.
 
-    /tmp/t36/bin/python bench/compile_sm90_dense.py
+    /tmp/t36/bin/python bench/compile_sm90_dense.py [--regs]
 
 Catches what the CPU interpreter accepts and the GPU compiler rejects (a name retyped inside a
 runtime branch failed every dense GPU test on the H200 once) before device time is spent. Uses
@@ -116,13 +116,21 @@ def cases():
 
 
 def main() -> int:
+    # --regs: each compiled kernel's registers, local (spilled) and shared bytes after its "ok" line
+    regs = "--regs" in sys.argv[1:]
     failed = 0
     for pdl in (False, True):
         L.pdl_enabled = (lambda device: True) if pdl else (lambda device: False)
         for name, run in cases():
             try:
+                before = len(S._compiled)
                 run()
-                print(f"ok    {name} (PDL {'on' if pdl else 'off'})", flush=True)
+                usage = ""
+                if regs:
+                    usage = "  " + ", ".join(
+                        f"{k.name}: {r} regs{f', {lo} B local' if lo else ''}, {sm} B shared"
+                        for k in S._compiled[before:] for r, lo, sm in [S.resources(k)])
+                print(f"ok    {name} (PDL {'on' if pdl else 'off'}){usage}", flush=True)
             except Exception:  # noqa: BLE001 - report every failure, then fail
                 failed += 1
                 print(f"FAIL  {name} (PDL {'on' if pdl else 'off'})\n{traceback.format_exc(limit=3)}", flush=True)

@@ -120,6 +120,17 @@ def main_loop(sass: str) -> list[str]:
     return best
 
 
+def resources(kernel) -> tuple[int, int, int]:
+    """(registers a thread, local + stack bytes a thread, shared bytes) of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        res = _run("cuobjdump", "-res-usage", str(cubin))
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", res).group(1)) + int(re.search(r"STACK:(\d+)", res).group(1))
+    return regs, local, kernel.metadata.shared
+
+
 def analyse(name: str, kernel, weights_per_thread: int, dump: Path | None) -> Stats:
     with tempfile.TemporaryDirectory() as d:
         cubin = Path(d) / "k.cubin"
