@@ -58,6 +58,18 @@ def cases():
         e(4, C, dtype=BF), None, None, cw, cs, al, al, st, e(16, C, 3, dtype=BF),
         e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),
         norm_weight=nw, ab_input=(e(4, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)))
+    def split_verify(norm_in_launch: str):
+        os.environ["NINFER_GDN_SPLIT_NORM"] = norm_in_launch
+        try:
+            return G.gdn_verify_columns(
+                e(4, C, dtype=BF), None, None, cw, cs, al, al, st, e(16, C, 3, dtype=BF),
+                e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),
+                norm_weight=nw, ab_input=(e(4, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)), block_v=32)
+        finally:
+            os.environ.pop("NINFER_GDN_SPLIT_NORM")
+
+    yield "gdn_verify_columns (heads split, BV 32, norm apart)", lambda: split_verify("0")
+    yield "gdn_verify_columns (heads split, BV 32, norm in the launch)", lambda: split_verify("1")
     yield "gdn_prefill_conv", lambda: G.gdn_prefill_conv(e(8192, C, dtype=BF), cs[0], cw, num_k_heads=HK, num_v_heads=HV, head_dim=D)
     yield "rmsnorm", lambda: N.rmsnorm(e(1, 5120, dtype=BF), e(5120, dtype=BF), 1e-6)
     yield "gated_rmsnorm", lambda: N.gated_rmsnorm(e(1, HV, D, dtype=BF), e(1, HV, D, dtype=BF), nw)

@@ -14,7 +14,8 @@
 #                                      # (NINFER_TCD=1) and without: ninfer bench and the graph profile of each
 #   bash bench/next_session.sh late    # the direct kernel's late PDL trigger (NINFER_TC_LATE=1): its GPU test, the
 #                                      # 27B plain step with every q4/q5 GEMV direct (NINFER_TCD=1) without and with it,
-#                                      # and the MTP round without and with it (~5 min)
+#                                      # and the MTP round without and with it; the split GDN verify's norm in its
+#                                      # launch (NINFER_GDN_SPLIT_NORM=1): bench/gdn_columns.py and the round (~7 min)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
@@ -118,7 +119,11 @@ case "${1:-}" in
     for e in "X=1" "NINFER_TCD=1" "NINFER_TCD=1 NINFER_TC_LATE=1"; do
       env $e timeout 100 $B > "$OUT/b.txt" 2>&1; echo "27B plain, $e rc=$?: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
     done
-    for e in "X=1" "NINFER_TC_LATE=1"; do
+    timeout 60 python3 -m pytest -q -rf -m gpu tests/core/kernels/test_triton_gdn.py > "$OUT/t2.txt" 2>&1
+    echo "gdn tests rc=$?"; tail -1 "$OUT/t2.txt"
+    timeout 90 python3 bench/gdn_columns.py --variants 128:4,32:4,32:4:n,16:2:n > "$OUT/gdn.txt" 2>&1
+    echo "gdn_columns rc=$?"; grep -E "columns|MISMATCH" "$OUT/gdn.txt"
+    for e in "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"; do
       env $e timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
       echo "MTP round, $e rc=$?: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done

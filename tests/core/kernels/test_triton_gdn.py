@@ -235,28 +235,39 @@ def test_verify_columns_with_the_gates_in_the_kernel(H, fuse, block_v):
             R.assert_close(cr[s * m + t], ssm[s], "gdn_state_fp32")
 
 
-def test_verify_columns_split_heads_when_the_grid_is_small(monkeypatch):
+@pytest.mark.parametrize("norm_in_launch", ["0", "1"])
+def test_verify_columns_split_heads_when_the_grid_is_small(norm_in_launch, monkeypatch):
     """With more SMs than B * Hv programs the verify splits each head (default_block_v) and runs
-    the norm apart: the same outputs and columns as whole heads, within bf16 rounding of o;
-    NINFER_GDN_SPLIT=0 keeps heads whole."""
+    the norm apart (or, NINFER_GDN_SPLIT_NORM=1, in the same launch: the last program of a head
+    normalizes it): the same outputs and columns as whole heads, within bf16 rounding of o;
+    NINFER_GDN_SPLIT=0 keeps heads whole. Two sequences, run twice: the counters are left at 0."""
     from ninfer.kernels.triton import gdn as G
 
+    monkeypatch.setenv("NINFER_GDN_SPLIT_NORM", norm_in_launch)
+    apart = []
+    monkeypatch.setattr(G, "gated_rmsnorm", lambda *a, _f=G.gated_rmsnorm, **k: apart.append(1) or _f(*a, **k))
     HK, HV, DK, DV, m = 2, 4, 32, 32, 3
     L = Layer(HK, HV, DK, DV, slots=3, seed=11)
-    slots = torch.tensor([2], dtype=torch.int32, device=DEV)
-    x, a, b, z = L.inputs(m, True)
+    slots = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
+    x, a, b, z = L.inputs(2 * m, True)
     outs = {}
-    for many in (False, True):
+    for many in (False, True, True):
         monkeypatch.setattr(G, "sm_count", lambda device, many=many: 1000 if many else 1)
-        assert G.split_heads(1, HV, torch.device(DEV)) is many
+        assert G.split_heads(2, HV, torch.device(DEV)) is many
         cc = torch.zeros(3 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
         cr = torch.zeros(3 * m, HV, DK, DV, device=DEV)
         o = G.gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots,
                                  m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight)
+        if many in outs:  # the second split run: the same result (no counter left behind)
+            assert torch.equal(o, outs[True][0])
         outs[many] = (o, cc, cr)
     R.assert_close(outs[True][0], outs[False][0], "gdn_output_bf16")
+    if norm_in_launch == "1":  # o stays fp32 up to the norm, as with whole heads
+        assert (outs[True][0].float() - outs[False][0].float()).abs().max() <= 1e-2
     assert torch.equal(outs[True][1], outs[False][1])
     R.assert_close(outs[True][2], outs[False][2], "gdn_state_fp32")
+    assert not G._counters(torch.device(DEV), 2 * m * HV).any()
+    assert len(apart) == (0 if norm_in_launch == "1" else 2)  # the norm's second launch, per split run
     monkeypatch.setenv("NINFER_GDN_SPLIT", "0")
     assert not G.split_heads(1, HV, torch.device(DEV))
 
