@@ -16,6 +16,9 @@
 #                                      # 27B plain step with every q4/q5 GEMV direct (NINFER_TCD=1) without and with it,
 #                                      # and the MTP round without and with it; the split GDN verify's norm in its
 #                                      # launch (NINFER_GDN_SPLIT_NORM=1): bench/gdn_columns.py and the round (~7 min)
+#   bash bench/next_session.sh first   # the tenth session's first call: GPU tests of the kernels changed without a
+#                                      # GPU (gemv_tc's slice sum and late trigger, the split GDN norm), down at M = 4
+#                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
@@ -112,6 +115,19 @@ case "${1:-}" in
     NINFER_TCD=1 timeout 150 $P --out "$OUT/p_tcd" > "$OUT/p_tcd.txt" 2>&1; echo "profile (NINFER_TCD=1) rc=$?"
     for f in p p_tcd; do echo "== $f"; head -22 "$OUT/$f.txt" | cut -c1-150; done
     ;;
+  first)
+    t0=$(date +%s)
+    timeout 240 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_tc.py tests/core/kernels/test_triton_gdn.py \
+      > "$OUT/t.txt" 2>&1
+    echo "tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    timeout 100 python3 bench/tc_tune.py --out "$OUT/down" --budget-s 80 --rank-m 4 --pairs "q5_g64:27b.down_proj" \
+      --cands "8:0:4:6:2,8:0:4:4:2,8:0:4:8:2,17:0:4:6:2,4:0:4:6:2" > "$OUT/down.txt" 2>&1
+    echo "down rc=$? $(( $(date +%s) - t0 )) s"; grep -E "M=4:|^q5" "$OUT/down.txt" | cut -c1-400
+    for e in "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"; do
+      env $e timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+      echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    done
+    ;;
   late)
     timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_int/test_gemv_tc.py -k direct_graph_replay > "$OUT/t.txt" 2>&1
     echo "tests rc=$?"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
@@ -129,7 +145,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first" >&2
     exit 2
     ;;
 esac
