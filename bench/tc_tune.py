@@ -65,6 +65,8 @@ def main() -> int:
     from ninfer_plugins.quant_int import gemv_tc as TC
     from ninfer_plugins.quant_int import kernels as K
 
+    # with --cands, direct candidates among them count as --direct (the baseline they are ranked against)
+    direct = args.direct or any(c.strip().endswith((":1", ":2")) for c in args.cands.split(","))
     bw = QL.copy_bandwidth()
     print(f"copy bandwidth {bw:.2f} TB/s", flush=True)
     shapes = {**QL.SHAPES, **QL.MERGED_SHAPES}
@@ -83,7 +85,8 @@ def main() -> int:
         def time_it(m: int, cfg) -> float:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             if cfg is None:
-                os.environ["NINFER_TC"] = "1" if args.direct else "0"
+                # direct candidates are compared with the full dispatch (tuned TC entries included)
+                os.environ["NINFER_TC"] = "1" if direct else "0"
                 try:
                     return 1e3 * QL.graph_ms_per_call([lambda p=p: K.launch(x, p) for p in ps])
                 finally:
@@ -96,7 +99,7 @@ def main() -> int:
             d = {m: time_it(m, None) for m in (1, 4, 8)}
             for m in (1, 4, 8):
                 row[f"m{m}"]["dispatch"] = d[m]
-            pool = ([TC.TCConfig(*map(int, c.split(":"))) for c in args.cands.split(",")] if args.cands
+            pool = ([TC.TCConfig(*map(int, c.split(":"))) for c in args.cands.split(",") if c.strip()] if args.cands
                     else direct_cands() if args.direct else cands())
             first = GT.rank(time_it, args.rank_m, [c for c in pool if TC.supports(ps[0], c)], row[f"m{args.rank_m}"],
                             lambda cfg, exc: print(f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:300]}",

@@ -155,26 +155,29 @@ def test_matches_fla_gpu():
     R.assert_close(L.ssm_state, s_fla, "gdn_output_bf16")
 
 
-# (True, 8): the gated norm given but the heads split, so the norm runs as a second launch
-@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8), (True, 8)])
-@pytest.mark.parametrize("m", [1, 4])
-def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
+def _columns_vs_steps(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed):
     """M tokens of B sequences in one launch leave in the columns (and return) what M decode steps
-    on copied columns do, and never touch the slots' own state."""
+    on copied columns do, never touch the slots' own state, and give the same result again (no
+    counter left behind by a split head's norm)."""
     from ninfer.kernels.triton import gdn_verify_columns
 
-    HK, HV, DK, DV = 2, 4, 16, 16
-    L = Layer(HK, HV, DK, DV, slots=5, seed=m)
-    slots = torch.tensor([3, 1], dtype=torch.int32, device=DEV)
+    n_slots = max(slots_list) + 1
+    L = Layer(HK, HV, DK, DV, slots=n_slots, seed=seed)
+    slots = torch.tensor(slots_list, dtype=torch.int32, device=DEV)
     B = len(slots)
     x, a, b, z = L.inputs(B * m, fuse)
     conv0, ssm0 = L.conv_state.clone(), L.ssm_state.clone()
-    col_conv = torch.zeros(5 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
-    col_rec = torch.zeros(5 * m, HV, DK, DV, device=DEV)
-    o = gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, col_conv, col_rec, slots,
-                           m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z,
-                           norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+    col_conv = torch.zeros(n_slots * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+    col_rec = torch.zeros(n_slots * m, HV, DK, DV, device=DEV)
+
+    def run():
+        return gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, col_conv,
+                                  col_rec, slots, m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z,
+                                  norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+
+    o = run()
     assert torch.equal(L.conv_state, conv0) and torch.equal(L.ssm_state, ssm0)
+    assert torch.equal(run(), o)
     # the oracle: decode steps, token by token, on copies of each slot's state
     conv, ssm = conv0.clone(), ssm0.clone()
     for t in range(m):
@@ -186,6 +189,26 @@ def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
         for s in slots.tolist():
             assert torch.equal(col_conv[s * m + t], conv[s])
             R.assert_close(col_rec[s * m + t], ssm[s], "gdn_state_fp32")
+
+
+# (True, 8): the gated norm given but the heads split, so the norm runs as a second launch
+@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8), (True, 8)])
+@pytest.mark.parametrize("m", [1, 4])
+def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
+    _columns_vs_steps(2, 4, 16, 16, m, [3, 1], fuse, block_v, seed=m)
+
+
+# whole: one program a head, the norm inside (what runs once B x Hv >= SMs); split: heads over
+# several programs, the norm as a second launch (the default below that); split_norm: the norm
+# inside the same launch by each head's last program (NINFER_GDN_SPLIT_NORM=1), racing for real here
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["whole", "split", "split_norm"])
+@pytest.mark.parametrize("slots_list", [[1], [4, 0]])
+def test_verify_columns_real_shapes_gpu(mode, slots_list, monkeypatch):
+    monkeypatch.setenv("NINFER_GDN_SPLIT", "0" if mode == "whole" else "1")
+    monkeypatch.setenv("NINFER_GDN_SPLIT_NORM", "1" if mode == "split_norm" else "0")
+    _columns_vs_steps(16, 48, 128, 128, 4, slots_list, True, None, seed=len(slots_list))
 
 
 # H = 80 = 64 + 16: the rows load before the PDL wait in two parts; 200: after it, in a masked loop
