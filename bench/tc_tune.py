@@ -133,7 +133,7 @@ def main() -> int:
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"{pair}: ERROR {row['error'][:600]}", flush=True)
         rows.append(row)
-        del ps, deq
+        ps = deq = None  # free the copies before the next shape (a del would leave time_it a dangling name)
         torch.cuda.empty_cache()
     (out / "tc.json").write_text(json.dumps({"copy_tbs": bw, "skipped": skipped, "rows": rows}, indent=1))
     GT.write_tuned(out / "tuned_tc.py", "TUNED_TC", tuned)
