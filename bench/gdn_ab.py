@@ -30,13 +30,14 @@ MODELS = {"27B": (5120, 16, 48, 48), "35B-A3B": (2048, 16, 32, 30)}
 VARIANTS = [False, True]  # gates in the step
 
 
-def layer(hid, hk, hv, d=128):
+def layer(hid, hk, hv, d=128, m=1):
+    """One GDN layer's random weights, state and inputs for m tokens (bench/gdn_columns.py: m > 1)."""
     conv = (2 * hk + hv) * d
     return dict(
-        x=torch.randn(1, hid, dtype=BF, device=DEV),
+        x=torch.randn(m, hid, dtype=BF, device=DEV),
         w_ab=torch.randn(2 * hv, hid, dtype=BF, device=DEV) * hid**-0.5,
-        qkv=torch.randn(1, conv, dtype=BF, device=DEV),
-        z=torch.randn(1, hv * d, dtype=BF, device=DEV),
+        qkv=torch.randn(m, conv, dtype=BF, device=DEV),
+        z=torch.randn(m, hv * d, dtype=BF, device=DEV),
         conv_weight=torch.randn(conv, 4, dtype=BF, device=DEV) * 0.5,
         conv_state=torch.randn(1, conv, 3, dtype=BF, device=DEV),
         A_log=torch.randn(hv, device=DEV) * 0.5,
@@ -86,7 +87,7 @@ def main() -> None:
             base = ms if base is None else base
             print(f"  {name(v):36s} {ms:7.4f} ms/replay  {ms / n * 1e3:6.2f} us/layer  "
                   f"{(ms - base) / n * 1e3:+6.2f} us/layer vs split", flush=True)
-        del layers
+        layers = None  # free them before the next model (a del would leave the lambda a dangling name)
         torch.cuda.empty_cache()
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gdn_ab  # noqa: E402
 from kernels import graph_ms  # noqa: E402
 
 from ninfer.kernels.triton import gdn_decode_step, gdn_verify_columns  # noqa: E402
@@ -32,22 +33,11 @@ HID, HK, HV, D, LAYERS = 5120, 16, 48, 128, 48
 
 
 def layer(m: int) -> dict:
+    L = gdn_ab.layer(HID, HK, HV, D, m)
     conv = (2 * HK + HV) * D
-    return dict(
-        x=torch.randn(m, HID, dtype=BF, device=DEV),
-        w_ab=torch.randn(2 * HV, HID, dtype=BF, device=DEV) * HID**-0.5,
-        qkv=torch.randn(m, conv, dtype=BF, device=DEV),
-        z=torch.randn(m, HV * D, dtype=BF, device=DEV),
-        conv_weight=torch.randn(conv, 4, dtype=BF, device=DEV) * 0.5,
-        conv_state=torch.randn(1, conv, 3, dtype=BF, device=DEV),
-        A_log=torch.randn(HV, device=DEV) * 0.5,
-        dt_bias=torch.randn(HV, device=DEV) * 0.5,
-        state=torch.randn(1, HV, D, D, device=DEV) * 0.1,
-        norm=torch.ones(D, dtype=BF, device=DEV),
-        col_conv=torch.zeros(m, conv, 3, dtype=BF, device=DEV),
-        col_state=torch.zeros(m, HV, D, D, device=DEV),
-        slots=torch.zeros(1, dtype=torch.int32, device=DEV),
-    )
+    L.update(col_conv=torch.zeros(m, conv, 3, dtype=BF, device=DEV), col_state=torch.zeros(m, HV, D, D, device=DEV),
+             slots=torch.zeros(1, dtype=torch.int32, device=DEV))
+    return L
 
 
 def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False) -> torch.Tensor:
