@@ -18,7 +18,8 @@
 #                                      # launch (NINFER_GDN_SPLIT_NORM=1): bench/gdn_columns.py and the round (~7 min)
 #   bash bench/next_session.sh first   # the tenth session's first call: GPU tests of the kernels changed without a
 #                                      # GPU (gemv_tc's slice sum and late trigger, the split GDN norm), down at M = 4
-#                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1
+#                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1 /
+#                                      # NINFER_MTP_SEED_ROWS=0 (the alignment's MLP over every column, as before)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
@@ -123,7 +124,7 @@ case "${1:-}" in
     timeout 100 python3 bench/tc_tune.py --out "$OUT/down" --budget-s 80 --rank-m 4 --pairs "q5_g64:27b.down_proj" \
       --cands "8:0:4:6:2,8:0:4:4:2,8:0:4:8:2,17:0:4:6:2,4:0:4:6:2" > "$OUT/down.txt" 2>&1
     echo "down rc=$? $(( $(date +%s) - t0 )) s"; grep -E "M=4:|^q5" "$OUT/down.txt" | cut -c1-400
-    for e in "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"; do
+    for e in "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1" "NINFER_MTP_SEED_ROWS=0"; do
       env $e timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done

@@ -551,8 +551,14 @@ class SpeculativeRound:
         # verify ids shifted left, `last` at `accepted`); the ones past `accepted` are overwritten
         # before anything reads them
         tokens, seen = self._mtp_inputs(ids.reshape(-1), kept.reshape(-1), hidden)
-        out = self.drafter.align_rows(rows, tokens, seen, pos.reshape(-1), verify_len)
-        seed_rows = out.view(b, m, -1).gather(1, at[:, :, None].expand(b, 1, out.shape[-1]))[:, 0]
+        if hasattr(self.drafter, "align_seeds") and os.environ.get("NINFER_MTP_SEED_ROWS", "1") != "0":
+            # only the seed columns go past the MTP's attention (every column's K/V is written);
+            # NINFER_MTP_SEED_ROWS=0: all columns through the layer, the seeds picked after (A/B)
+            keep = torch.arange(b, device=dev) * m + accepted
+            seed_rows = self.drafter.align_seeds(rows, tokens, seen, pos.reshape(-1), verify_len, keep)
+        else:
+            out = self.drafter.align_rows(rows, tokens, seen, pos.reshape(-1), verify_len)
+            seed_rows = out.view(b, m, -1).gather(1, at[:, :, None].expand(b, 1, out.shape[-1]))[:, 0]
         new = self.drafter.draft(slots, seed_rows, starts + accepted, draft_len)
         self.drafts.index_copy_(0, slots, new.to(device=dev, dtype=self.drafts.dtype))
         self.out[:b, :m].copy_(kept)

@@ -149,15 +149,23 @@ class GatedAttention(nn.Module):
         cos, sin = self.rotary.cos_sin(positions)
         return self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin), v, gate.reshape(n, -1)
 
-    def _output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def _gated(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         attn = attn.reshape(attn.shape[0], -1).to(gate.dtype)
-        return self.o_proj(attn * torch.sigmoid(gate))
+        return attn * torch.sigmoid(gate)
+
+    def _output(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self._gated(attn, gate))
 
     def _fused(self, x, cache, slots, positions, prefill: tuple[int, int] | None, meta=None, add_norm=None) -> torch.Tensor:
         """The backend's whole step from the raw projections: q/k norm, RoPE, KV append,
         attention and the sigmoid gate -> o_proj. `prefill` is (slot, start_pos) for a chunk of
         one sequence, None for a decode step of one token per row; `add_norm` goes to o_proj
         (ninfer.linear.AddNorm)."""
+        attn = self._fused_attention(x, cache, slots, positions, prefill, meta)
+        return self.o_proj(attn) if add_norm is None else self.o_proj(attn, add_norm=add_norm)
+
+    def _fused_attention(self, x, cache, slots, positions, prefill: tuple[int, int] | None, meta=None) -> torch.Tensor:
+        """`_fused` up to o_proj's input: the gated attention output [n, q_width]."""
         n = x.shape[0]
         merged, qv = live(self.qkv_proj), live(self.qv_proj)
         if merged is not None:
@@ -172,8 +180,7 @@ class GatedAttention(nn.Module):
         k = k.view(n, self.kv_heads, self.head_dim)
         v = v.view(n, self.kv_heads, self.head_dim)
         kv = kv_parts(cache, self.kv_index)
-        attn = self.backend.gated_attention(qg, k, v, self, kv, slots, positions, prefill=prefill, meta=meta)
-        return self.o_proj(attn) if add_norm is None else self.o_proj(attn, add_norm=add_norm)
+        return self.backend.gated_attention(qg, k, v, self, kv, slots, positions, prefill=prefill, meta=meta)
 
     def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
         t_len = x.shape[0]
@@ -194,12 +201,20 @@ class GatedAttention(nn.Module):
         residual add and norm, which o_proj's kernel may fold into its launch (fused path only)."""
         if fused_for(self.backend, x):
             return self._fused(x, cache, slots, positions, None, meta, add_norm)
+        return self.o_proj(self.decode_attention(x, cache, slots, positions, max_len))
+
+    def decode_attention(self, x, cache, slots: torch.Tensor, positions: torch.Tensor, max_len: int | None = None,
+                         meta=None) -> torch.Tensor:
+        """`decode` up to o_proj's input: every row's K/V appended, the gated attention output
+        [n, q_width]. The MTP alignment takes o_proj and the MLP on to only the rows it keeps."""
+        if fused_for(self.backend, x):
+            return self._fused_attention(x, cache, slots, positions, None, meta)
         q, k, v, gate = self._project(x, positions)
         k_cache, v_cache, k_scale, v_scale = kv_parts(cache, self.kv_index)
         scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
         self.backend.write(k_cache, v_cache, slots, positions, k, v, **scales)
         attn = self.backend.decode(q, k_cache, v_cache, slots, positions, self.scale, max_len=max_len, **scales)
-        return self._output(attn, gate)
+        return self._gated(attn, gate)
 
 
 class GatedDeltaNet(nn.Module):

@@ -132,6 +132,22 @@ class MtpLayer(nn.Module):
         x = self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len)
         return self.ops.rms_norm(x, self.norm.weight, self.eps)
 
+    @torch.no_grad()
+    def decode_kept(
+        self, model: Any, token_ids, hidden, cache: MtpCache, slots, positions, max_len: int | None, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """`decode` over N columns, every column's K/V written, but o_proj, the MLP and mtp.norm
+        only for the rows `keep` [B] (indices into N, on the device): -> [B, H]. What the other
+        rows would output is never read (a round drafts from one column a sequence), and at
+        M = B instead of M = N the q8 o_proj / gate_up / down cost about M = 1's."""
+        layer, ops, eps = self.layers[0], self.ops, self.eps
+        x = self._stem(model, token_ids, hidden)
+        h = ops.rms_norm(x, layer.input_layernorm.weight, eps)
+        attn = layer.mixer.decode_attention(h, cache, slots, positions, max_len).index_select(0, keep)
+        x, h = ops.add_rms_norm(layer.mixer.o_proj(attn), x.index_select(0, keep),
+                                layer.post_attention_layernorm.weight, eps)
+        return ops.rms_norm(x + layer.mlp(h), self.norm.weight, eps)
+
 
 class MtpDrafter:
     """Proposes K point-mass drafts per sequence from the MTP layer (spec 3.3).
@@ -198,6 +214,15 @@ class MtpDrafter:
         [N, H] -> MTP outputs [N, H]. All K/V is written before any column attends, so columns of
         one slot see each other; `max_len` bounds every position (None on the fused path)."""
         return self.layer.decode(self.model, next_ids, hidden, self.cache, slots, positions, max_len)
+
+    def align_seeds(
+        self, slots: torch.Tensor, next_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+        max_len: int | None, keep: torch.Tensor,
+    ) -> torch.Tensor:
+        """`align_rows`, returning only the rows `keep` [B] (indices into N, on the device: each
+        sequence's last kept column, the seed of its drafts); every column's K/V is still
+        written. The layer after attention runs on B rows instead of N (`MtpLayer.decode_kept`)."""
+        return self.layer.decode_kept(self.model, next_ids, hidden, self.cache, slots, positions, max_len, keep)
 
     def draft(self, slots: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, max_len: int | None) -> torch.Tensor:
         """K drafts [B, K] for B sequences: seeds [B, H] are the MTP outputs of each sequence's last

@@ -62,3 +62,54 @@ def test_first_drafts_do_not_depend_on_prefill_chunks(dense, tok):
     direct = drafter.draft(torch.tensor([0]), out[-1:], torch.tensor([44]), 49)[0]
     for d in drafts:
         assert torch.equal(d, direct)
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_align_seeds_equal_align_rows_at_the_kept_rows(request, which):
+    """The round's alignment with only the seed rows past attention (`align_seeds`): the same
+    outputs as `align_rows` at those rows, and the same K/V written for every column."""
+    model = request.getfixturevalue(which)
+    drafter = MtpDrafter(model, 3, 64, 3)
+    gen = torch.Generator().manual_seed(4)
+    b, m = 2, 4
+    slots = torch.tensor([2, 0]).repeat_interleave(m)
+    positions = torch.tensor([10, 20])[:, None].add(torch.arange(m)).reshape(-1)
+    ids = torch.randint(0, VOCAB, (b * m,), generator=gen)
+    hidden = torch.randn(b * m, model.shape.hidden_size, generator=gen).to(model.dtype)
+    keep = torch.tensor([1, m + 3])
+    # history before the columns, so that attention has something to read
+    for slot, start in ((2, 0), (0, 0)):
+        drafter.align(slot, torch.randint(0, VOCAB, (start + 20,), generator=gen)[:20],
+                      torch.randn(20, model.shape.hidden_size, generator=gen).to(model.dtype), 0)
+    k0, v0 = drafter.cache.k.clone(), drafter.cache.v.clone()
+    rows = drafter.align_rows(slots, ids, hidden, positions, 24)
+    k_rows, v_rows = drafter.cache.k.clone(), drafter.cache.v.clone()
+    drafter.cache.k.copy_(k0)
+    drafter.cache.v.copy_(v0)
+    seeds = drafter.align_seeds(slots, ids, hidden, positions, 24, keep)
+    assert seeds.shape == (b, model.shape.hidden_size)
+    assert torch.equal(drafter.cache.k, k_rows) and torch.equal(drafter.cache.v, v_rows)
+    assert not torch.equal(k_rows, k0)
+    torch.testing.assert_close(seeds, rows[keep], rtol=1e-4, atol=1e-5)
+
+
+def test_rounds_draft_the_same_with_seed_rows_only(dense, tok, monkeypatch):
+    """A round's alignment with o_proj and the MLP on the seed columns only (the default) drafts
+    what the alignment over every column did (NINFER_MTP_SEED_ROWS=0): same tokens, same
+    acceptance, same drafts left for the next round."""
+    prompts = [prompt_ids(n, seed=n) for n in (19, 33)]
+    got = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("NINFER_MTP_SEED_ROWS", mode)
+        eng = make_engine(dense, tok, k=3, max_batch=2)
+        ids = [eng.add_request(p, params(max_new_tokens=14)) for p in prompts]
+        out, stats = {i: [] for i in ids}, {}
+        while eng.has_unfinished():
+            for o in eng.step():
+                out[o.request_id] += o.new_token_ids
+                if o.finished:
+                    stats[o.request_id] = o.stats["spec"]
+        got[mode] = ([out[i] for i in ids], [stats[i] for i in ids], eng.speculative.drafts.clone())
+    assert got["1"][0] == got["0"][0]
+    assert got["1"][1] == got["0"][1]
+    assert torch.equal(got["1"][2], got["0"][2])
