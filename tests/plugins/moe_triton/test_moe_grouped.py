@@ -111,7 +111,7 @@ def test_interpreted_prefill_tiles(gu, dn, sh):
 @interp
 def test_interpreted_experts_seam_equals_oracle():
     # ExpertBank's contract: given ids and weights (no shared expert), any T
-    w, gu, dn = bank = expert_bank(8, 136, 40, "q4_g64", "q5_g64", seed=9)
+    w, gu, dn = expert_bank(8, 136, 40, "q4_g64", "q5_g64", seed=9)
     g = torch.Generator().manual_seed(0)
     for T in (2, 20):
         x = torch.randn(T, 136, generator=g).bfloat16().float()

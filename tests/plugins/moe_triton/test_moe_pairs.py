@@ -177,7 +177,7 @@ def _fold_case(T, seed, monkeypatch, dtype=ACT):
     from ninfer_plugins.moe_triton import moe as M
 
     H, I, E = (256, 128, 8) if not CUDA else (2048, 512, 256)
-    (w, _, _), (sw, _, sg) = expert_bank(E, H, I, "q4_g64", "q5_g64", seed=seed), shared_expert(H, I, "q8_g32", seed=seed + 1)
+    (w, _, _), (sw, _, _) = expert_bank(E, H, I, "q4_g64", "q5_g64", seed=seed), shared_expert(H, I, "q8_g32", seed=seed + 1)
     g = torch.Generator(device=DEV).manual_seed(seed)
     router = (torch.randn(E, H, generator=g, device=DEV) * 2 / H**0.5).to(dtype)
     moe = TritonMoe(fused_dtypes=(dtype,))

@@ -183,10 +183,6 @@ def test_q8_decode_every_byte_pair():
         assert halves(out["$0"]) == (s0, s1), (b0, b1)
 
 
-def f32_value(bits: int) -> float:
-    return float(torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32))
-
-
 def test_q4_f32_decode_every_byte():
     """The GEMV's q4 decode: four bytes -> four low codes and four 16 x high codes, as fp32."""
     from ninfer_plugins.quant_int import gemv

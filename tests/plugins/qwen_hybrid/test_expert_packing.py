@@ -3,7 +3,6 @@ MoE kernel's stack takes them without a copy."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from ninfer.testing import load_model, make_tiny
