@@ -16,8 +16,9 @@
 #                                      # 27B plain step with every q4/q5 GEMV direct (NINFER_TCD=1) without and with it,
 #                                      # and the MTP round without and with it; the split GDN verify's norm in its
 #                                      # launch (NINFER_GDN_SPLIT_NORM=1): bench/gdn_columns.py and the round (~7 min)
-#   bash bench/next_session.sh first   # the tenth session's first call: GPU tests of the kernels changed without a
-#                                      # GPU (gemv_tc's slice sum and late trigger, the split GDN norm), down at M = 4
+#   bash bench/next_session.sh first   # the tenth session's first call: GPU tests of what changed without a GPU
+#                                      # (gemv_tc's slice sum and late trigger, the split GDN norm, the MTP alignment
+#                                      # on seed rows: test_gemv_tc, test_triton_gdn, test_spec_gpu), down at M = 4
 #                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1 /
 #                                      # NINFER_MTP_SEED_ROWS=0 (the alignment's MLP over every column, as before)
 #
@@ -118,8 +119,8 @@ case "${1:-}" in
     ;;
   first)
     t0=$(date +%s)
-    timeout 240 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_tc.py tests/core/kernels/test_triton_gdn.py \
-      > "$OUT/t.txt" 2>&1
+    timeout 280 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_tc.py tests/core/kernels/test_triton_gdn.py \
+      tests/plugins/spec_mtp/test_spec_gpu.py > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     timeout 100 python3 bench/tc_tune.py --out "$OUT/down" --budget-s 80 --rank-m 4 --pairs "q5_g64:27b.down_proj" \
       --cands "8:0:4:6:2,8:0:4:4:2,8:0:4:8:2,17:0:4:6:2,4:0:4:6:2" > "$OUT/down.txt" 2>&1
