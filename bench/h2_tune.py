@@ -49,6 +49,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--pairs", default=DEFAULT_PAIRS)
     ap.add_argument("--quick", action="store_true", help="three candidates per shape")
+    ap.add_argument("--m4-all", action="store_true",
+                    help="time every candidate at M = 4 too (default: M = 1's best three), e.g. for the verify's head")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,7 +97,8 @@ def main() -> int:
                 f"  {pair} {cfg.describe()}: {type(exc).__name__}: {str(exc)[:200]}", flush=True))
             d4 = time_it(4, None)
             row["m4"]["dispatch"] = d4
-            res4 = GT.rank(time_it, 4, [cfg for _, cfg in res[:3]], row["m4"])
+            pool4 = [cfg for _, cfg in res] if args.m4_all else [cfg for _, cfg in res[:3]]
+            res4 = GT.rank(time_it, 4, pool4, row["m4"])
             (g1, c1), (g4, c4) = res[0], res4[0]
             for m, cfg in ((1, c1), (2, c4), (3, c4), (4, c4)):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -115,7 +118,7 @@ def main() -> int:
             row["error"] = f"{type(exc).__name__}: {exc}"
             print(f"{pair}: ERROR {row['error'][:400]}", flush=True)
         rows.append(row)
-        del ps, deq
+        ps = deq = None  # free the copies before the next shape (a del would leave time_it a dangling name)
         torch.cuda.empty_cache()
     (out / "h2.json").write_text(json.dumps({"copy_tbs": bw, "skipped": skipped, "rows": rows}, indent=1))
     GT.write_tuned(out / "tuned_h2.py", "TUNED_H2", tuned)

@@ -21,6 +21,8 @@
 #                                      # on seed rows: test_gemv_tc, test_triton_gdn, test_spec_gpu), down at M = 4
 #                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1 /
 #                                      # NINFER_MTP_SEED_ROWS=0 (the alignment's MLP over every column, as before)
+#   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
+#                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
 # Run on the lent H200 from the repository root with `.whl` carried; everything lands in $OUT.
 set -u
@@ -130,6 +132,11 @@ case "${1:-}" in
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done
     ;;
+  head4)
+    timeout 540 python3 bench/h2_tune.py --out "$OUT" --budget-s 480 --m4-all \
+      --pairs "q6_g64:27b.lm_head,q8_g32:27b.mtp.qkv_merged,q8_g32:27b.mtp.fc" > "$OUT/tune.txt" 2>&1
+    echo "tune rc=$?"; tail -8 "$OUT/tune.txt"
+    ;;
   late)
     timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_int/test_gemv_tc.py -k direct_graph_replay > "$OUT/t.txt" 2>&1
     echo "tests rc=$?"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
@@ -147,7 +154,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|head4" >&2
     exit 2
     ;;
 esac
