@@ -89,6 +89,20 @@ def test_reference_path_matches_oracle(scheme, m, n, k, kb):
     assert rel_err(y, x.float() @ deq.T) < 4e-3
 
 
+@pytest.mark.parametrize("num_warps", [1, 2, 4, 8])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+def test_last_cta_sum_fills_its_layout_exactly(num_warps, tokens):
+    """`_sum_slices` loads [SC, tokens x RED] tiles in LRED (4 x 32 x warps columns): fewer columns
+    would replicate every thread's values across threads (the 168-register peak at down's 17
+    slices), more would repeat them in registers. RED is a power of two, and the per-thread
+    load stays at SUM_SC x 4 values whatever the slice count."""
+    for slices_p2 in (1, 8, 16, 32, 64):
+        red = TC.red_rows(slices_p2, num_warps, tokens)
+        assert red * tokens == 4 * 32 * num_warps
+        assert red & (red - 1) == 0
+    assert TC.SUM_SC * 4 <= 32
+
+
 def test_refuses_what_it_cannot_run():
     p, _ = packed_and_ref(torch.randn(32, 384), "q4_g64")
     assert not TC.supports(p, TC.TCConfig(kb=2))  # 3 K blocks
