@@ -585,13 +585,24 @@ class DecoderLayer(nn.Module):
         self.eps = shape.rms_norm_eps
         self.ops = TORCH_OPS
 
-    def _block(self, x, mix) -> torch.Tensor:
+    def _block(self, x, mix, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """keep [B] (row indices, on the device): mix returns only those rows, and the residual
+        add, the norm and the MLP run on them alone."""
         h = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps)
-        x, h = self.ops.add_rms_norm(mix(h), x.clone(), self.post_attention_layernorm.weight, self.eps)
+        residual = x.clone() if keep is None else x.index_select(0, keep)
+        x, h = self.ops.add_rms_norm(mix(h), residual, self.post_attention_layernorm.weight, self.eps)
         return x + self.mlp(h)
 
     def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
         return self._block(x, lambda h: self.mixer.prefill(h, cache, slot, start_pos))
 
-    def decode(self, x, cache, slots, positions, max_len: int | None = None) -> torch.Tensor:
-        return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len))
+    def decode(self, x, cache, slots, positions, max_len: int | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """keep [B]: every row's K/V is appended, but only rows `keep` go on past attention (an
+        attention mixer's `decode_attention`, then o_proj) and are returned."""
+        if keep is None:
+            return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len))
+        mixer = self.mixer
+        return self._block(
+            x, lambda h: mixer.o_proj(mixer.decode_attention(h, cache, slots, positions, max_len).index_select(0, keep)),
+            keep,
+        )

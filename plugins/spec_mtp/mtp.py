@@ -140,13 +140,8 @@ class MtpLayer(nn.Module):
         only for the rows `keep` [B] (indices into N, on the device): -> [B, H]. What the other
         rows would output is never read (a round drafts from one column a sequence), and at
         M = B instead of M = N the q8 o_proj / gate_up / down cost about M = 1's."""
-        layer, ops, eps = self.layers[0], self.ops, self.eps
-        x = self._stem(model, token_ids, hidden)
-        h = ops.rms_norm(x, layer.input_layernorm.weight, eps)
-        attn = layer.mixer.decode_attention(h, cache, slots, positions, max_len).index_select(0, keep)
-        x, h = ops.add_rms_norm(layer.mixer.o_proj(attn), x.index_select(0, keep),
-                                layer.post_attention_layernorm.weight, eps)
-        return ops.rms_norm(x + layer.mlp(h), self.norm.weight, eps)
+        x = self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len, keep=keep)
+        return self.ops.rms_norm(x, self.norm.weight, self.eps)
 
 
 class MtpDrafter:
