@@ -559,10 +559,10 @@ def _consts(fmt: int, cfg: TCConfig) -> dict:
     return out
 
 
-def red_rows(slices_p2: int, num_warps: int, tokens: int = 8) -> int:
+def red_rows(num_warps: int, tokens: int = 8) -> int:
     """Rows the last CTA sums a step: MT x RED columns fill LRED's 4 x 32 x num_warps exactly
     (fewer would replicate each thread's values across threads, more would repeat them in
-    registers); slices_p2 is kept for the callers (the slices are a loop of SUM_SC)."""
+    registers); the slices are a loop of SUM_SC, whatever their count."""
     return max(1, (4 * 32 * num_warps) // tokens)
 
 
@@ -617,7 +617,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
             x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
             rows_per_cta, n_slices,
             FMT=p.fmt, KB=cfg.kb, PF=cfg.direct, R=16 * cfg.num_warps,
-            SLICES_P2=slices_p2, RED=red_rows(slices_p2, cfg.num_warps, mt), MT=mt,
+            SLICES_P2=slices_p2, RED=red_rows(cfg.num_warps, mt), MT=mt,
             PDL=bool(pdl.get("PDL", False)), LATE=late_trigger(),
             num_warps=cfg.num_warps,
             **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
@@ -630,7 +630,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
         x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0),
         rows_per_cta, n_slices,
         FMT=p.fmt, KB=cfg.kb, NS=cfg.stages, R=16 * cfg.num_warps,
-        SLICES_P2=slices_p2, RED=red_rows(slices_p2, cfg.num_warps),
+        SLICES_P2=slices_p2, RED=red_rows(cfg.num_warps),
         num_warps=cfg.num_warps,
         **c,
     )
