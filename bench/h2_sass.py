@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -21,8 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import skinny_sass as S  # noqa: E402
 
 S.install()
-
-import torch  # noqa: E402
 
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 
@@ -35,28 +32,10 @@ def main() -> int:
     ap.add_argument("--cfgs", default="32:4:4,16:8:6,32:8:4,16:4:8", help="block_n:kbs:ctas[:num_warps],...")
     ap.add_argument("--shape", default="17408x5120", help="N x K of the weight")
     args = ap.parse_args()
-    fails = 0
+    n, k = (int(v) for v in args.shape.split("x"))
     cfgs = [H.H2Config(*(int(v) for v in c.split(":"))) for c in args.cfgs.split(",")]
-    print(f"{'variant':42s} {'regs':>5s} {'local':>5s} {'loop':>5s} {'w/thr':>6s} {'ins/w':>6s}  top opcodes")
-    for fmt in (int(f) for f in args.formats.split(",")):
-        n, k = (int(v) for v in args.shape.split("x"))
-        p = S.empty_prepared(fmt, n, k)
-        for m in (int(x) for x in args.ms.split(",")):
-            for cfg in cfgs:
-                name = f"q{fmt} M={m} {cfg.describe()}"
-                S._compiled.clear()
-                try:
-                    H.launch(torch.empty(m, k, dtype=torch.bfloat16), p, cfg)
-                    kern = S._compiled[-1]
-                except Exception:
-                    fails += 1
-                    print(f"FAIL {name}\n{traceback.format_exc()[-3000:]}")
-                    continue
-                wpt = cfg.block_n * cfg.kbs * 128 // (32 * cfg.num_warps)
-                st = S.analyse(name, kern, wpt, args.dump)
-                top = sorted(((v, f) for f, v in st.counts.items() if v), reverse=True)[:7]
-                print(f"{name:42s} {st.regs:5d} {st.local:5d} {st.loop:5d} {wpt:6d} {st.loop / wpt:6.2f}  "
-                      + " ".join(f"{f}:{v}" for v, f in top), flush=True)
+    fails = S.sweep(H.launch, cfgs, [int(f) for f in args.formats.split(",")], [int(x) for x in args.ms.split(",")], n, k,
+                    lambda cfg: cfg.block_n * cfg.kbs * 128 // (32 * cfg.num_warps), args.dump)
     return 1 if fails else 0
 
 

@@ -153,6 +153,38 @@ def analyse(name: str, kernel, weights_per_thread: int, dump: Path | None) -> St
     return Stats(name, regs, kernel.metadata.shared, local, len(body), weights_per_thread, counts)
 
 
+def sweep(launch, cfgs, formats, ms, n: int, k: int, weights_per_thread, dump: Path | None, smem: bool = False) -> int:
+    """Compile launch(x [m, k], prepared q<fmt> weight [n, k], cfg) for every format, M and
+    config (each cfg with `describe()`) and print a row per variant: registers, shared bytes
+    (with `smem`), spilled bytes, the main loop's instructions, weights_per_thread(cfg) and
+    instructions a weight, the top opcodes. Returns the number of variants that failed."""
+    import traceback
+
+    fails = 0
+    print(f"{'variant':42s} {'regs':>5s}" + (f" {'smem':>6s}" if smem else "")
+          + f" {'local':>5s} {'loop':>5s} {'w/thr':>6s} {'ins/w':>6s}  top opcodes")
+    for fmt in formats:
+        p = empty_prepared(fmt, n, k)
+        for m in ms:
+            for cfg in cfgs:
+                name = f"q{fmt} M={m} {cfg.describe()}"
+                _compiled.clear()
+                try:
+                    launch(torch.empty(m, k, dtype=torch.bfloat16), p, cfg)
+                    kern = _compiled[-1]
+                except Exception:  # noqa: BLE001 - report every failure, then go on
+                    fails += 1
+                    print(f"FAIL {name}\n{traceback.format_exc()[-3000:]}", flush=True)
+                    continue
+                wpt = weights_per_thread(cfg)
+                st = analyse(name, kern, wpt, dump)
+                top = sorted(((v, f) for f, v in st.counts.items() if v), reverse=True)[:8]
+                print(f"{name:42s} {st.regs:5d}" + (f" {st.smem:6d}" if smem else "")
+                      + f" {st.local:5d} {st.loop:5d} {wpt:6d} {st.loop / wpt:6.2f}  "
+                      + " ".join(f"{f}:{v}" for v, f in top), flush=True)
+    return fails
+
+
 def empty_prepared(fmt: int, n: int, k: int):
     """A kernels.Prepared weight of never-read tensors in the shapes of format `fmt` (a q4/q5/q6/q8
     id), for compile-only launches."""
