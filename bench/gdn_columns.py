@@ -1,13 +1,14 @@
 """The GDN verify columns (`gdn_verify_columns`, M tokens of one sequence, every column's state
 written) at the 27B's shapes, per value-column block and warp count, against the M = 1 decode step:
 
-    python3 bench/gdn_columns.py [--m 4] [--reps 30] [--variants 128:4,32:4,32:4:n] [--decode-variants 128:4,32:4]
+    python3 bench/gdn_columns.py [--m 4] [--reps 30] [--variants 128:4,32:4,32:4:n,32:4:p] [--decode-variants 128:4,128:4:p]
 
 One CUDA graph holds the 48 GDN layers of a step (distinct weights, states and columns per layer,
 so the L2 holds none of them), the gates computed in the launch as the round does. A variant
 BV:warps with BV < 128 splits each value head over 128 / BV programs and runs the gated RMSNorm as
 a second launch (it needs the whole head), or with ":n" in the same launch (the last program of a
-head normalizes it, NINFER_GDN_SPLIT_NORM=1). Every variant's output and columns are checked against
+head normalizes it, NINFER_GDN_SPLIT_NORM=1); "p" in the suffix (":p", ":np") takes the delta rule's
+paired reductions (NINFER_GDN_PAIRED=1), for the decode step's variants too. Every variant's output and columns are checked against
 the first one's. Floor per layer: the slot's state read once (48 x 128 x 128 fp32 = 3.1 MB) and M
 states written (12.6 MB at M = 4), at the copy rate.
 """
@@ -40,8 +41,9 @@ def layer(m: int) -> dict:
     return L
 
 
-def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False) -> torch.Tensor:
+def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False, paired: bool = False) -> torch.Tensor:
     os.environ["NINFER_GDN_SPLIT_NORM"] = "1" if norm_in else "0"
+    os.environ["NINFER_GDN_PAIRED"] = "1" if paired else "0"
     return gdn_verify_columns(
         L["qkv"], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
         L["col_conv"], L["col_state"], L["slots"], m=m, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"],
@@ -49,12 +51,20 @@ def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False) -> torc
     )  # fmt: skip
 
 
-def decode(L: dict, bv: int | None = None, warps: int | None = None) -> torch.Tensor:
+def decode(L: dict, bv: int | None = None, warps: int | None = None, paired: bool = False) -> torch.Tensor:
+    os.environ["NINFER_GDN_PAIRED"] = "1" if paired else "0"
     return gdn_decode_step(
         L["qkv"][:1], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
         num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"][:1], norm_weight=L["norm"], ab_input=(L["x"][:1], L["w_ab"]),
         block_v=bv, num_warps=warps,
     )  # fmt: skip
+
+
+def parse(v: str) -> tuple[int, int, bool, bool]:
+    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions)."""
+    bv, w, *flags = v.split(":")
+    f = flags[0] if flags else ""
+    return int(bv), int(w), "n" in f, "p" in f
 
 
 def main() -> None:
@@ -66,8 +76,9 @@ def main() -> None:
                     help="the M = 1 decode step's BV:warps (BV < 128: the norm as a second launch)")
     args = ap.parse_args()
     m = args.m
-    # BV:warps, or BV:warps:n for the split heads' norm in the same launch (NINFER_GDN_SPLIT_NORM=1)
-    variants = [(int(v.split(":")[0]), int(v.split(":")[1]), v.endswith(":n")) for v in args.variants.split(",")]
+    # BV:warps[:flags]: n, the split heads' norm in the same launch (NINFER_GDN_SPLIT_NORM=1); p, the
+    # paired reductions (NINFER_GDN_PAIRED=1)
+    variants = [parse(v) for v in args.variants.split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     layers = [layer(m) for _ in range(LAYERS)]
     floor_us = (HV * D * D * 4 * (1 + m)) / 4.2e12 * 1e6
@@ -75,24 +86,25 @@ def main() -> None:
           f"4.2 TB/s)", flush=True)
     L = layers[0]
     ref = None
-    for bv, w, nin in variants:
+    for bv, w, nin, pr in variants:
         L["col_state"].zero_()
-        o = columns(L, m, bv, w, nin).float()
+        o = columns(L, m, bv, w, nin, pr).float()
         cs = L["col_state"].clone()
         if ref is None:
             ref = (o, cs)
             continue
         err = max((o - ref[0]).abs().max().item(), (cs - ref[1]).abs().max().item())
-        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}: max difference from the first variant {err:.3g}"
+        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}: max difference from the first variant {err:.3g}"
               + ("" if err < 6e-2 else "  <-- MISMATCH"), flush=True)
     # the decode step mutates its state: fine for timing
-    for bv, w in [tuple(int(t) for t in v.split(":")) for v in args.decode_variants.split(",")]:
-        ms = graph_ms(lambda bv=bv, w=w: [decode(x, bv, w) for x in layers], reps=args.reps)
-        print(f"  decode step (M = 1) BV {bv:3d} w{w} {ms:7.4f} ms/replay  {ms / LAYERS * 1e3:6.2f} us/layer", flush=True)
-    for bv, w, nin in variants:
-        tag = f"BV {bv:3d} w{w}{' n' if nin else '  '}"
+    for bv, w, _, pr in [parse(v) for v in args.decode_variants.split(",")]:
+        ms = graph_ms(lambda bv=bv, w=w, pr=pr: [decode(x, bv, w, pr) for x in layers], reps=args.reps)
+        print(f"  decode step (M = 1) BV {bv:3d} w{w}{' p' if pr else '  '} {ms:7.4f} ms/replay  {ms / LAYERS * 1e3:6.2f} us/layer", flush=True)
+    for bv, w, nin, pr in variants:
+        tag = f"BV {bv:3d} w{w}{' n' if nin else '  '}{' p' if pr else '  '}"
         try:
-            ms = graph_ms(lambda bv=bv, w=w, nin=nin: [columns(x, m, bv, w, nin) for x in layers], reps=args.reps)
+            ms = graph_ms(lambda bv=bv, w=w, nin=nin, pr=pr: [columns(x, m, bv, w, nin, pr) for x in layers],
+                          reps=args.reps)
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"  columns {tag}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             continue

@@ -132,6 +132,20 @@ case "${1:-}" in
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done
     ;;
+  second)
+    # the tenth session's second call: the late trigger (now the default) on the plain step with every
+    # q4/q5 GEMV direct (NINFER_TCD=1), with and without it; the round with TCD=1; then head4, shorter
+    t0=$(date +%s)
+    B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
+    for e in "X=1" "NINFER_TCD=1" "NINFER_TCD=1 NINFER_TC_LATE=0"; do
+      env $e timeout 100 $B > "$OUT/b.txt" 2>&1; echo "27B plain, $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
+    done
+    NINFER_TCD=1 timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+    echo "MTP round, NINFER_TCD=1 rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    timeout 300 python3 bench/h2_tune.py --out "$OUT" --budget-s 240 --m4-all \
+      --pairs "q6_g64:27b.lm_head,q8_g32:27b.mtp.qkv_merged,q8_g32:27b.mtp.fc" > "$OUT/tune.txt" 2>&1
+    echo "tune rc=$? $(( $(date +%s) - t0 )) s"; tail -8 "$OUT/tune.txt"
+    ;;
   head4)
     timeout 540 python3 bench/h2_tune.py --out "$OUT" --budget-s 480 --m4-all \
       --pairs "q6_g64:27b.lm_head,q8_g32:27b.mtp.qkv_merged,q8_g32:27b.mtp.fc" > "$OUT/tune.txt" 2>&1
@@ -154,7 +168,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|head4" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4" >&2
     exit 2
     ;;
 esac

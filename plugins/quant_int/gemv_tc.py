@@ -471,12 +471,13 @@ class TCConfig:
 
 
 def late_trigger() -> bool:
-    """NINFER_TC_LATE=1 (an experiment, off): the direct kernel lets the next kernel launch after
-    its main loop instead of at its start. Why: in the 27B step every q4/q5 GEMV on the direct
+    """The direct kernel lets the next kernel launch after its main loop instead of at its start
+    (default since the tenth session; NINFER_TC_LATE=0 triggers at the start again). The 27B MTP
+    round went 12.83 -> 12.60 ms with it, plain step unchanged (BENCHMARKS.md, "Twelfth run"). Why: in the 27B step every q4/q5 GEMV on the direct
     kernel (NINFER_TCD=1) cost 2.1 ms more than the f16x2 GEMVs with PDL on and 0.74 ms more
     with it off, while the GEMVs' own kernel time was the same (BENCHMARKS.md, "Eleventh run"):
     the neighbours launched early seem to be what slows."""
-    return os.environ.get("NINFER_TC_LATE", "0") == "1"
+    return os.environ.get("NINFER_TC_LATE", "1") != "0"
 
 
 def enabled() -> bool:

@@ -1,6 +1,7 @@
 """Fused Gated DeltaNet decode step against the torch oracle (and fla's recurrent kernel on the
 GPU): conv state shifted exactly once, fp32 state updated in place, slots and padded rows,
-the value split (BV) and the fused gated RMSNorm, several steps in a row."""
+the value split (BV) and the fused gated RMSNorm, several steps in a row. Every test runs with
+the delta rule's four reductions a token and with the paired two (NINFER_GDN_PAIRED=1)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ from ninfer.kernels import reference as R
 from ninfer.kernels.triton import gdn_decode_step
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True, params=["4red", "paired"])
+def reductions(request, monkeypatch):
+    monkeypatch.setenv("NINFER_GDN_PAIRED", "1" if request.param == "paired" else "0")
+    return request.param
 
 
 class Layer:

@@ -174,7 +174,7 @@ def test_gpu_tc_graph_replay_and_bit_equal_repeats():
 @pytest.mark.parametrize("pdl,late", [("0", "0"), ("1", "0"), ("1", "1")])
 def test_gpu_tc_direct_graph_replay_bit_equal_to_eager(pdl, late, monkeypatch):
     """The direct kernel (weights straight into registers) with and without its programmatic
-    dependent launch prologue (and with its late trigger, NINFER_TC_LATE=1): a CUDA graph's
+    dependent launch prologue (and with its late trigger, the default; NINFER_TC_LATE=0 is the early one): a CUDA graph's
     replays bit-equal to the eager launch, and a launch after another kernel that wrote x reads
     the new x."""
     monkeypatch.setenv("NINFER_PDL", pdl)
