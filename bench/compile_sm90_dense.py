@@ -70,6 +70,11 @@ def cases():
 
     yield "gdn_verify_columns (heads split, BV 32, norm apart)", lambda: split_verify("0")
     yield "gdn_verify_columns (heads split, BV 32, norm in the launch)", lambda: split_verify("1")
+    sl2 = torch.zeros(2, dtype=torch.long)
+    yield "commit_columns (recurrent state, fp32)", lambda: G.commit_columns(
+        e(48, 2, HV, D, D), e(48, 2, 4, HV, D, D), sl2, sl2)
+    yield "commit_columns (conv state, bf16)", lambda: G.commit_columns(
+        e(48, 2, C, 3, dtype=BF), e(48, 2, 4, C, 3, dtype=BF), sl2, sl2)
     yield "gdn_prefill_conv", lambda: G.gdn_prefill_conv(e(8192, C, dtype=BF), cs[0], cw, num_k_heads=HK, num_v_heads=HV, head_dim=D)
     yield "rmsnorm", lambda: N.rmsnorm(e(1, 5120, dtype=BF), e(5120, dtype=BF), 1e-6)
     yield "gated_rmsnorm", lambda: N.gated_rmsnorm(e(1, HV, D, dtype=BF), e(1, HV, D, dtype=BF), nw)

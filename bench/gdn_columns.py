@@ -8,7 +8,8 @@ so the L2 holds none of them), the gates computed in the launch as the round doe
 BV:warps with BV < 128 splits each value head over 128 / BV programs and runs the gated RMSNorm as
 a second launch (it needs the whole head), or with ":n" in the same launch (the last program of a
 head normalizes it, NINFER_GDN_SPLIT_NORM=1); "p" in the suffix (":p", ":np") takes the delta rule's
-paired reductions (NINFER_GDN_PAIRED=1), for the decode step's variants too. Every variant's output and columns are checked against
+paired reductions (NINFER_GDN_PAIRED=1), for the decode step's variants too; "a", the conv inputs
+loaded a token ahead (NINFER_GDN_AHEAD=1). Every variant's output and columns are checked against
 the first one's. Floor per layer: the slot's state read once (48 x 128 x 128 fp32 = 3.1 MB) and M
 states written (12.6 MB at M = 4), at the copy rate.
 """
@@ -41,9 +42,11 @@ def layer(m: int) -> dict:
     return L
 
 
-def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False, paired: bool = False) -> torch.Tensor:
+def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False, paired: bool = False,
+            ahead: bool = False) -> torch.Tensor:
     os.environ["NINFER_GDN_SPLIT_NORM"] = "1" if norm_in else "0"
     os.environ["NINFER_GDN_PAIRED"] = "1" if paired else "0"
+    os.environ["NINFER_GDN_AHEAD"] = "1" if ahead else "0"
     return gdn_verify_columns(
         L["qkv"], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
         L["col_conv"], L["col_state"], L["slots"], m=m, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"],
@@ -60,11 +63,11 @@ def decode(L: dict, bv: int | None = None, warps: int | None = None, paired: boo
     )  # fmt: skip
 
 
-def parse(v: str) -> tuple[int, int, bool, bool]:
-    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions)."""
+def parse(v: str) -> tuple[int, int, bool, bool, bool]:
+    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions, conv inputs ahead)."""
     bv, w, *flags = v.split(":")
     f = flags[0] if flags else ""
-    return int(bv), int(w), "n" in f, "p" in f
+    return int(bv), int(w), "n" in f, "p" in f, "a" in f
 
 
 def main() -> None:
@@ -77,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     m = args.m
     # BV:warps[:flags]: n, the split heads' norm in the same launch (NINFER_GDN_SPLIT_NORM=1); p, the
-    # paired reductions (NINFER_GDN_PAIRED=1)
+    # paired reductions (NINFER_GDN_PAIRED=1); a, the conv inputs a token ahead (NINFER_GDN_AHEAD=1)
     variants = [parse(v) for v in args.variants.split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     layers = [layer(m) for _ in range(LAYERS)]
@@ -86,24 +89,24 @@ def main() -> None:
           f"4.2 TB/s)", flush=True)
     L = layers[0]
     ref = None
-    for bv, w, nin, pr in variants:
+    for bv, w, nin, pr, ah in variants:
         L["col_state"].zero_()
-        o = columns(L, m, bv, w, nin, pr).float()
+        o = columns(L, m, bv, w, nin, pr, ah).float()
         cs = L["col_state"].clone()
         if ref is None:
             ref = (o, cs)
             continue
         err = max((o - ref[0]).abs().max().item(), (cs - ref[1]).abs().max().item())
-        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}: max difference from the first variant {err:.3g}"
+        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}{' a' if ah else ''}: max difference from the first variant {err:.3g}"
               + ("" if err < 6e-2 else "  <-- MISMATCH"), flush=True)
     # the decode step mutates its state: fine for timing
-    for bv, w, _, pr in [parse(v) for v in args.decode_variants.split(",")]:
+    for bv, w, _, pr, _ in [parse(v) for v in args.decode_variants.split(",")]:
         ms = graph_ms(lambda bv=bv, w=w, pr=pr: [decode(x, bv, w, pr) for x in layers], reps=args.reps)
         print(f"  decode step (M = 1) BV {bv:3d} w{w}{' p' if pr else '  '} {ms:7.4f} ms/replay  {ms / LAYERS * 1e3:6.2f} us/layer", flush=True)
-    for bv, w, nin, pr in variants:
-        tag = f"BV {bv:3d} w{w}{' n' if nin else '  '}{' p' if pr else '  '}"
+    for bv, w, nin, pr, ah in variants:
+        tag = f"BV {bv:3d} w{w}{' n' if nin else '  '}{' p' if pr else '  '}{' a' if ah else '  '}"
         try:
-            ms = graph_ms(lambda bv=bv, w=w, nin=nin, pr=pr: [columns(x, m, bv, w, nin, pr) for x in layers],
+            ms = graph_ms(lambda bv=bv, w=w, nin=nin, pr=pr, ah=ah: [columns(x, m, bv, w, nin, pr, ah) for x in layers],
                           reps=args.reps)
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"  columns {tag}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)

@@ -21,6 +21,9 @@
 #                                      # on seed rows: test_gemv_tc, test_triton_gdn, test_spec_gpu), down at M = 4
 #                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1 /
 #                                      # NINFER_MTP_SEED_ROWS=0 (the alignment's MLP over every column, as before)
+#   bash bench/next_session.sh commit  # the eleventh session's first call: GPU tests of the commit kernel and the forced
+#                                      # verify split, bench/commit_bench.py, the MTP round as committed / with the torch
+#                                      # commit / BV 16 w2 / BV 16 w2 + conv inputs ahead (~8 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -132,6 +135,23 @@ case "${1:-}" in
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done
     ;;
+  commit)
+    # the eleventh session's first call: the GPU tests of what the tenth left untested on a GPU (the
+    # commit kernel, the forced verify split), the commit alone (torch form against the kernel), then
+    # the MTP round as committed / NINFER_GDN_COMMIT=0 / NINFER_GDN_VERIFY_BV=16:2 with and without
+    # NINFER_GDN_AHEAD=1 (BV 16, 2 warps with the inputs ahead won alone: 18.11 against 19.25 us a layer)
+    t0=$(date +%s)
+    timeout 200 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
+      tests/plugins/spec_mtp/test_spec_gpu.py > "$OUT/t.txt" 2>&1
+    echo "tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    timeout 40 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py > "$OUT/t2.txt" 2>&1
+    echo "batched rounds (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
+    timeout 60 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
+    for e in "X=1" "NINFER_GDN_COMMIT=0" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"; do
+      env $e timeout 120 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+      echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    done
+    ;;
   second)
     # the tenth session's second call: the late trigger (now the default) on the plain step with every
     # q4/q5 GEMV direct (NINFER_TCD=1), with and without it; the round with TCD=1; then head4, shorter
@@ -168,7 +188,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4|commit" >&2
     exit 2
     ;;
 esac

@@ -128,6 +128,14 @@ class TritonLinearAttention(ReferenceLinearAttention):
             norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input,
         )  # fmt: skip
 
+    def gdn_commit(self, dst, src, slots, column) -> None:
+        """A speculative round's rollback: dst[l, slots[b]] = src[l, slots[b], column[b]] for all
+        GDN layers at once (the cache's conv_all / recurrent_all and the verify's columns), one
+        launch, each kept column read once."""
+        from ninfer.kernels.triton import commit_columns
+
+        commit_columns(dst, src, slots, column)
+
     # gdn_decode and gdn_verify take a = b = None with ab_input = (x, W_ab): in_proj_a / in_proj_b
     # inside the step
     fuses_ab = True

@@ -11,7 +11,8 @@ token by token on per-token state COLUMNS ([slots, M, ...] per layer, spec 3.2):
 slot starts as a copy of column t-1 (column 0: of the slot's state) and the decode step (the
 fused kernel, or the layer's own reference decode) advances it in place by token t. The slot's
 own state is untouched until `commit(slots, accepted)` copies column `accepted` into it: the
-rollback to the kept length is one indexed copy, with the accepted counts as a device tensor.
+rollback to the kept length is one indexed copy (the backend's `gdn_commit` where it has one), with
+the accepted counts as a device tensor.
 
 This reads the qwen_hybrid model's parts (its layer stack `_run`, the GDN layer's projections and
 backend): the MTP speculator is the family's own.
@@ -19,6 +20,7 @@ backend): the MTP speculator is the family's own.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -115,6 +117,15 @@ class HybridVerifier:
         if not self.col_conv:
             return
         if conv_all is not None and rec_all is not None:
+            backend = self.gdn[0].backend if self.gdn else None
+            # NINFER_GDN_COMMIT=0: the torch form below (an A/B switch)
+            commit = getattr(backend, "gdn_commit", None) if os.environ.get("NINFER_GDN_COMMIT", "1") != "0" else None
+            if commit is not None and self.model.dtype in getattr(backend, "fused_dtypes", ()):
+                # one launch a tensor, each kept column read once (the torch form below gathers
+                # into a temporary first: twice the bytes)
+                commit(conv_all, self.col_conv_all, slots, column)
+                commit(rec_all, self.col_rec_all, slots, column)
+                return
             conv_all.index_copy_(1, slots, self.col_conv_all[:, slots, column])
             rec_all.index_copy_(1, slots, self.col_rec_all[:, slots, column])
             return

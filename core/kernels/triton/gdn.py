@@ -47,6 +47,21 @@ def _conv_col(X, CW, ch, row, sx_b, scw_c, scw_t, p0, p1, p2):
 
 
 @triton.jit
+def _conv_taps(CW, ch, scw_c, scw_t):
+    """The four conv1d taps of channels ch, oldest input's first, in fp32."""
+    w = CW + ch * scw_c
+    return (tl.load(w).to(tl.float32), tl.load(w + scw_t).to(tl.float32), tl.load(w + 2 * scw_t).to(tl.float32),
+            tl.load(w + 3 * scw_t).to(tl.float32))
+
+
+@triton.jit
+def _conv_of(xt, w0, w1, w2, w3, p0, p1, p2):
+    """`_conv_col` on an input row and taps already loaded."""
+    y = w0 * p0.to(tl.float32) + w1 * p1.to(tl.float32) + w2 * p2.to(tl.float32) + w3 * xt.to(tl.float32)
+    return y * tl.sigmoid(y)
+
+
+@triton.jit
 def _conv_step(X, CS, CW, ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t):
     s0, s1, s2 = _load_window(CS, ch, slot, scs_n, scs_c, scs_t)
     y, xt = _conv_col(X, CW, ch, b, sx_b, scw_c, scw_t, s0, s1, s2)
@@ -341,6 +356,7 @@ def _gdn_columns_kernel(
     FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0, BH: tl.constexpr = 1024,
     HP: tl.constexpr = 0, HR: tl.constexpr = 0, MP: tl.constexpr = 2,
     PDL: tl.constexpr = False, SPLIT_NORM: tl.constexpr = False, OS=None, NCNT=None, PAIRED: tl.constexpr = False,
+    AHEAD: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -390,12 +406,32 @@ def _gdn_columns_kernel(
     dtb = tl.load(DTB + j).to(tl.float32)
     # the q/k channels of head h are the same for its R value heads: the first of them writes them
     lead = (j % R == 0) & (vb == 0)
+    if AHEAD:
+        # the taps once, and each token's conv inputs loaded one token ahead: the loads of token
+        # t + 1 are in flight while token t's reductions wait at their barriers (otherwise every
+        # token starts with a round trip to L2 for its row of X)
+        wq0, wq1, wq2, wq3 = _conv_taps(CW, q_ch, scw_c, scw_t)
+        wk0, wk1, wk2, wk3 = _conv_taps(CW, k_ch, scw_c, scw_t)
+        wv0, wv1, wv2, wv3 = _conv_taps(CW, v_ch, scw_c, scw_t)
+        nq = tl.load(X + b * M * sx_b + q_ch)
+        nk = tl.load(X + b * M * sx_b + k_ch)
+        nv = tl.load(X + b * M * sx_b + v_ch)
     for t in tl.static_range(M):
         row = b * M + t
         col = slot * M + t
-        q, qx = _conv_col(X, CW, q_ch, row, sx_b, scw_c, scw_t, q0, q1, q2)
-        k, kx = _conv_col(X, CW, k_ch, row, sx_b, scw_c, scw_t, k0, k1, k2)
-        v, vx = _conv_col(X, CW, v_ch, row, sx_b, scw_c, scw_t, v0, v1, v2)
+        if AHEAD:
+            qx, kx, vx = nq, nk, nv
+            if t + 1 < M:
+                nq = tl.load(X + (row + 1) * sx_b + q_ch)
+                nk = tl.load(X + (row + 1) * sx_b + k_ch)
+                nv = tl.load(X + (row + 1) * sx_b + v_ch)
+            q = _conv_of(qx, wq0, wq1, wq2, wq3, q0, q1, q2)
+            k = _conv_of(kx, wk0, wk1, wk2, wk3, k0, k1, k2)
+            v = _conv_of(vx, wv0, wv1, wv2, wv3, v0, v1, v2)
+        else:
+            q, qx = _conv_col(X, CW, q_ch, row, sx_b, scw_c, scw_t, q0, q1, q2)
+            k, kx = _conv_col(X, CW, k_ch, row, sx_b, scw_c, scw_t, k0, k1, k2)
+            v, vx = _conv_col(X, CW, v_ch, row, sx_b, scw_c, scw_t, v0, v1, v2)
         q0, q1, q2 = q1, q2, qx.to(q0.dtype)
         k0, k1, k2 = k1, k2, kx.to(k0.dtype)
         v0, v1, v2 = v1, v2, vx.to(v0.dtype)
@@ -446,6 +482,14 @@ def paired_reductions() -> bool:
     H200, 27B shapes (bench/gdn_columns.py, BENCHMARKS.md "Twelfth run"): decode step 9.01 -> 8.50
     us a layer, verify columns (BV 32) 19.90 -> 19.21; the MTP round 12.61 -> 12.57 ms."""
     return os.environ.get("NINFER_GDN_PAIRED", "1") != "0"
+
+
+def conv_inputs_ahead() -> bool:
+    """NINFER_GDN_AHEAD=1 (an experiment, off): the verify columns' conv taps loaded once and each
+    token's conv inputs one token ahead. Same outputs bit for bit. H200 (BENCHMARKS.md "Twelfth
+    run"): alone slower at BV 32 (19.25 -> 21.12 us a layer) and faster at BV 16, 2 warps (20.10 ->
+    18.11); in the MTP round with BV 32, 12.587 against 12.555 / 12.549 ms, within the noise."""
+    return os.environ.get("NINFER_GDN_AHEAD", "0") == "1"
 
 
 def split_norm_in_launch() -> bool:
@@ -514,6 +558,16 @@ def gdn_verify_columns(
         raise ValueError("gdn_verify_columns: mixed_qkv needs a unit last stride")
     if block_v is None and z is not None and split_heads(B, HV, mixed_qkv.device):
         block_v = default_block_v(B, HV, DV, mixed_qkv.device)
+        # NINFER_GDN_VERIFY_BV=BV:warps (an A/B switch): the split's value columns a program and warps
+        forced = os.environ.get("NINFER_GDN_VERIFY_BV")
+        if forced:
+            try:
+                bv_s, w_s = forced.split(":")
+                block_v, num_warps = int(bv_s), num_warps or int(w_s)
+            except ValueError:
+                raise ValueError(f"NINFER_GDN_VERIFY_BV={forced!r}: give BV:warps, e.g. 16:2") from None
+            if block_v < 16 or DV % block_v or block_v & (block_v - 1):
+                raise ValueError(f"NINFER_GDN_VERIFY_BV={forced!r}: BV must be a power of two >= 16 dividing {DV}")
     fuse = z is not None and (block_v is None or block_v == DV)
     bv = DV if fuse else (block_v or default_block_v(B, HV, DV, mixed_qkv.device))
     out = torch.empty(BM, HV, DV, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
@@ -536,6 +590,7 @@ def gdn_verify_columns(
         M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
         MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, PAIRED=paired_reductions(),
+        AHEAD=conv_inputs_ahead(),
         **pdl_kwargs(mixed_qkv.device), **extra,
     )
     if z is not None and not fuse and not split_norm:
@@ -618,3 +673,40 @@ def gdn_prefill_conv(
     k = out[T * HK * D : 2 * T * HK * D].view(T, HK, D)
     v = out[2 * T * HK * D :].view(T, HV, D)
     return q, k, v, new_state
+
+
+@triton.jit
+def _commit_columns_kernel(DST, SRC, SLOTS, COL, E, S, M: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    pdl_prologue(PDL)  # the accepted columns come from the launch before (the round's judge)
+    slot = tl.load(SLOTS + b).to(tl.int64)
+    col = tl.load(COL + b).to(tl.int64)
+    mask = e < E
+    row = layer * S + slot
+    tl.store(DST + row * E + e, tl.load(SRC + (row * M + col) * E + e, mask=mask), mask=mask)
+
+
+def commit_columns(dst: torch.Tensor, src: torch.Tensor, slots: torch.Tensor, column: torch.Tensor,
+                   block: int = 4096) -> None:
+    """dst[l, slots[b]] = src[l, slots[b], column[b]] for every layer l and sequence b, in one
+    launch that reads each kept column once and writes it once: dst [L, S, ...], src [L, S, M, ...]
+    (both contiguous, same dtype), slots and column [B] integer tensors on the device (the round's
+    accepted counts, never read on the host). The torch form (`dst.index_copy_(1, slots,
+    src[:, slots, column])`) gathers into a temporary first: twice the bytes, and on the H200 the
+    gather alone of the 27B's recurrent state (151 MB) took ~0.2 ms a round."""
+    L, S, M = src.shape[:3]
+    if dst.shape[:2] != (L, S) or dst.shape[2:] != src.shape[3:] or dst.dtype != src.dtype:
+        raise ValueError(f"commit_columns: dst {tuple(dst.shape)} {dst.dtype} and src {tuple(src.shape)} {src.dtype} "
+                         "need [L, S, ...] and [L, S, M, ...] of one dtype")
+    if not (dst.is_contiguous() and src.is_contiguous()):
+        raise ValueError("commit_columns: dst and src must be contiguous")
+    if slots.shape != column.shape or slots.dim() != 1:
+        raise ValueError(f"commit_columns: slots {tuple(slots.shape)} and column {tuple(column.shape)} must be [B]")
+    E = dst[0, 0].numel()
+    B = slots.shape[0]
+    if B == 0 or L == 0:
+        return
+    _commit_columns_kernel[(triton.cdiv(E, block), B, L)](
+        dst, src, slots, column, E, S, M=M, BLOCK=block, num_warps=4, **pdl_kwargs(dst.device))

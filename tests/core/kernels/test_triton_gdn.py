@@ -1,7 +1,8 @@
 """Fused Gated DeltaNet decode step against the torch oracle (and fla's recurrent kernel on the
 GPU): conv state shifted exactly once, fp32 state updated in place, slots and padded rows,
 the value split (BV) and the fused gated RMSNorm, several steps in a row. Every test runs with
-the delta rule's four reductions a token and with the paired two (NINFER_GDN_PAIRED=1)."""
+the delta rule's four reductions a token, with the paired two (NINFER_GDN_PAIRED=1), and with those
+and the verify's conv inputs loaded a token ahead (NINFER_GDN_AHEAD=1)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from ninfer.kernels.triton import gdn_decode_step
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True, params=["4red", "paired"])
+@pytest.fixture(autouse=True, params=["4red", "paired", "ahead"])
 def reductions(request, monkeypatch):
-    monkeypatch.setenv("NINFER_GDN_PAIRED", "1" if request.param == "paired" else "0")
+    """ahead: paired, and the verify columns' conv inputs loaded a token ahead (NINFER_GDN_AHEAD=1)."""
+    monkeypatch.setenv("NINFER_GDN_PAIRED", "0" if request.param == "4red" else "1")
+    monkeypatch.setenv("NINFER_GDN_AHEAD", "1" if request.param == "ahead" else "0")
     return request.param
 
 
@@ -300,6 +303,33 @@ def test_verify_columns_split_heads_when_the_grid_is_small(norm_in_launch, monke
     assert len(apart) == (0 if norm_in_launch == "1" else 2)  # the norm's second launch, per split run
     monkeypatch.setenv("NINFER_GDN_SPLIT", "0")
     assert not G.split_heads(1, HV, torch.device(DEV))
+
+
+def test_verify_columns_forced_split(monkeypatch):
+    """NINFER_GDN_VERIFY_BV=BV:warps picks the split's value columns a program (an A/B switch):
+    the same outputs and columns as the default split; a bad value is a clear error."""
+    from ninfer.kernels.triton import gdn as G
+
+    monkeypatch.setattr(G, "sm_count", lambda device: 1000)
+    HK, HV, DK, DV, m = 2, 4, 32, 32, 2
+    L = Layer(HK, HV, DK, DV, slots=2, seed=5)
+    slots = torch.tensor([1], dtype=torch.int32, device=DEV)
+    x, a, b, z = L.inputs(m, True)
+    res = []
+    for forced in ("", "16:2"):
+        monkeypatch.setenv("NINFER_GDN_VERIFY_BV", forced)
+        cc = torch.zeros(2 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+        cr = torch.zeros(2 * m, HV, DK, DV, device=DEV)
+        o = G.gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots,
+                                 m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight)
+        res.append((o, cc, cr))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+    R.assert_close(res[0][2], res[1][2], "gdn_state_fp32")
+    for bad in ("24:2", "16", "x:y"):
+        monkeypatch.setenv("NINFER_GDN_VERIFY_BV", bad)
+        with pytest.raises(ValueError, match="NINFER_GDN_VERIFY_BV"):
+            G.gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots,
+                                 m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight)
 
 
 def test_verify_columns_refuse_bad_gate_inputs():
