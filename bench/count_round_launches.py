@@ -130,6 +130,7 @@ def main() -> int:
     mark(model, "compute_logits", "verify: head")
     mark(spec.verifier, "commit", "commit: GDN columns")
     mark(drafter, "align_rows", "draft: MTP alignment (K+1 columns)")
+    mark(drafter, "align_seeds", "draft: MTP alignment (K+1 columns)")
     mark(drafter, "draft", "draft: K heads + K-1 MTP steps")
     p = SamplingParams(temperature=0.0, max_new_tokens=2 * (args.k + 1) + 2, ignore_eos=True)
     with torch.no_grad():

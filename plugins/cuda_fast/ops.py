@@ -11,6 +11,7 @@ import torch
 
 # first: without CUDA it sets TRITON_INTERPRET=1, which must hold before triton is imported
 from ninfer.kernels.triton import rmsnorm  # isort: skip
+from ninfer.kernels.triton.norms import rmsnorm_pair  # isort: skip
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue  # isort: skip
 
 import triton  # noqa: E402
@@ -70,6 +71,10 @@ class TritonOps:
     def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
         """residual += delta in place (rounded to its dtype), then its (1+w) norm: one pass."""
         return residual, rmsnorm(delta, w, eps, residual=residual)
+
+    def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor, eps: float):
+        """cat((1+wa) norm(a), (1+wb) norm(b)) [N, 2H]: one launch instead of two norms and a cat."""
+        return rmsnorm_pair(a, wa, b.to(a.dtype), wb, eps)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return silu_mul(gate, up)

@@ -48,6 +48,10 @@ class TorchOps:
         x = residual + delta
         return x, offset_rms_norm(x, w, eps)
 
+    def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor, eps: float):
+        """cat((1+wa) norm(a), (1+wb) norm(b)) over the last dim, in a's dtype."""
+        return torch.cat((offset_rms_norm(a, wa, eps), offset_rms_norm(b.to(a.dtype), wb, eps)), dim=-1)
+
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
 
@@ -585,24 +589,30 @@ class DecoderLayer(nn.Module):
         self.eps = shape.rms_norm_eps
         self.ops = TORCH_OPS
 
-    def _block(self, x, mix, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """keep [B] (row indices, on the device): mix returns only those rows, and the residual
-        add, the norm and the MLP run on them alone."""
+    def _block(self, x, mix, keep: torch.Tensor | None = None, final_norm: torch.Tensor | None = None) -> torch.Tensor:
+        """x is the caller's to give up: the fused ops add into it in place (no copy a call).
+        keep [B] (row indices, on the device): mix returns only those rows, and the residual
+        add, the norm and the MLP run on them alone. final_norm: the weight of a (1+w) norm after
+        the layer (the MTP's mtp.norm), returned instead of the residual stream, with the MLP's
+        residual add in the same pass."""
         h = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps)
-        residual = x.clone() if keep is None else x.index_select(0, keep)
+        residual = x if keep is None else x.index_select(0, keep)
         x, h = self.ops.add_rms_norm(mix(h), residual, self.post_attention_layernorm.weight, self.eps)
+        if final_norm is not None:
+            return self.ops.add_rms_norm(self.mlp(h), x, final_norm, self.eps)[1]
         return x + self.mlp(h)
 
-    def prefill(self, x, cache, slot: int, start_pos: int) -> torch.Tensor:
-        return self._block(x, lambda h: self.mixer.prefill(h, cache, slot, start_pos))
+    def prefill(self, x, cache, slot: int, start_pos: int, final_norm: torch.Tensor | None = None) -> torch.Tensor:
+        return self._block(x, lambda h: self.mixer.prefill(h, cache, slot, start_pos), final_norm=final_norm)
 
-    def decode(self, x, cache, slots, positions, max_len: int | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(self, x, cache, slots, positions, max_len: int | None = None, keep: torch.Tensor | None = None,
+               final_norm: torch.Tensor | None = None) -> torch.Tensor:
         """keep [B]: every row's K/V is appended, but only rows `keep` go on past attention (an
         attention mixer's `decode_attention`, then o_proj) and are returned."""
         if keep is None:
-            return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len))
+            return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len), final_norm=final_norm)
         mixer = self.mixer
         return self._block(
             x, lambda h: mixer.o_proj(mixer.decode_attention(h, cache, slots, positions, max_len).index_select(0, keep)),
-            keep,
+            keep, final_norm,
         )

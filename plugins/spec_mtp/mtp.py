@@ -115,22 +115,24 @@ class MtpLayer(nn.Module):
             tensors.clear()
 
     def _stem(self, model: Any, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        norm, eps = self.ops.rms_norm, self.eps
-        e = norm(model.embed(token_ids), self.pre_fc_norm_embedding.weight, eps)
-        return self.fc(torch.cat((e, norm(hidden.to(e.dtype), self.pre_fc_norm_hidden.weight, eps)), dim=-1))
+        e, we, wh = model.embed(token_ids), self.pre_fc_norm_embedding.weight, self.pre_fc_norm_hidden.weight
+        pair = getattr(self.ops, "rms_norm_pair", None)  # one launch; an ops without it: two norms and a cat
+        if pair is not None:
+            return self.fc(pair(e, we, hidden, wh, self.eps))
+        norm = self.ops.rms_norm
+        return self.fc(torch.cat((norm(e, we, self.eps), norm(hidden.to(e.dtype), wh, self.eps)), dim=-1))
 
     @torch.no_grad()
     def forward(self, model: Any, token_ids, hidden, cache: MtpCache, slot: int, start_pos: int) -> torch.Tensor:
         """T columns of one slot at positions start_pos..: token_ids [T] (each hidden's NEXT token),
         hidden [T, H] -> MTP output [T, H] after mtp.norm. Writes the slot's MTP KV."""
-        x = self.layers[0].prefill(self._stem(model, token_ids, hidden), cache, slot, start_pos)
-        return self.ops.rms_norm(x, self.norm.weight, self.eps)
+        return self.layers[0].prefill(self._stem(model, token_ids, hidden), cache, slot, start_pos, self.norm.weight)
 
     @torch.no_grad()
     def decode(self, model: Any, token_ids, hidden, cache: MtpCache, slots, positions, max_len: int | None) -> torch.Tensor:
         """One column for each of B slots: token_ids [B], hidden [B, H], positions [B] -> [B, H]."""
-        x = self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len)
-        return self.ops.rms_norm(x, self.norm.weight, self.eps)
+        return self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len,
+                                     final_norm=self.norm.weight)
 
     @torch.no_grad()
     def decode_kept(
@@ -140,8 +142,8 @@ class MtpLayer(nn.Module):
         only for the rows `keep` [B] (indices into N, on the device): -> [B, H]. What the other
         rows would output is never read (a round drafts from one column a sequence), and at
         M = B instead of M = N the q8 o_proj / gate_up / down cost about M = 1's."""
-        x = self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len, keep=keep)
-        return self.ops.rms_norm(x, self.norm.weight, self.eps)
+        return self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len, keep=keep,
+                                     final_norm=self.norm.weight)
 
 
 class MtpDrafter:
@@ -171,6 +173,8 @@ class MtpDrafter:
         self.cache = MtpCache(model.shape, num_slots, max_context + 2 * k, model.dtype, model.device)
         # the shortlist proposal head (--lm-head-draft); None: the target's full head
         self.head = head
+        # argmax (+ the shortlist's id map) as one Triton launch where the model runs fused kernels
+        self._fused_argmax = model.dtype in getattr(getattr(model, "full_backend", None), "fused_dtypes", ())
         self.verifier = None
         if target_cache is not None:
             from ninfer_plugins.spec_mtp.verify import HybridVerifier
@@ -191,11 +195,19 @@ class MtpDrafter:
         probe = SimpleNamespace(device=self.model.device, dtype=dtype, modules=self.layer.modules, graph_decode=True)
         return graphs_supported(probe, cuda_graph=True)
 
-    def propose(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft ids [B] from MTP outputs [B, H]: argmax over the head (or shortlist) rows."""
-        if self.head is not None:
-            return self.head.propose(hidden)
-        return self.model.compute_logits(hidden).argmax(-1)
+    def propose(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft ids [B] from MTP outputs [B, H]: argmax over the head (or shortlist) rows, into
+        `out` [B] int64 when given. With the fused kernels the argmax and the shortlist's id map
+        are one launch (`argmax_rows`) on the head's own logits (no fp32 copy of them)."""
+        if self._fused_argmax:
+            from ninfer.kernels.triton.sample import argmax_rows
+
+            if self.head is not None:
+                return argmax_rows(self.head.logits(hidden), self.head.ids, out)
+            lm_head = getattr(self.model, "lm_head", None)
+            return argmax_rows(lm_head(hidden) if lm_head is not None else self.model.compute_logits(hidden), None, out)
+        d = self.head.propose(hidden) if self.head is not None else self.model.compute_logits(hidden).argmax(-1)
+        return d if out is None else out.copy_(d)
 
     def align(self, slot: int, next_ids: torch.Tensor, hidden: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Run the MTP over target columns start_pos.. of `slot`: next_ids [T] are the tokens one
@@ -222,10 +234,9 @@ class MtpDrafter:
     def draft(self, slots: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, max_len: int | None) -> torch.Tensor:
         """K drafts [B, K] for B sequences: seeds [B, H] are the MTP outputs of each sequence's last
         kept column, at `positions` [B]; `max_len` bounds every position the K-1 extra steps write."""
-        d = self.propose(seeds)
-        drafts, h = [d], seeds
+        drafts = torch.empty(seeds.shape[0], self.k, dtype=torch.int64, device=seeds.device)
+        d, h = self.propose(seeds, drafts[:, 0]), seeds
         for j in range(1, self.k):
             h = self.layer.decode(self.model, d, h, self.cache, slots, positions + j, max_len)
-            d = self.propose(h)
-            drafts.append(d)
-        return torch.stack(drafts, dim=1)
+            d = self.propose(h, drafts[:, j])
+        return drafts

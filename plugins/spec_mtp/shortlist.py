@@ -201,9 +201,14 @@ class ShortlistHead:
         self.scheme = scheme
 
     @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shortlist rows' logits [B, N] (row r is token ids[r]), in the model's dtype."""
+        return self.linear(hidden)
+
+    @torch.no_grad()
     def propose(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft ids [B] from hidden [B, H]: the best shortlist row, mapped to its token id."""
-        return self.ids[self.linear(hidden).argmax(-1)]
+        return self.ids[self.logits(hidden).argmax(-1)]
 
 
 def shortlist_for(model: Any, config: Any) -> torch.Tensor:

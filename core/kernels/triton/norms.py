@@ -61,6 +61,41 @@ def rmsnorm(
 
 
 @triton.jit
+def _rmsnorm_pair_kernel(A, B, WA, WB, Y, sa, sb, sy, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    half = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    if half == 0:
+        x = tl.load(A + row * sa + cols, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(WA + cols, mask=ok, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(B + row * sb + cols, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(WB + cols, mask=ok, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, 0) / n_cols + eps)
+    tl.store(Y + row * sy + half * n_cols + cols, (x * r * (w + 1.0)).to(Y.dtype.element_ty), mask=ok)
+
+
+def rmsnorm_pair(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """cat((1 + wa) RMSNorm(a), (1 + wb) RMSNorm(b)) over the last dim, a and b [N, H] -> [N, 2H]
+    in a's dtype, one launch (the MTP's input: the embedded next token and the target's hidden,
+    each with its own norm, then concatenated for fc)."""
+    if a.dim() != 2 or a.shape != b.shape or wa.shape != (a.shape[1],) or wb.shape != wa.shape:
+        raise ValueError(f"rmsnorm_pair: a {tuple(a.shape)}, b {tuple(b.shape)}, weights {tuple(wa.shape)} "
+                         f"{tuple(wb.shape)} must be [N, H], [N, H], [H], [H]")
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("rmsnorm_pair needs a unit stride on the last dim")
+    N, H = a.shape
+    out = torch.empty(N, 2 * H, dtype=a.dtype, device=a.device)
+    if N:
+        block = triton.next_power_of_2(H)
+        _rmsnorm_pair_kernel[(N, 2)](a, b, wa, wb, out, a.stride(0), b.stride(0), out.stride(0), H, eps, BLOCK=block,
+                                     num_warps=min(16, max(1, block // 512)), **pdl_kwargs(a.device))
+    return out
+
+
+@triton.jit
 def _gated_rmsnorm_kernel(X, Z, W, Y, sx_n, sx_h, sz_n, sz_h, sy_n, sy_h, n_rows, H, eps,
                           D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):
     pdl_prologue(PDL)

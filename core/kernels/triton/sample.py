@@ -369,3 +369,46 @@ def fused_judge(
         K=k, CP=32, HAS_COUNTS=has_counts, num_warps=1, **pdl_kwargs(dev),
     )  # fmt: skip
     return accepted, kept
+
+
+@triton.jit
+def _argmax_rows_kernel(L, sl, MAP, OUT, so, V, BLOCK: tl.constexpr, HAS_MAP: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    where = offs.to(tl.int64)  # a row of -inf only: index 0, as torch.argmax
+    for start in range(0, V, BLOCK):
+        i = start + offs
+        x = tl.load(L + row * sl + i, mask=i < V, other=float("-inf")).to(tl.float32)
+        take = x > best  # strict: an earlier chunk keeps a tie, as torch.argmax keeps the first maximum
+        best = tl.where(take, x, best)
+        where = tl.where(take, i.to(tl.int64), where)
+    top = tl.max(best, 0)
+    idx = tl.min(tl.where(best == top, where, V), 0)
+    if HAS_MAP:
+        idx = tl.load(MAP + idx).to(tl.int64)
+    tl.store(OUT + row * so, idx)
+
+
+def argmax_rows(logits: torch.Tensor, id_map: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                block: int = 4096) -> torch.Tensor:
+    """torch.argmax(logits, -1) for logits [B, V] (the first maximum on ties), mapped through
+    `id_map` [V] when given (a shortlist head's row -> token id), in one launch with no host
+    sync: a speculative draft step's proposal. `out` [B] int64 (any stride, e.g. a column of the
+    round's [B, K] drafts) receives the ids; returned. NaN logits are skipped (torch would pick
+    them)."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"argmax_rows: logits {tuple(logits.shape)} must be [B, V] with a unit last stride")
+    B, V = logits.shape
+    if id_map is not None and id_map.shape != (V,):
+        raise ValueError(f"argmax_rows: id_map {tuple(id_map.shape)} must be [{V}]")
+    if out is None:
+        out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    elif out.shape != (B,) or out.dtype != torch.int64:
+        raise ValueError(f"argmax_rows: out {tuple(out.shape)} {out.dtype} must be [{B}] int64")
+    if B and V:
+        _argmax_rows_kernel[(B,)](logits, logits.stride(0), id_map if id_map is not None else logits, out, out.stride(0),
+                                  V, BLOCK=min(block, triton.next_power_of_2(V)), HAS_MAP=id_map is not None,
+                                  num_warps=8, **pdl_kwargs(logits.device))
+    return out
