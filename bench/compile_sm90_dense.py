@@ -77,6 +77,12 @@ def cases():
         e(48, 2, C, 3, dtype=BF), e(48, 2, 4, C, 3, dtype=BF), sl2, sl2)
     yield "gdn_prefill_conv", lambda: G.gdn_prefill_conv(e(8192, C, dtype=BF), cs[0], cw, num_k_heads=HK, num_v_heads=HV, head_dim=D)
     yield "rmsnorm", lambda: N.rmsnorm(e(1, 5120, dtype=BF), e(5120, dtype=BF), 1e-6)
+    yield "rmsnorm_pair (the MTP's input norms)", lambda: N.rmsnorm_pair(
+        e(1, 5120, dtype=BF), e(5120, dtype=BF), e(1, 5120, dtype=BF), e(5120, dtype=BF))
+    from ninfer.kernels.triton import sample as SA
+
+    yield "argmax_rows (shortlist head + id map)", lambda: SA.argmax_rows(
+        e(1, 131072, dtype=BF), torch.zeros(131072, dtype=torch.long), torch.empty(3, dtype=torch.long)[:1])
     yield "gated_rmsnorm", lambda: N.gated_rmsnorm(e(1, HV, D, dtype=BF), e(1, HV, D, dtype=BF), nw)
     kc, bt, sl = e(64, 128, HKV, HD, dtype=BF), torch.zeros(1, 64, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     q = e(1, 1, HQ, HD, dtype=BF)

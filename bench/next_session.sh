@@ -137,12 +137,13 @@ case "${1:-}" in
     ;;
   commit)
     # the eleventh session's first call: the GPU tests of what the tenth left untested on a GPU (the
-    # commit kernel, the forced verify split), the commit alone (torch form against the kernel), then
+    # commit kernel, the forced verify split, the drafting's rmsnorm_pair and argmax_rows), the commit alone (torch form against the kernel), then
     # the MTP round as committed / NINFER_GDN_COMMIT=0 / NINFER_GDN_VERIFY_BV=16:2 with and without
     # NINFER_GDN_AHEAD=1 (BV 16, 2 warps with the inputs ahead won alone: 18.11 against 19.25 us a layer)
     t0=$(date +%s)
-    timeout 200 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
-      tests/plugins/spec_mtp/test_spec_gpu.py > "$OUT/t.txt" 2>&1
+    timeout 240 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
+      tests/core/kernels/test_triton_argmax.py tests/core/kernels/test_triton_norms_pair.py tests/plugins/spec_mtp \
+      > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     timeout 40 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py > "$OUT/t2.txt" 2>&1
     echo "batched rounds (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"

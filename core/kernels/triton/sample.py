@@ -372,32 +372,54 @@ def fused_judge(
 
 
 @triton.jit
-def _argmax_rows_kernel(L, sl, MAP, OUT, so, V, BLOCK: tl.constexpr, HAS_MAP: tl.constexpr, PDL: tl.constexpr = False):
+def _argmax_rows_kernel(L, sl, MAP, OUT, so, PV, PI, CNT, V, NCH, CHUNK: tl.constexpr, NCHP: tl.constexpr,
+                        HAS_MAP: tl.constexpr, PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    where = offs.to(tl.int64)  # a row of -inf only: index 0, as torch.argmax
-    for start in range(0, V, BLOCK):
-        i = start + offs
-        x = tl.load(L + row * sl + i, mask=i < V, other=float("-inf")).to(tl.float32)
-        take = x > best  # strict: an earlier chunk keeps a tie, as torch.argmax keeps the first maximum
-        best = tl.where(take, x, best)
-        where = tl.where(take, i.to(tl.int64), where)
-    top = tl.max(best, 0)
-    idx = tl.min(tl.where(best == top, where, V), 0)
-    if HAS_MAP:
-        idx = tl.load(MAP + idx).to(tl.int64)
-    tl.store(OUT + row * so, idx)
+    c = tl.program_id(1)
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(L + row * sl + i, mask=i < V, other=float("-inf")).to(tl.float32)
+    top = tl.max(x, 0)
+    # the chunk's first maximum (a chunk of -inf only: its first index)
+    tl.store(PV + row * NCH + c, top)
+    tl.store(PI + row * NCH + c, tl.min(tl.where(x == top, i, V), 0).to(tl.int64))
+    tl.debug_barrier()  # this program's partial is stored before it counts itself
+    arrived = tl.atomic_add(CNT + row, 1, sem="acq_rel")
+    if arrived == NCH - 1:
+        # the last chunk of the row to arrive: the first maximum over the chunks' partials
+        j = tl.arange(0, NCHP)
+        pv = tl.load(PV + row * NCH + j, mask=j < NCH, other=float("-inf"), cache_modifier=".cg")
+        pi = tl.load(PI + row * NCH + j, mask=j < NCH, other=V, cache_modifier=".cg")
+        idx = tl.min(tl.where(pv == tl.max(pv, 0), pi, V), 0)
+        if HAS_MAP:
+            idx = tl.load(MAP + idx).to(tl.int64)
+        tl.store(OUT + row * so, idx)
+        tl.atomic_xchg(CNT + row, 0, sem="relaxed")
+
+
+_ARGMAX_SCRATCH: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _argmax_scratch(device: torch.device, rows: int, nch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # kept for the life of the process (a CUDA graph holds the pointers it captured); the counters
+    # start at zero and each row's last program puts its counter back
+    key = (str(device), rows * nch)
+    if key not in _ARGMAX_SCRATCH:
+        _ARGMAX_SCRATCH[key] = (torch.empty(rows * nch, dtype=torch.float32, device=device),
+                                torch.empty(rows * nch, dtype=torch.int64, device=device),
+                                torch.zeros(rows, dtype=torch.int32, device=device))
+    return _ARGMAX_SCRATCH[key]
 
 
 def argmax_rows(logits: torch.Tensor, id_map: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                block: int = 4096) -> torch.Tensor:
+                chunk: int = 4096) -> torch.Tensor:
     """torch.argmax(logits, -1) for logits [B, V] (the first maximum on ties), mapped through
     `id_map` [V] when given (a shortlist head's row -> token id), in one launch with no host
-    sync: a speculative draft step's proposal. `out` [B] int64 (any stride, e.g. a column of the
-    round's [B, K] drafts) receives the ids; returned. NaN logits are skipped (torch would pick
-    them)."""
+    sync: a speculative draft step's proposal. Each program takes `chunk` logits of a row; the
+    row's last program to finish (an atomic counter) reduces the chunks' partials, so a 131k row
+    is ~32 programs reading 8 KB each rather than one program looping over 256 KB. `out` [B]
+    int64 (any stride, e.g. a column of the round's [B, K] drafts) receives the ids; returned.
+    NaN logits are skipped (torch would pick them)."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"argmax_rows: logits {tuple(logits.shape)} must be [B, V] with a unit last stride")
     B, V = logits.shape
@@ -408,7 +430,11 @@ def argmax_rows(logits: torch.Tensor, id_map: torch.Tensor | None = None, out: t
     elif out.shape != (B,) or out.dtype != torch.int64:
         raise ValueError(f"argmax_rows: out {tuple(out.shape)} {out.dtype} must be [{B}] int64")
     if B and V:
-        _argmax_rows_kernel[(B,)](logits, logits.stride(0), id_map if id_map is not None else logits, out, out.stride(0),
-                                  V, BLOCK=min(block, triton.next_power_of_2(V)), HAS_MAP=id_map is not None,
-                                  num_warps=8, **pdl_kwargs(logits.device))
+        chunk = min(chunk, triton.next_power_of_2(V))
+        nch = triton.cdiv(V, chunk)
+        pv, pi, cnt = _argmax_scratch(logits.device, B, nch)
+        _argmax_rows_kernel[(B, nch)](logits, logits.stride(0), id_map if id_map is not None else logits, out,
+                                      out.stride(0), pv, pi, cnt, V, nch, CHUNK=chunk,
+                                      NCHP=max(2, triton.next_power_of_2(nch)), HAS_MAP=id_map is not None,
+                                      num_warps=4, **pdl_kwargs(logits.device))
     return out

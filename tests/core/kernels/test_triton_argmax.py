@@ -12,9 +12,9 @@ from ninfer.kernels.triton.sample import argmax_rows
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("b,v,block", [(1, 100, 32), (3, 1000, 128), (2, 4096, 4096), (4, 777, 64)])
+@pytest.mark.parametrize("b,v,chunk", [(1, 100, 32), (3, 1000, 128), (2, 4096, 4096), (4, 777, 64)])
 @pytest.mark.parametrize("mapped", [False, True])
-def test_argmax_rows_matches_torch(b, v, block, mapped):
+def test_argmax_rows_matches_torch(b, v, chunk, mapped):
     g = torch.Generator().manual_seed(b * 7 + v)
     logits = torch.randn(b, v, generator=g).to(DEV, torch.bfloat16)
     # ties: the row's maximum placed again later, in another chunk and in the same one
@@ -25,14 +25,28 @@ def test_argmax_rows_matches_torch(b, v, block, mapped):
     want = logits.float().argmax(-1)
     if mapped:
         want = id_map[want]
-    assert torch.equal(argmax_rows(logits, id_map, block=block), want)
+    assert torch.equal(argmax_rows(logits, id_map, chunk=chunk), want)
+    # again: each row's last program left its counter at zero
+    assert torch.equal(argmax_rows(logits, id_map, chunk=chunk), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("b,v", [(1, 131072), (4, 248320)])
+def test_argmax_rows_real_heads_gpu(b, v):
+    """The shortlist head's and the full head's widths, chunks racing for real, twenty draws."""
+    for seed in range(20):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        logits = torch.randn(b, v, device="cuda", generator=g).bfloat16()
+        id_map = torch.randperm(v, device="cuda", generator=g)
+        assert torch.equal(argmax_rows(logits, id_map), id_map[logits.float().argmax(-1)])
 
 
 def test_argmax_rows_edge_rows_and_strided_out():
     logits = torch.full((2, 50), float("-inf"), device=DEV)
     logits[1, 17] = 3.0
     drafts = torch.full((2, 3), -1, dtype=torch.int64, device=DEV)
-    argmax_rows(logits, out=drafts[:, 1], block=16)
+    argmax_rows(logits, out=drafts[:, 1], chunk=16)
     assert drafts[:, 1].tolist() == [0, 17] and bool((drafts[:, 0] == -1).all()) and bool((drafts[:, 2] == -1).all())
 
 
