@@ -77,6 +77,9 @@ def cases():
         e(48, 2, C, 3, dtype=BF), e(48, 2, 4, C, 3, dtype=BF), sl2, sl2)
     yield "gdn_prefill_conv", lambda: G.gdn_prefill_conv(e(8192, C, dtype=BF), cs[0], cw, num_k_heads=HK, num_v_heads=HV, head_dim=D)
     yield "rmsnorm", lambda: N.rmsnorm(e(1, 5120, dtype=BF), e(5120, dtype=BF), 1e-6)
+    from ninfer_plugins.cuda_fast import attention as FA
+
+    yield "decode_meta", lambda: FA.decode_meta(8192, torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
     yield "rmsnorm_pair (the MTP's input norms)", lambda: N.rmsnorm_pair(
         e(1, 5120, dtype=BF), e(5120, dtype=BF), e(1, 5120, dtype=BF), e(5120, dtype=BF))
     from ninfer.kernels.triton import sample as SA

@@ -165,6 +165,12 @@ class SpeculativeRound:
         self.ints, self.floats = self.inputs.ints, self.inputs.floats
         # per sequence: the K+1 tokens the round keeps from (the first `accepted + 1`), then `accepted`
         self.out = torch.zeros(n, self.k + 2, dtype=torch.int64, device=dev)
+        # constants of a round of every batch size (columns 0..K, their repeat over the batch, and
+        # each sequence's first row), made once here rather than as launches inside every round
+        m = self.k + 1
+        self._col = torch.arange(m, device=dev)
+        self._col_rep = self._col.repeat(n)
+        self._row0 = torch.arange(n, device=dev) * m
         # rounds launched one ahead (on unless NINFER_SPEC_AHEAD=0): the round in flight, rows of rounds whose
         # batch changed (by request id), and two host buffers for the results (a round launched
         # ahead copies its results while the one before it is read)
@@ -514,7 +520,7 @@ class SpeculativeRound:
         slots, starts = self.ints[_SLOTS, :b], self.ints[_START, :b]
         drafts = self.drafts.index_select(0, slots)
         ids = torch.cat((self.ints[_ANCHOR, :b, None], drafts), 1)
-        pos = starts[:, None] + torch.arange(m, device=self.device)
+        pos = starts[:, None] + self._col
         rows = slots[:, None].expand(b, m).reshape(-1)
         hidden = self.verifier.forward(ids.reshape(-1), rows, pos.reshape(-1), slots, verify_len)
         return drafts, ids, pos, rows, hidden, self.model.compute_logits(hidden)
@@ -526,7 +532,6 @@ class SpeculativeRound:
         k, m, vocab, dev = self.k, self.k + 1, self.vocab, self.device
         i, f = self.ints[:, :b], self.floats[:, :b]
         slots, starts, seeds = i[_SLOTS], i[_START], i[_SEEDS]
-        col = torch.arange(m, device=dev)
         drafts, ids, pos, rows, hidden, logits = self._verify(b, verify_len)
 
         # column i judges d_{i+1} with the drafts before it in the history (spec 3.1): the slot's
@@ -538,7 +543,7 @@ class SpeculativeRound:
             logits, per_column(f[_TEMP]), per_column(i[_TOP_K]), per_column(f[_TOP_P]), per_column(f[_MIN_P]),
             per_column(f[_PRESENCE]), per_column(f[_FREQUENCY]), None, None, 0,
             counts=self.history.counts, count_rows=per_column(slots),
-            extra_ids=drafts[:, None, :].expand(b, m, k).reshape(b * m, k), extra_len=col.repeat(b),
+            extra_ids=drafts[:, None, :].expand(b, m, k).reshape(b * m, k), extra_len=self._col_rep[: b * m],
         )  # fmt: skip
         # acceptance, the last token, and the kept tokens counted in the slots' histories
         accepted, kept = self.judge(
@@ -554,7 +559,7 @@ class SpeculativeRound:
         if hasattr(self.drafter, "align_seeds") and os.environ.get("NINFER_MTP_SEED_ROWS", "1") != "0":
             # only the seed columns go past the MTP's attention (every column's K/V is written);
             # NINFER_MTP_SEED_ROWS=0: all columns through the layer, the seeds picked after (A/B)
-            keep = torch.arange(b, device=dev) * m + accepted
+            keep = self._row0[:b] + accepted
             seed_rows = self.drafter.align_seeds(rows, tokens, seen, pos.reshape(-1), verify_len, keep)
         else:
             out = self.drafter.align_rows(rows, tokens, seen, pos.reshape(-1), verify_len)

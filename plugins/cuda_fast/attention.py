@@ -25,7 +25,12 @@ import structlog
 import torch
 import torch.nn.functional as F
 
-from ninfer_plugins.cuda_fast.ops import TritonOps
+from ninfer_plugins.cuda_fast.ops import TritonOps  # isort: skip  (first: sets TRITON_INTERPRET without CUDA)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue  # noqa: E402
 from ninfer_plugins.cuda_fast.plugin import GPU
 from ninfer_plugins.qwen_hybrid.attention import ReferenceFullAttention, read_kv
 
@@ -44,9 +49,38 @@ class DecodeMeta(NamedTuple):
     seq_lens: torch.Tensor  # [B] int32: position + 1 (0 for padding rows)
 
 
-def decode_meta(max_context: int, slots: torch.Tensor, positions: torch.Tensor) -> DecodeMeta:
+def decode_meta_torch(max_context: int, slots: torch.Tensor, positions: torch.Tensor) -> DecodeMeta:
     # padding rows carry slot -1 and position -1: row -max_context-1 (no write), length 0
     return DecodeMeta(slots * max_context + positions, slots.to(torch.int32)[:, None], (positions + 1).to(torch.int32))
+
+
+@triton.jit
+def _decode_meta_kernel(S, P, SM, BT, SL, n, max_context, ss, sp, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < n
+    slot = tl.load(S + r * ss, mask=ok, other=0).to(tl.int64)
+    pos = tl.load(P + r * sp, mask=ok, other=0).to(tl.int64)
+    tl.store(SM + r, slot * max_context + pos, mask=ok)
+    tl.store(BT + r, slot.to(tl.int32), mask=ok)
+    tl.store(SL + r, (pos + 1).to(tl.int32), mask=ok)
+
+
+def decode_meta(max_context: int, slots: torch.Tensor, positions: torch.Tensor) -> DecodeMeta:
+    """`decode_meta_torch` in one launch (the torch form is five: a multiply, two adds, two
+    casts). Every MTP pass computes its own, and a round makes three."""
+    n = slots.shape[0]
+    if slots.dim() != 1 or positions.shape != (n,):
+        raise ValueError(f"decode_meta: slots {tuple(slots.shape)} and positions {tuple(positions.shape)} must be [B]")
+    dev = slots.device
+    sm = torch.empty(n, dtype=torch.int64, device=dev)
+    bt = torch.empty(n, 1, dtype=torch.int32, device=dev)
+    sl = torch.empty(n, dtype=torch.int32, device=dev)
+    if n:
+        block = 128
+        _decode_meta_kernel[(triton.cdiv(n, block),)](slots, positions, sm, bt, sl, n, max_context, slots.stride(0),
+                                                      positions.stride(0), BLOCK=block, num_warps=1, **pdl_kwargs(dev))
+    return DecodeMeta(sm, bt, sl)
 
 
 def _attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float):
