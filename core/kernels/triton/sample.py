@@ -397,13 +397,13 @@ def _argmax_rows_kernel(L, sl, MAP, OUT, so, PV, PI, CNT, V, NCH, CHUNK: tl.cons
         tl.atomic_xchg(CNT + row, 0, sem="relaxed")
 
 
-_ARGMAX_SCRATCH: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_ARGMAX_SCRATCH: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 def _argmax_scratch(device: torch.device, rows: int, nch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # kept for the life of the process (a CUDA graph holds the pointers it captured); the counters
     # start at zero and each row's last program puts its counter back
-    key = (str(device), rows * nch)
+    key = (str(device), rows, nch)
     if key not in _ARGMAX_SCRATCH:
         _ARGMAX_SCRATCH[key] = (torch.empty(rows * nch, dtype=torch.float32, device=device),
                                 torch.empty(rows * nch, dtype=torch.int64, device=device),

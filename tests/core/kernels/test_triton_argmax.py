@@ -50,6 +50,13 @@ def test_argmax_rows_edge_rows_and_strided_out():
     assert drafts[:, 1].tolist() == [0, 17] and bool((drafts[:, 0] == -1).all()) and bool((drafts[:, 2] == -1).all())
 
 
+def test_argmax_rows_shapes_with_equal_products():
+    """Scratch for (rows, chunks) = (1, 8) then (2, 4): each row has its own counter."""
+    for b, v in ((1, 8 * 16), (2, 4 * 16)):
+        logits = torch.randn(b, v, device=DEV)
+        assert torch.equal(argmax_rows(logits, chunk=16), logits.argmax(-1))
+
+
 def test_argmax_rows_refuses_bad_inputs():
     x = torch.zeros(2, 8, device=DEV)
     with pytest.raises(ValueError, match="unit last stride"):
