@@ -145,8 +145,9 @@ case "${1:-}" in
       tests/core/kernels/test_triton_argmax.py tests/core/kernels/test_triton_norms_pair.py tests/plugins/spec_mtp \
       > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
-    timeout 40 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py > "$OUT/t2.txt" 2>&1
-    echo "batched rounds (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
+    timeout 60 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py tests/plugins/cuda_fast/test_decode_meta.py \
+      > "$OUT/t2.txt" 2>&1
+    echo "batched rounds, decode_meta (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
     timeout 60 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
     for e in "X=1" "NINFER_GDN_COMMIT=0" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"; do
       env $e timeout 120 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
