@@ -384,8 +384,8 @@ if HAVE_GLUON:
         decode reads (no shared-memory ring, so occupancy is set by registers): K blocks stream
         one at a time, PF (1 or 2) blocks ahead of the one being multiplied. MT: the tokens the
         last CTA's sum reads (M rounded up to a power of two). LATE (with PDL): the next kernel
-        may launch only once this CTA's partials are written, not at its start (an experiment,
-        `late_trigger`)."""
+        may launch only once this CTA's partials are written, not at its start (`late_trigger`,
+        the default)."""
         pid_c = gl.program_id(0)
         pid_s = gl.program_id(1)
         kb0 = pid_s * KB
@@ -473,10 +473,11 @@ class TCConfig:
 def late_trigger() -> bool:
     """The direct kernel lets the next kernel launch after its main loop instead of at its start
     (default since the tenth session; NINFER_TC_LATE=0 triggers at the start again). The 27B MTP
-    round went 12.83 -> 12.60 ms with it, plain step unchanged (BENCHMARKS.md, "Twelfth run"). Why: in the 27B step every q4/q5 GEMV on the direct
-    kernel (NINFER_TCD=1) cost 2.1 ms more than the f16x2 GEMVs with PDL on and 0.74 ms more
-    with it off, while the GEMVs' own kernel time was the same (BENCHMARKS.md, "Eleventh run"):
-    the neighbours launched early seem to be what slows."""
+    round went 12.83 -> 12.60 ms with it, plain step unchanged (BENCHMARKS.md, "Twelfth run").
+    Why: in the 27B step every q4/q5 GEMV on the direct kernel (NINFER_TCD=1) cost 2.1 ms more
+    than the f16x2 GEMVs with PDL on and 0.74 ms more with it off, while the GEMVs' own kernel
+    time was the same (BENCHMARKS.md, "Eleventh run"): the neighbours launched early seem to be
+    what slows."""
     return os.environ.get("NINFER_TC_LATE", "1") != "0"
 
 

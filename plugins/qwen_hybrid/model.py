@@ -330,7 +330,11 @@ class QwenHybridModel(nn.Module):
         return self._run(x, mix, fold=True)
 
     @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's logits in the model's dtype (what an argmax needs: no fp32 copy)."""
         if self.lm_head is None:
-            return torch.nn.functional.linear(hidden, self.embed_tokens).float()
-        return self.lm_head(hidden).float()
+            return torch.nn.functional.linear(hidden, self.embed_tokens)
+        return self.lm_head(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head_logits(hidden).float()

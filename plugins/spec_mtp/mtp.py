@@ -115,12 +115,11 @@ class MtpLayer(nn.Module):
             tensors.clear()
 
     def _stem(self, model: Any, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        e, we, wh = model.embed(token_ids), self.pre_fc_norm_embedding.weight, self.pre_fc_norm_hidden.weight
-        pair = getattr(self.ops, "rms_norm_pair", None)  # one launch; an ops without it: two norms and a cat
-        if pair is not None:
-            return self.fc(pair(e, we, hidden, wh, self.eps))
-        norm = self.ops.rms_norm
-        return self.fc(torch.cat((norm(e, we, self.eps), norm(hidden.to(e.dtype), wh, self.eps)), dim=-1))
+        # the two input norms and their concatenation (one launch with the fused ops; an ops
+        # without rms_norm_pair takes the torch form)
+        pair = getattr(self.ops, "rms_norm_pair", TORCH_OPS.rms_norm_pair)
+        return self.fc(pair(model.embed(token_ids), self.pre_fc_norm_embedding.weight, hidden,
+                            self.pre_fc_norm_hidden.weight, self.eps))
 
     @torch.no_grad()
     def forward(self, model: Any, token_ids, hidden, cache: MtpCache, slot: int, start_pos: int) -> torch.Tensor:
@@ -204,8 +203,7 @@ class MtpDrafter:
 
             if self.head is not None:
                 return argmax_rows(self.head.logits(hidden), self.head.ids, out)
-            lm_head = getattr(self.model, "lm_head", None)
-            return argmax_rows(lm_head(hidden) if lm_head is not None else self.model.compute_logits(hidden), None, out)
+            return argmax_rows(self.model.head_logits(hidden), None, out)
         d = self.head.propose(hidden) if self.head is not None else self.model.compute_logits(hidden).argmax(-1)
         return d if out is None else out.copy_(d)
 

@@ -36,17 +36,6 @@ def _load_window(CS, ch, slot, scs_n, scs_c, scs_t):
 
 
 @triton.jit
-def _conv_col(X, CW, ch, row, sx_b, scw_c, scw_t, p0, p1, p2):
-    """One conv1d + SiLU output of channels ch for input row `row`, the three previous inputs
-    p0 (oldest), p1, p2 given -> (y, this row's input)."""
-    xt = tl.load(X + row * sx_b + ch)
-    w = CW + ch * scw_c
-    y = (tl.load(w).to(tl.float32) * p0.to(tl.float32) + tl.load(w + scw_t).to(tl.float32) * p1.to(tl.float32)
-         + tl.load(w + 2 * scw_t).to(tl.float32) * p2.to(tl.float32) + tl.load(w + 3 * scw_t).to(tl.float32) * xt.to(tl.float32))
-    return y * tl.sigmoid(y), xt
-
-
-@triton.jit
 def _conv_taps(CW, ch, scw_c, scw_t):
     """The four conv1d taps of channels ch, oldest input's first, in fp32."""
     w = CW + ch * scw_c
@@ -56,9 +45,18 @@ def _conv_taps(CW, ch, scw_c, scw_t):
 
 @triton.jit
 def _conv_of(xt, w0, w1, w2, w3, p0, p1, p2):
-    """`_conv_col` on an input row and taps already loaded."""
+    """One conv1d + SiLU output from this row's input xt, the three previous inputs p0 (oldest),
+    p1, p2 and the taps."""
     y = w0 * p0.to(tl.float32) + w1 * p1.to(tl.float32) + w2 * p2.to(tl.float32) + w3 * xt.to(tl.float32)
     return y * tl.sigmoid(y)
+
+
+@triton.jit
+def _conv_col(X, CW, ch, row, sx_b, scw_c, scw_t, p0, p1, p2):
+    """`_conv_of` for input row `row` of X, taps loaded here -> (y, this row's input)."""
+    xt = tl.load(X + row * sx_b + ch)
+    w0, w1, w2, w3 = _conv_taps(CW, ch, scw_c, scw_t)
+    return _conv_of(xt, w0, w1, w2, w3, p0, p1, p2), xt
 
 
 @triton.jit
