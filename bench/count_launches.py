@@ -36,6 +36,14 @@ NO_LAUNCH = {
 }  # fmt: skip
 
 
+def launches(name: str, args: tuple, out: object) -> bool:
+    """Whether an aten op is a kernel launch: not a view-like op, and not a `to` that returned its
+    input (under inference mode the dispatcher shows `aten.to` even when nothing is copied)."""
+    if name in NO_LAUNCH:
+        return False
+    return not (name == "to" and args and out is args[0])
+
+
 # id(module) -> index of the decoder layer it belongs to (filled once the model is built)
 OWNER: dict[int, str] = {}
 
@@ -74,9 +82,10 @@ def main() -> int:
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.__name__.split(".")[0]
-            if name not in NO_LAUNCH:
+            out = func(*args, **(kwargs or {}))
+            if launches(name, args, out):
                 events.append(("aten." + name, "", _layer_of_caller()))
-            return func(*args, **(kwargs or {}))
+            return out
 
     run = interp.InterpretedFunction.run
 

@@ -21,9 +21,12 @@
 #                                      # on seed rows: test_gemv_tc, test_triton_gdn, test_spec_gpu), down at M = 4
 #                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1 /
 #                                      # NINFER_MTP_SEED_ROWS=0 (the alignment's MLP over every column, as before)
-#   bash bench/next_session.sh commit  # the eleventh session's first call: GPU tests of the commit kernel and the forced
-#                                      # verify split, bench/commit_bench.py, the MTP round as committed / with the torch
-#                                      # commit / BV 16 w2 / BV 16 w2 + conv inputs ahead (~8 min)
+#   bash bench/next_session.sh commit  # the next session's first call: GPU tests of the commit kernel, the forced
+#                                      # verify split, the round's bookkeeping kernels and grouped sampling,
+#                                      # bench/commit_bench.py, the MTP round as committed / with the torch commit /
+#                                      # with the torch bookkeeping (NINFER_ROUND_IO=0) / as committed (~8 min)
+#   bash bench/next_session.sh commit2 # the MTP round as committed / BV 16 w2 / BV 16 w2 + conv inputs ahead /
+#                                      # as committed (~5 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -36,7 +39,7 @@ case "${1:-}" in
     # everything in one call (a cold machine needs more than the 600 s a call may take: 391 of ~430
     # in 495 s on 2026-12-04), or in two calls: tests-a (quant_int, moe_triton), tests-b (the rest)
     A="tests/plugins/quant_int tests/plugins/moe_triton"
-    B="tests/core/test_graphs.py tests/plugins/cuda_fast tests/core/kernels/test_triton_gdn.py tests/core/kernels/test_triton_sample.py tests/plugins/spec_mtp/test_spec_gpu.py"
+    B="tests/core/test_graphs.py tests/plugins/cuda_fast tests/core/kernels tests/plugins/spec_mtp"
     case "$1" in tests-a) SEL=$A ;; tests-b) SEL=$B ;; *) SEL="$B $A" ;; esac
     t0=$(date +%s)
     timeout 540 python3 -m pytest -q -rf -m gpu -n 4 $SEL > "$OUT/t.txt" 2>&1
@@ -143,14 +146,26 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 240 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
       tests/core/kernels/test_triton_argmax.py tests/core/kernels/test_triton_norms_pair.py tests/plugins/spec_mtp \
+      tests/core/kernels/test_triton_spec_round.py tests/core/kernels/test_triton_sample.py \
       > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     timeout 60 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py tests/plugins/cuda_fast/test_decode_meta.py \
       > "$OUT/t2.txt" 2>&1
     echo "batched rounds, decode_meta (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
     timeout 60 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
-    for e in "X=1" "NINFER_GDN_COMMIT=0" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"; do
-      env $e timeout 120 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+    # NINFER_ROUND_IO=0: the round's bookkeeping as torch ops again (the eleventh session's
+    # spec_round kernels and grouped sampling parameters: 18 launches fewer a round)
+    for e in "X=1" "NINFER_GDN_COMMIT=0" "NINFER_ROUND_IO=0" "X=1"; do
+      env $e timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+      echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    done
+    ;;
+  commit2)
+    # the verify split with 16 v rows and 2 warps, without and with the conv inputs ahead, between two
+    # runs as committed
+    t0=$(date +%s)
+    for e in "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"; do
+      env $e timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done
     ;;

@@ -7,6 +7,7 @@ and speculative verification can re-derive the draws it needs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from enum import IntEnum
 from typing import Protocol
@@ -52,12 +53,38 @@ class Sampler(Protocol):
     # sampler without it gets the reference's.
     # def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds,
     #                 positions, purpose, *, counts=None, count_rows=None, extra_ids=None,
-    #                 extra_len=None) -> tuple[ids, probs, token | None]
+    #                 extra_len=None, group=1) -> tuple[ids, probs, token | None]
+    # (`group`: parameters given once per that many consecutive rows; a sampler written before it
+    # existed, without the keyword, is given them row by row by `rows_sampler`.)
+
+
+_GROUPED = ("temperature", "top_k", "top_p", "min_p", "presence", "frequency")
 
 
 def rows_sampler(sampler: object | None):
-    """The `sample_rows` a captured step uses: the sampler's own, else the reference's."""
+    """The `sample_rows` a captured step uses: the sampler's own, else the reference's. A
+    sampler's own without the `group` keyword gets grouped parameters expanded to rows first."""
     fn = getattr(sampler, "sample_rows", None)
     if fn is None:
         from ninfer.kernels.sampling import sample_rows as fn
-    return fn
+
+        return fn
+    try:
+        takes_group = "group" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_group = False
+    if takes_group:
+        return fn
+
+    def expanded(logits, *args, group: int = 1, **kwargs):
+        if group == 1:
+            return fn(logits, *args, **kwargs)
+        params = dict(zip(_GROUPED, args[: len(_GROUPED)]))
+        rest = args[len(_GROUPED):]
+        params = {name: t.repeat_interleave(group, 0) for name, t in params.items()}
+        for name in ("count_rows", "extra_ids"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = kwargs[name].repeat_interleave(group, 0)
+        return fn(logits, *params.values(), *rest, **kwargs)
+
+    return expanded

@@ -75,7 +75,7 @@ from ninfer.sampling import Purpose, rows_sampler
 
 # rows of the int64 and float32 input buffers of a batched round (one column per sequence); the
 # float rows are ninfer.graphs.sampling_columns' order
-_ANCHOR, _SLOTS, _START, _SEEDS, _TOP_K = range(5)
+_ANCHOR, _START, _SLOTS, _SEEDS, _TOP_K = range(5)  # anchor and start adjacent: `next_in`'s order
 _TEMP, _TOP_P, _MIN_P, _PRESENCE, _FREQUENCY = range(5)
 
 log = structlog.get_logger("ninfer.speculative")
@@ -171,6 +171,10 @@ class SpeculativeRound:
         self._col = torch.arange(m, device=dev)
         self._col_rep = self._col.repeat(n)
         self._row0 = torch.arange(n, device=dev) * m
+        # the round's first and last bookkeeping as one Triton launch each (`spec_round`) where the
+        # model runs the fused kernels; NINFER_ROUND_IO=0 keeps the torch ops (A/B)
+        fused = getattr(getattr(self.model, "full_backend", None), "fused_dtypes", ())
+        self._fused_io = self.model.dtype in fused and os.environ.get("NINFER_ROUND_IO", "1") != "0"
         # rounds launched one ahead (on unless NINFER_SPEC_AHEAD=0): the round in flight, rows of rounds whose
         # batch changed (by request id), and two host buffers for the results (a round launched
         # ahead copies its results while the one before it is read)
@@ -380,8 +384,7 @@ class SpeculativeRound:
         t0 = time.perf_counter()
         if ahead:
             # fed on the device: the round just launched left each row's next anchor and start
-            self.ints[_ANCHOR, :b].copy_(self.next_in[0, :b])
-            self.ints[_START, :b].copy_(self.next_in[1, :b])
+            self.ints[_ANCHOR : _START + 1, :b].copy_(self.next_in[:, :b])
         else:
             self.history.sync(reqs)
             ints = [[0] * b for _ in range(5)]
@@ -516,12 +519,16 @@ class SpeculativeRound:
         """The target's pass over each sequence's anchor and drafts: (drafts [b, K], ids [b, M],
         positions [b, M], row slots [b*M], hidden [b*M, H], logits [b*M, V]); rows are
         sequence-major (b * M + column)."""
-        m = self.k + 1
-        slots, starts = self.ints[_SLOTS, :b], self.ints[_START, :b]
-        drafts = self.drafts.index_select(0, slots)
-        ids = torch.cat((self.ints[_ANCHOR, :b, None], drafts), 1)
-        pos = starts[:, None] + self._col
-        rows = slots[:, None].expand(b, m).reshape(-1)
+        slots, starts, anchor = self.ints[_SLOTS, :b], self.ints[_START, :b], self.ints[_ANCHOR, :b]
+        if self._fused_io:
+            from ninfer.kernels.triton.spec_round import round_inputs
+
+            drafts, ids, pos, rows = round_inputs(self.drafts, slots, anchor, starts)
+        else:
+            drafts = self.drafts.index_select(0, slots)
+            ids = torch.cat((anchor[:, None], drafts), 1)
+            pos = starts[:, None] + self._col
+            rows = slots[:, None].expand(b, self.k + 1).reshape(-1)
         hidden = self.verifier.forward(ids.reshape(-1), rows, pos.reshape(-1), slots, verify_len)
         return drafts, ids, pos, rows, hidden, self.model.compute_logits(hidden)
 
@@ -535,15 +542,12 @@ class SpeculativeRound:
         drafts, ids, pos, rows, hidden, logits = self._verify(b, verify_len)
 
         # column i judges d_{i+1} with the drafts before it in the history (spec 3.1): the slot's
-        # counts plus d_0..d_{i-1} (extra_len = i), read in place by the sampler
-        def per_column(t: torch.Tensor) -> torch.Tensor:
-            return t[:, None].expand(b, m).reshape(-1)
-
+        # counts plus d_0..d_{i-1} (extra_len = i), read in place by the sampler; the parameters,
+        # the counts row and the drafts are the sequence's, shared by its m columns (group = m)
         cand, p, _ = self.sample_rows(
-            logits, per_column(f[_TEMP]), per_column(i[_TOP_K]), per_column(f[_TOP_P]), per_column(f[_MIN_P]),
-            per_column(f[_PRESENCE]), per_column(f[_FREQUENCY]), None, None, 0,
-            counts=self.history.counts, count_rows=per_column(slots),
-            extra_ids=drafts[:, None, :].expand(b, m, k).reshape(b * m, k), extra_len=self._col_rep[: b * m],
+            logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY], None, None, 0,
+            counts=self.history.counts, count_rows=slots, extra_ids=drafts, extra_len=self._col_rep[: b * m],
+            group=m,
         )  # fmt: skip
         # acceptance, the last token, and the kept tokens counted in the slots' histories
         accepted, kept = self.judge(
@@ -565,11 +569,17 @@ class SpeculativeRound:
             out = self.drafter.align_rows(rows, tokens, seen, pos.reshape(-1), verify_len)
             seed_rows = out.view(b, m, -1).gather(1, at[:, :, None].expand(b, 1, out.shape[-1]))[:, 0]
         new = self.drafter.draft(slots, seed_rows, starts + accepted, draft_len)
+        # the new drafts into the slots' table, the kept tokens and `accepted` out, and the next
+        # round's anchor (this round's last token) and start (past the kept tokens), for a round
+        # launched ahead (`_launch` copies them into the inputs before its replay)
+        if self._fused_io and new.dtype == torch.int64 and new.device == self.drafts.device:
+            from ninfer.kernels.triton.spec_round import round_outputs
+
+            round_outputs(kept.contiguous(), accepted, new, slots, starts, self.drafts, self.out, self.next_in)
+            return
         self.drafts.index_copy_(0, slots, new.to(device=dev, dtype=self.drafts.dtype))
         self.out[:b, :m].copy_(kept)
         self.out[:b, m].copy_(accepted)
-        # the next round's anchor (this round's last token) and start (past the kept tokens), for
-        # a round launched ahead (`_launch` copies them into the inputs before its replay)
         self.next_in[0, :b].copy_(kept.gather(1, at)[:, 0])
         self.next_in[1, :b].copy_(starts + accepted + 1)
 

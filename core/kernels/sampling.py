@@ -215,6 +215,7 @@ def sample_rows(
     count_rows: torch.Tensor | None = None,
     extra_ids: torch.Tensor | None = None,
     extra_len: torch.Tensor | None = None,
+    group: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The whole pipeline for the rows of a captured step, in tensors: (ids [R, K], probs [R, K])
     as `process` gives them, and the token each row draws with counter_uniform(seeds, positions,
@@ -222,8 +223,22 @@ def sample_rows(
 
     History: row r counts counts[count_rows[r]] (a [S, V] table: no gather copy is asked of the
     caller), plus each of extra_ids[r, :extra_len[r]] once more (a speculative verify column's
-    drafts before it). Tensor ops only. This is the reference; `ninfer.kernels.triton.sample.
-    fused_sample` computes the same in two launches."""
+    drafts before it). With `group` > 1, temperature .. frequency, count_rows and extra_ids are
+    given once per `group` consecutive rows (row r reads entry r // group: a speculative round's
+    columns share their sequence's); extra_len, seeds, positions and purpose stay per row.
+    Tensor ops only. This is the reference; `ninfer.kernels.triton.sample.fused_sample` computes
+    the same in two launches."""
+    if group != 1:
+        rows = logits.shape[0]
+        if group < 1 or rows % group:
+            raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
+
+        def each_row(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.repeat_interleave(group, 0)
+
+        temperature, top_k, top_p, min_p, presence, frequency, count_rows, extra_ids = map(
+            each_row, (temperature, top_k, top_p, min_p, presence, frequency, count_rows, extra_ids)
+        )
     rows_counts = None
     if counts is not None:
         if count_rows is None:

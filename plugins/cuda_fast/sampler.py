@@ -29,15 +29,16 @@ class TritonSampler(ReferenceSampler):
         self.fused = fused_enabled()
 
     def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions, purpose,
-                    *, counts=None, count_rows=None, extra_ids=None, extra_len=None):  # fmt: skip
+                    *, counts=None, count_rows=None, extra_ids=None, extra_len=None, group=1):  # fmt: skip
         if not self.fused:
             return reference_rows(logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions,
-                                  purpose, counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len)  # fmt: skip
+                                  purpose, counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len,
+                                  group=group)  # fmt: skip
         from ninfer.kernels.triton.sample import fused_sample
 
         return fused_sample(
             logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions, purpose,
-            counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len,
+            counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len, group=group,
         )  # fmt: skip
 
     def judge(self, cand, p, drafts, seeds, starts, vocab, counts=None, slots=None):

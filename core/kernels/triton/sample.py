@@ -75,25 +75,26 @@ def _draw(ids, probs, real, u, V, N: tl.constexpr):
 @triton.jit
 def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n_extra,
                       CHUNK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_COUNTS: tl.constexpr,
-                      HAS_EXTRA: tl.constexpr, PDL: tl.constexpr = False):
+                      HAS_EXTRA: tl.constexpr, G: tl.constexpr = 1, PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
+    g = r // G  # the row's parameter row (G rows share one: a speculative round's columns)
     c = tl.program_id(1)
     nc = tl.num_programs(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     ok = offs < V
     x = tl.load(L + r * sl + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_COUNTS:
-        crow = tl.load(CROWS + r)
+        crow = tl.load(CROWS + g)
         cnt = tl.load(C + crow * sc + offs, mask=ok, other=0.0)
         if HAS_EXTRA:
             n = tl.load(XLEN + r)
             for e in range(n_extra):
-                xid = tl.load(XID + r * sx + e)
+                xid = tl.load(XID + g * sx + e)
                 cnt += tl.where((offs == xid) & (e < n), 1.0, 0.0)
         # the reference's order: (x - presence * [count > 0]) - frequency * count
-        x = x - tl.load(PRES + r) * (cnt > 0).to(tl.float32)
-        x = x - tl.load(FREQ + r) * cnt
+        x = x - tl.load(PRES + g) * (cnt > 0).to(tl.float32)
+        x = x - tl.load(FREQ + g) * cnt
     keys = tl.where(ok, _rank_key(x, offs, V), _NONE)
     base = PART + (r * nc + c) * KP
     for j in tl.static_range(K):
@@ -106,9 +107,10 @@ def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n
 def _finish_kernel(PART, n_part, V, TEMP, TOPK, TOPP, MINP, SEEDS, POS, PURP, purpose_stride,
                    IDS, PROBS, TOKEN,
                    K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr, DRAW: tl.constexpr, LIBDEVICE: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   G: tl.constexpr = 1, PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
+    g = r // G
     offs = tl.arange(0, NP)
     part = tl.load(PART + r * n_part + offs, mask=(offs < n_part) & (offs % KP < K), other=_NONE)
     cols = tl.arange(0, KP)
@@ -124,10 +126,10 @@ def _finish_kernel(PART, n_part, V, TEMP, TOPK, TOPP, MINP, SEEDS, POS, PURP, pu
     vals = tl.where(real, vals, float("-inf"))
     ids = tl.where(real, ids, 0)
 
-    t = tl.load(TEMP + r)
-    top_k = tl.load(TOPK + r)
-    top_p = tl.load(TOPP + r)
-    min_p = tl.load(MINP + r)
+    t = tl.load(TEMP + g)
+    top_k = tl.load(TOPK + g)
+    top_p = tl.load(TOPP + g)
+    min_p = tl.load(MINP + g)
     first = tl.sum(tl.where(cols == 0, vals, 0.0), 0)
     if LIBDEVICE:  # torch's expf; the interpreter has no libdevice
         w = libdevice.exp(tl.div_rn(vals - first, t))
@@ -178,11 +180,15 @@ def fused_sample(
     count_rows: torch.Tensor | None = None,
     extra_ids: torch.Tensor | None = None,
     extra_len: torch.Tensor | None = None,
+    group: int = 1,
     chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`ninfer.kernels.sampling.sample_rows` in two launches: (ids [R, K], probs [R, K], token [R]
     or None when seeds is None). Per-row parameters are [R] tensors on the logits' device (float32;
-    top_k, seeds, positions int64); purpose an int or an int64 [R] tensor. No host sync."""
+    top_k, seeds, positions int64); purpose an int or an int64 [R] tensor. With `group` > 1 the
+    processing parameters (temperature .. frequency, count_rows, extra_ids' rows) are given once
+    per `group` consecutive rows ([R / group]), as a speculative round's columns share their
+    sequence's; extra_len, seeds, positions and purpose stay per row. No host sync."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be [rows, vocab] with a unit last stride, got {tuple(logits.shape)}")
     if not logits.dtype.is_floating_point:
@@ -195,12 +201,15 @@ def fused_sample(
         raise ValueError(f"chunk must be a power of two >= 32, got {chunk}")
     k = min(TOP_K_CAP, vocab)
     f32, i64 = torch.float32, torch.int64
-    temperature = _row_param(temperature, rows, "temperature", f32, dev)
-    top_k = _row_param(top_k, rows, "top_k", i64, dev)
-    top_p = _row_param(top_p, rows, "top_p", f32, dev)
-    min_p = _row_param(min_p, rows, "min_p", f32, dev)
-    presence = _row_param(presence, rows, "presence", f32, dev)
-    frequency = _row_param(frequency, rows, "frequency", f32, dev)
+    if group < 1 or rows % group:
+        raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
+    groups = rows // group
+    temperature = _row_param(temperature, groups, "temperature", f32, dev)
+    top_k = _row_param(top_k, groups, "top_k", i64, dev)
+    top_p = _row_param(top_p, groups, "top_p", f32, dev)
+    min_p = _row_param(min_p, groups, "min_p", f32, dev)
+    presence = _row_param(presence, groups, "presence", f32, dev)
+    frequency = _row_param(frequency, groups, "frequency", f32, dev)
     draw = seeds is not None
     if draw:
         seeds = _row_param(seeds, rows, "seeds", i64, dev)
@@ -220,16 +229,17 @@ def fused_sample(
                              f"{counts.dtype} {tuple(counts.shape)}")  # fmt: skip
         if count_rows is None:
             raise ValueError("counts need count_rows (the counts row of each logits row)")
-        count_rows = _row_param(count_rows, rows, "count_rows", i64, dev)
+        count_rows = _row_param(count_rows, groups, "count_rows", i64, dev)
     else:
         counts, count_rows = logits, top_k  # unread
         if has_extra:
             raise ValueError("extra_ids need counts")
     if has_extra:
-        if extra_len is None or extra_ids.dim() != 2 or extra_ids.shape[0] != rows or extra_ids.dtype != i64:
-            raise ValueError("extra_ids must be int64 [rows, E] with extra_len [rows]")
+        if extra_len is None or extra_ids.dim() != 2 or extra_ids.shape[0] != groups or extra_ids.dtype != i64:
+            raise ValueError(f"extra_ids must be int64 [{groups}, E] with extra_len [{rows}]")
         extra_len = _row_param(extra_len, rows, "extra_len", i64, dev)
-        extra_ids = extra_ids.contiguous()
+        if extra_ids.stride(1) != 1:
+            extra_ids = extra_ids.contiguous()
         n_extra = extra_ids.shape[1]
     else:
         extra_ids, extra_len, n_extra = top_k, top_k, 0  # unread
@@ -248,7 +258,7 @@ def fused_sample(
     _chunk_top_kernel[(rows, n_chunks)](
         logits, logits.stride(0), counts, counts.stride(0), count_rows, extra_ids, extra_ids.stride(0) if has_extra else 0,
         extra_len, presence, frequency, part, vocab, n_extra,
-        CHUNK=chunk, K=k, KP=kp, HAS_COUNTS=has_counts, HAS_EXTRA=has_extra,
+        CHUNK=chunk, K=k, KP=kp, HAS_COUNTS=has_counts, HAS_EXTRA=has_extra, G=group,
         num_warps=4 if chunk <= 2048 else 8, **exact, **pdl,
     )  # fmt: skip
     # the partial keys of a row, [n_chunks, KP] with K used each: read as one flat row of n_chunks * KP
@@ -256,7 +266,8 @@ def fused_sample(
     _finish_kernel[(rows,)](
         part, n_part, vocab, temperature, top_k, top_p, min_p, seeds, positions, purp, purpose_stride,
         ids, probs, token,
-        K=k, KP=kp, NP=triton.next_power_of_2(n_part), DRAW=draw, LIBDEVICE=not interpreting(), num_warps=8, **exact, **pdl,
+        K=k, KP=kp, NP=triton.next_power_of_2(n_part), DRAW=draw, LIBDEVICE=not interpreting(), G=group,
+        num_warps=8, **exact, **pdl,
     )  # fmt: skip
     return ids, probs, token if draw else None
 

@@ -93,6 +93,53 @@ def test_fused_sample_draws_like_the_reference_over_many_uniforms():
     assert not torch.equal(other, got[2])
 
 
+def _grouped_case(g, seqs, m, vocab, device):
+    """A speculative round's sampling inputs: seqs sequences of m columns each, the processing
+    parameters, counts row and drafts given per sequence, extra_len per column."""
+    logits, params, kw = _case(g, seqs * m, vocab, torch.float32, device)
+    per_seq = {n: params[n][::m].clone() for n in ("temperature", "top_k", "top_p", "min_p", "presence", "frequency")}
+    gkw = {"counts": kw["counts"], "count_rows": kw["count_rows"][::m].clone(),
+           "extra_ids": kw["extra_ids"][::m].clone(), "extra_len": torch.arange(seqs * m, device=device) % m}  # fmt: skip
+    rows = {n: v.repeat_interleave(m, 0) for n, v in per_seq.items()}
+    rkw = dict(gkw, count_rows=gkw["count_rows"].repeat_interleave(m, 0), extra_ids=gkw["extra_ids"].repeat_interleave(m, 0))
+    grouped = dict(params, **per_seq)
+    expanded = dict(params, **rows)
+    return logits, grouped, gkw, expanded, rkw
+
+
+@pytest.mark.parametrize("seqs,m", [(1, 4), (3, 2), (2, 6)])
+def test_grouped_parameters_equal_the_expanded_rows(seqs, m):
+    """group = m (a round's columns share their sequence's parameters, counts row and drafts):
+    the same candidates, probabilities and tokens as the same parameters repeated per row, in the
+    fused kernels and in the reference; a group that does not divide the rows is refused."""
+    g = torch.Generator().manual_seed(10 * seqs + m)
+    logits, grouped, gkw, expanded, rkw = _grouped_case(g, seqs, m, 300, "cpu")
+    want = sample_rows(*_args(logits, expanded, 1), **rkw)
+    _check(fused_sample(*_args(logits, grouped, 1), chunk=64, group=m, **gkw), want)
+    _check(sample_rows(*_args(logits, grouped, 1), group=m, **gkw), want)
+    with pytest.raises(ValueError, match="group"):
+        fused_sample(*_args(logits, grouped, 1), group=m + 1 if (seqs * m) % (m + 1) else m + 2, **gkw)
+
+
+def test_rows_sampler_expands_groups_for_a_sampler_without_the_keyword():
+    from ninfer.sampling import rows_sampler
+
+    seen = {}
+
+    class Old:
+        def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions,
+                        purpose, *, counts=None, count_rows=None, extra_ids=None, extra_len=None):  # fmt: skip
+            seen["rows"] = (temperature.shape[0], count_rows.shape[0], extra_ids.shape[0])
+            return sample_rows(logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions,
+                               purpose, counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len)  # fmt: skip
+
+    g = torch.Generator().manual_seed(4)
+    logits, grouped, gkw, expanded, rkw = _grouped_case(g, 2, 3, 100, "cpu")
+    got = rows_sampler(Old())(*_args(logits, grouped, 1), group=3, **gkw)
+    assert seen["rows"] == (6, 6, 6)
+    _check(got, sample_rows(*_args(logits, expanded, 1), **rkw))
+
+
 def test_uniform_is_counter_uniform_bit_for_bit():
     g = torch.Generator().manual_seed(3)
     seeds = torch.randint(-(2**63), 2**63 - 1, (7, 1), generator=g)
@@ -131,6 +178,9 @@ def test_fused_sample_matches_the_reference_on_the_gpu(rows):
         got = fused_sample(*_args(logits, params, 1), **kw)
         want = sample_rows(*_args(logits, params, 1), **kw)
         _check(got, want)
+    if rows in (4, 8):  # a round's columns: parameters per sequence of 4
+        logits, grouped, gkw, expanded, rkw = _grouped_case(g, rows // 4, 4, vocab, "cuda")
+        _check(fused_sample(*_args(logits, grouped, 1), group=4, **gkw), sample_rows(*_args(logits, expanded, 1), **rkw))
     seeds = torch.randint(-(2**63), 2**63 - 1, (64, 1), generator=g).cuda()
     pos = torch.randint(0, 1 << 40, (1, 33), generator=g).cuda()
     assert torch.equal(uniform(seeds, pos, 3), counter_uniform(seeds, pos, 3))

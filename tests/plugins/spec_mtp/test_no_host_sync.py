@@ -181,13 +181,42 @@ def test_reference_decode_step_reads_only_in_the_reference_cores(dense, tok):
 
 # the fused kernels' wrappers: the watch saw them called, so the fused path is what ran
 FUSED = {"core/kernels/triton/attention.py", "core/kernels/triton/gdn.py", "core/kernels/triton/rope.py"}
+# a round also does its bookkeeping in Triton launches
+FUSED_ROUND = FUSED | {"core/kernels/triton/spec_round.py"}
 
 
 @pytest.mark.parametrize("lm_head_draft", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_fused_round_step_reads_nothing_on_the_host(fused, tok, lm_head_draft):
     watched = _rounds(fused, tok, 2, {1, 2}, lm_head_draft=lm_head_draft)
-    assert FUSED <= watched.callers, watched.callers
+    assert FUSED_ROUND <= watched.callers, watched.callers
     assert not watched.reads, "host reads in the captured round:\n" + _report(watched.reads)
+
+
+def test_round_bookkeeping_kernels_and_grouped_sampling_keep_the_tokens(fused, tok, monkeypatch):
+    """The round's first and last bookkeeping as Triton launches (`spec_round`) and the fused
+    sampler's per-sequence parameters (group = K+1) give the same tokens as the torch ops
+    (NINFER_ROUND_IO=0, the reference sampler): a greedy request and a sampled one with
+    penalties, batched, rounds run eagerly through the fused kernels."""
+    from ninfer.engine import LLMEngine
+    from ninfer.kernels.sampling import ReferenceSampler
+    from ninfer_plugins.cuda_fast.sampler import TritonSampler
+
+    def run(fused_io: bool) -> list[list[int]]:
+        monkeypatch.setenv("NINFER_ROUND_IO", "1" if fused_io else "0")
+        ref = make_engine(fused, tok, k=2, max_batch=2, max_context=64)
+        sampler = TritonSampler() if fused_io else ReferenceSampler()
+        eng = LLMEngine(fused, ref.runner.cache, sampler, tok, max_context=64, prefill_chunk=1024, max_batch=2,
+                        speculator=ref.speculative.drafter)  # fmt: skip
+        assert eng.speculative.batched and eng.speculative._fused_io == fused_io
+        ids = [eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=4)),
+               eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=5, **SAMPLED))]  # fmt: skip
+        got = {i: [] for i in ids}
+        while eng.has_unfinished():
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+        return [got[i] for i in ids]
+
+    assert run(True) == run(False)
 
 
 def test_fused_decode_step_reads_nothing_on_the_host(fused, tok):
@@ -274,13 +303,13 @@ def test_decode_steps_launched_ahead_through_the_graph_decoder(fused, tok, monke
             return wait
 
         decoder.launch = counting
-        a = eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=9))
+        a = eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=5))
         got = {a: []}
         for _ in range(3):
             for o in eng.step():
                 got[o.request_id] += o.new_token_ids
         # strong penalties over a longer run: the history a step sees decides its token
-        b = eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=14, **{
+        b = eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=8, **{
             **SAMPLED, "temperature": 0.2, "presence_penalty": 2.0, "frequency_penalty": 2.0, "top_k": 2}))
         got[b] = []
         while eng.has_unfinished():
@@ -291,4 +320,4 @@ def test_decode_steps_launched_ahead_through_the_graph_decoder(fused, tok, monke
     plain, none = run(False)
     ahead, launched = run(True)
     assert none == 0 and launched > 0
-    assert ahead == plain and [len(t) for t in plain] == [9, 14]
+    assert ahead == plain and [len(t) for t in plain] == [5, 8]
