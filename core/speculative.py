@@ -536,7 +536,7 @@ class SpeculativeRound:
         """One round of the first b sequences of the input buffers, tensor ops only (see BATCHED
         ROUNDS above); the reference attention's bounds are None when captured (fused kernels
         read lengths on the device)."""
-        k, m, vocab, dev = self.k, self.k + 1, self.vocab, self.device
+        m, vocab, dev = self.k + 1, self.vocab, self.device
         i, f = self.ints[:, :b], self.floats[:, :b]
         slots, starts, seeds = i[_SLOTS], i[_START], i[_SEEDS]
         drafts, ids, pos, rows, hidden, logits = self._verify(b, verify_len)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue, sm_count
+from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue, sm_count
 from ninfer.kernels.triton.norms import gated_rmsnorm
 
 
@@ -236,15 +236,8 @@ def _gdn_decode_kernel(
             tl.atomic_xchg(CNT + b * HK + h, 0, sem="relaxed")
 
 
-_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
-
-
 def _counters(device: torch.device, n: int) -> torch.Tensor:
-    # Kept for the life of the process: a CUDA graph holds the pointer it captured.
-    key = (str(device), n)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+    return lasting("gdn_counters", device, (n,), lambda: torch.zeros(n, dtype=torch.int32, device=device))
 
 
 def default_block_v(batch: int, num_v_heads: int, head_v_dim: int, device: torch.device) -> int:

@@ -4,16 +4,34 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import triton
 import triton.language as tl
+
+T = TypeVar("T")
 
 
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (CPU CI). Triton 3.9's interpreter multiplies bf16 tl.dot
     operands as their raw 16-bit integers, so kernels upcast dot operands to fp32 there."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+_LASTING: dict[tuple, Any] = {}
+
+
+def lasting(kind: str, device: torch.device, key: tuple, make: Callable[[], T]) -> T:
+    """Scratch a kernel wrapper keeps for the life of the process, one per (kind, device, key),
+    made by `make` on first use. A CUDA graph holds the pointers it captured, so scratch that a
+    captured launch used must outlive every graph; counters in it start at zero, and the kernels
+    that use them put them back."""
+    k = (kind, str(device), *key)
+    if k not in _LASTING:
+        _LASTING[k] = make()
+    return _LASTING[k]
 
 
 @functools.lru_cache(maxsize=None)

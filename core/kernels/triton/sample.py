@@ -27,7 +27,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ninfer.config import TOP_K_CAP
-from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.launch import interpreting, lasting, pdl_kwargs, pdl_prologue
 
 # the smallest int64: below every real key (the smallest real one, -inf's, is about -2^63 + 2^55)
 _NONE = tl.constexpr(-(2**63))
@@ -408,18 +408,12 @@ def _argmax_rows_kernel(L, sl, MAP, OUT, so, PV, PI, CNT, V, NCH, CHUNK: tl.cons
         tl.atomic_xchg(CNT + row, 0, sem="relaxed")
 
 
-_ARGMAX_SCRATCH: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
 def _argmax_scratch(device: torch.device, rows: int, nch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # kept for the life of the process (a CUDA graph holds the pointers it captured); the counters
-    # start at zero and each row's last program puts its counter back
-    key = (str(device), rows, nch)
-    if key not in _ARGMAX_SCRATCH:
-        _ARGMAX_SCRATCH[key] = (torch.empty(rows * nch, dtype=torch.float32, device=device),
-                                torch.empty(rows * nch, dtype=torch.int64, device=device),
-                                torch.zeros(rows, dtype=torch.int32, device=device))
-    return _ARGMAX_SCRATCH[key]
+    # each row's last program puts its counter back to zero
+    return lasting("argmax_rows", device, (rows, nch), lambda: (
+        torch.empty(rows * nch, dtype=torch.float32, device=device),
+        torch.empty(rows * nch, dtype=torch.int64, device=device),
+        torch.zeros(rows, dtype=torch.int32, device=device)))  # fmt: skip
 
 
 def argmax_rows(logits: torch.Tensor, id_map: torch.Tensor | None = None, out: torch.Tensor | None = None,
