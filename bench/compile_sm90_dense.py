@@ -86,6 +86,18 @@ def cases():
 
     yield "argmax_rows (shortlist head + id map)", lambda: SA.argmax_rows(
         e(1, 131072, dtype=BF), torch.zeros(131072, dtype=torch.long), torch.empty(3, dtype=torch.long)[:1])
+    L64 = torch.long
+    yield "fused_sample, parameters per sequence (group 4)", lambda: SA.fused_sample(
+        e(4, 248320, dtype=BF), e(1), torch.zeros(1, dtype=L64), e(1), e(1), e(1), e(1), None, None, 0,
+        counts=e(2, 248320), count_rows=torch.zeros(1, dtype=L64), extra_ids=torch.zeros(1, 3, dtype=L64),
+        extra_len=torch.zeros(4, dtype=L64), group=4)
+    from ninfer.kernels.triton import spec_round as SR
+
+    z = torch.zeros(1, dtype=L64)
+    yield "round_inputs", lambda: SR.round_inputs(torch.zeros(4, 3, dtype=L64), z, z, z)
+    yield "round_outputs", lambda: SR.round_outputs(torch.zeros(1, 4, dtype=L64), z, torch.zeros(1, 3, dtype=L64), z, z,
+                                                   torch.zeros(4, 3, dtype=L64), torch.zeros(4, 5, dtype=L64),
+                                                   torch.zeros(2, 4, dtype=L64))
     yield "gated_rmsnorm", lambda: N.gated_rmsnorm(e(1, HV, D, dtype=BF), e(1, HV, D, dtype=BF), nw)
     kc, bt, sl = e(64, 128, HKV, HD, dtype=BF), torch.zeros(1, 64, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     q = e(1, 1, HQ, HD, dtype=BF)

@@ -27,6 +27,8 @@
 #                                      # with the torch bookkeeping (NINFER_ROUND_IO=0) / as committed (~8 min)
 #   bash bench/next_session.sh commit2 # the MTP round as committed / BV 16 w2 / BV 16 w2 + conv inputs ahead /
 #                                      # as committed (~5 min)
+#   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
+#                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -159,6 +161,10 @@ case "${1:-}" in
       env $e timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
     done
+    ;;
+  ceiling)
+    timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
+    echo "read_ceiling rc=$?"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
     ;;
   commit2)
     # the verify split with 16 v rows and 2 warps, without and with the conv inputs ahead, between two
