@@ -91,6 +91,10 @@ def cases():
         e(4, 248320, dtype=BF), e(1), torch.zeros(1, dtype=L64), e(1), e(1), e(1), e(1), None, None, 0,
         counts=e(2, 248320), count_rows=torch.zeros(1, dtype=L64), extra_ids=torch.zeros(1, 3, dtype=L64),
         extra_len=torch.zeros(4, dtype=L64), group=4)
+    yield "fused_sample, the decode step's tail (pad row, record, tokens out)", lambda: SA.fused_sample(
+        e(2, 248320, dtype=BF), e(2), torch.zeros(2, dtype=L64), e(2), e(2), e(2), e(2), torch.zeros(2, dtype=L64),
+        torch.zeros(2, dtype=L64), 1, counts=e(3, 248320), count_rows=torch.zeros(2, dtype=L64), pad_row=2,
+        record=True, token_out=torch.zeros(2, dtype=L64))
     from ninfer.kernels.triton import spec_round as SR
 
     z = torch.zeros(1, dtype=L64)

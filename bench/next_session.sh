@@ -27,6 +27,8 @@
 #                                      # with the torch bookkeeping (NINFER_ROUND_IO=0) / as committed (~8 min)
 #   bash bench/next_session.sh commit2 # the MTP round as committed / BV 16 w2 / BV 16 w2 + conv inputs ahead /
 #                                      # as committed (~5 min)
+#   bash bench/next_session.sh tail    # the plain step's tail in the sampler against NINFER_STEP_TAIL=0, alternated
+#                                      # twice, 35B-A3B and 27B int4 (~6 min)
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
@@ -160,6 +162,17 @@ case "${1:-}" in
     for e in "X=1" "NINFER_GDN_COMMIT=0" "NINFER_ROUND_IO=0" "X=1"; do
       env $e timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
       echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    done
+    ;;
+  tail)
+    # the decode step's tail inside the sampler (default) against NINFER_STEP_TAIL=0, alternated, both models
+    t0=$(date +%s)
+    for model in qwen3.6-35b-a3b qwen3.6-27b; do
+      for e in "X=1" "NINFER_STEP_TAIL=0" "X=1" "NINFER_STEP_TAIL=0"; do
+        env $e timeout 150 ninfer bench --model $model --random-weights --quant int4 --prompt-len 8192 --gen-len 64 \
+          > "$OUT/b.txt" 2>&1
+        echo "$model $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
+      done
     done
     ;;
   ceiling)

@@ -25,6 +25,7 @@ updates on the device with the tokens it keeps.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -115,6 +116,9 @@ class GraphDecoder:
         self.model, self.cache = model, cache
         # the sampler's tensor pipeline (a fused kernel where a plugin gives one, else the reference)
         self.sample_rows = rows_sampler(sampler)
+        # the step's tail (history counts, tokens out) inside the sampler; NINFER_STEP_TAIL=0 puts
+        # back the torch ops after it (A/B)
+        self.tail_in_sampler = os.environ.get("NINFER_STEP_TAIL", "1") != "0"
         self.device = model.device
         self.vocab = model.shape.vocab_size
         self.buckets = buckets_for(max_batch)
@@ -141,15 +145,26 @@ class GraphDecoder:
         i, f = self.ints[:, :b], self.floats[:, :b]
         slots = i[_SLOTS]
         hidden = self.model.decode(i[_IDS], self.cache, slots, i[_POS])
-        logits = self.model.compute_logits(hidden)
-        rows = torch.where(slots >= 0, slots, self.pad_row)
-        _, _, token = self.sample_rows(
+        if not self.tail_in_sampler:
+            logits = self.model.compute_logits(hidden)
+            rows = torch.where(slots >= 0, slots, self.pad_row)
+            _, _, token = self.sample_rows(
+                logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY],
+                i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=rows,
+            )  # fmt: skip
+            self.counts.view(-1).scatter_add_(0, rows * self.vocab + token, torch.ones_like(token, dtype=torch.float32))
+            self.tokens[:b].copy_(token)
+            return
+        # the head's logits in the model's dtype where it gives them (the samplers compute in fp32
+        # from there, exactly as from an fp32 copy)
+        logits = getattr(self.model, "head_logits", self.model.compute_logits)(hidden)
+        # the sampler also counts each token into its slot's history (padding rows, slot -1, all
+        # into the pad row, with atomic adds) and writes the tokens out: no launches after it
+        self.sample_rows(
             logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY],
-            i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=rows,
+            i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=slots,
+            pad_row=self.pad_row, record=True, token_out=self.tokens[:b],
         )  # fmt: skip
-        # atomic adds: no sort, no host sync (padding rows all land in the last row)
-        self.counts.view(-1).scatter_add_(0, rows * self.vocab + token, torch.ones_like(token, dtype=torch.float32))
-        self.tokens[:b].copy_(token)
 
     def _pad(self, start: int, end: int) -> None:
         self.ints[:, start:end] = 0

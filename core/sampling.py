@@ -53,38 +53,50 @@ class Sampler(Protocol):
     # sampler without it gets the reference's.
     # def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds,
     #                 positions, purpose, *, counts=None, count_rows=None, extra_ids=None,
-    #                 extra_len=None, group=1) -> tuple[ids, probs, token | None]
-    # (`group`: parameters given once per that many consecutive rows; a sampler written before it
-    # existed, without the keyword, is given them row by row by `rows_sampler`.)
+    #                 extra_len=None, group=1, pad_row=None, record=False,
+    #                 token_out=None) -> tuple[ids, probs, token | None]
+    # (`group`: parameters given once per that many consecutive rows; `pad_row`: the counts row of
+    # rows whose count row is < 0; `record`: the drawn tokens added to the counts; `token_out`:
+    # where the tokens go. A sampler written before these keywords existed gets them done around
+    # its call by `rows_sampler`.) logits may be in the model's dtype: samplers compute in fp32.
 
 
 _GROUPED = ("temperature", "top_k", "top_p", "min_p", "presence", "frequency")
+_LATER_KEYWORDS = ("group", "pad_row", "record", "token_out")
 
 
 def rows_sampler(sampler: object | None):
     """The `sample_rows` a captured step uses: the sampler's own, else the reference's. A
-    sampler's own without the `group` keyword gets grouped parameters expanded to rows first."""
+    sampler's own without the later keywords (`_LATER_KEYWORDS`) gets them done around its call:
+    grouped parameters expanded to rows, padding rows mapped, tokens counted and copied out."""
     fn = getattr(sampler, "sample_rows", None)
     if fn is None:
         from ninfer.kernels.sampling import sample_rows as fn
 
         return fn
     try:
-        takes_group = "group" in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        takes_group = False
-    if takes_group:
+        params = {}
+    if all(name in params for name in _LATER_KEYWORDS):
         return fn
 
-    def expanded(logits, *args, group: int = 1, **kwargs):
-        if group == 1:
-            return fn(logits, *args, **kwargs)
-        params = dict(zip(_GROUPED, args[: len(_GROUPED)]))
-        rest = args[len(_GROUPED):]
-        params = {name: t.repeat_interleave(group, 0) for name, t in params.items()}
-        for name in ("count_rows", "extra_ids"):
-            if kwargs.get(name) is not None:
-                kwargs[name] = kwargs[name].repeat_interleave(group, 0)
-        return fn(logits, *params.values(), *rest, **kwargs)
+    def around(logits, *args, group: int = 1, pad_row: int | None = None, record: bool = False,
+               token_out: torch.Tensor | None = None, **kwargs):  # fmt: skip
+        if group != 1:
+            named = {name: t.repeat_interleave(group, 0) for name, t in zip(_GROUPED, args[: len(_GROUPED)])}
+            args = (*named.values(), *args[len(_GROUPED):])
+            for name in ("count_rows", "extra_ids"):
+                if kwargs.get(name) is not None:
+                    kwargs[name] = kwargs[name].repeat_interleave(group, 0)
+        if pad_row is not None and kwargs.get("count_rows") is not None:
+            kwargs["count_rows"] = torch.where(kwargs["count_rows"] < 0, pad_row, kwargs["count_rows"])
+        ids, probs, token = fn(logits, *args, **kwargs)
+        if record:
+            counts, vocab = kwargs["counts"], logits.shape[-1]
+            counts.view(-1).scatter_add_(0, kwargs["count_rows"] * vocab + token, torch.ones_like(token, dtype=counts.dtype))
+        if token_out is not None:
+            token = token_out.copy_(token)
+        return ids, probs, token
 
-    return expanded
+    return around

@@ -530,7 +530,8 @@ class SpeculativeRound:
             pos = starts[:, None] + self._col
             rows = slots[:, None].expand(b, self.k + 1).reshape(-1)
         hidden = self.verifier.forward(ids.reshape(-1), rows, pos.reshape(-1), slots, verify_len)
-        return drafts, ids, pos, rows, hidden, self.model.compute_logits(hidden)
+        # the model's dtype where the head gives it: the samplers compute in fp32 from there
+        return drafts, ids, pos, rows, hidden, getattr(self.model, "head_logits", self.model.compute_logits)(hidden)
 
     def _round_step(self, b: int, verify_len: int | None, draft_len: int | None) -> None:
         """One round of the first b sequences of the input buffers, tensor ops only (see BATCHED

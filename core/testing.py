@@ -117,10 +117,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("NINFER_CACHE") or Path.home() / ".cache" / "ninfer").expanduser()
 
 
+def embedded_tiny_dir() -> Path:
+    """Where the embedded default model lives (built or not)."""
+    return cache_root() / f"tiny-{DEFAULT_TINY_LIKE}"
+
+
 def default_tiny_path() -> Path:
     """The embedded default model: a tiny qwen3.6-27b built once (atomically) into the cache."""
     root = cache_root()
-    path = root / f"tiny-{DEFAULT_TINY_LIKE}"
+    path = embedded_tiny_dir()
     stamp = root / f"tiny-{DEFAULT_TINY_LIKE}.version"
     version = str(TINY_BUILDER_VERSION)
     if path.is_dir() and stamp.is_file() and stamp.read_text().strip() == version:

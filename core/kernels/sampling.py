@@ -216,6 +216,9 @@ def sample_rows(
     extra_ids: torch.Tensor | None = None,
     extra_len: torch.Tensor | None = None,
     group: int = 1,
+    pad_row: int | None = None,
+    record: bool = False,
+    token_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The whole pipeline for the rows of a captured step, in tensors: (ids [R, K], probs [R, K])
     as `process` gives them, and the token each row draws with counter_uniform(seeds, positions,
@@ -226,8 +229,14 @@ def sample_rows(
     drafts before it). With `group` > 1, temperature .. frequency, count_rows and extra_ids are
     given once per `group` consecutive rows (row r reads entry r // group: a speculative round's
     columns share their sequence's); extra_len, seeds, positions and purpose stay per row.
-    Tensor ops only. This is the reference; `ninfer.kernels.triton.sample.fused_sample` computes
-    the same in two launches."""
+    `pad_row`: count rows < 0 (a captured step's padding rows) read that row. `record`: each
+    drawn token is added to its row's counts after the draw (a decode step's history).
+    `token_out` [R] int64: the tokens are written there and returned. Tensor ops only. This is
+    the reference; `ninfer.kernels.triton.sample.fused_sample` computes the same in two launches."""
+    if record and (seeds is None or counts is None or count_rows is None):
+        raise ValueError("record needs seeds (a draw) and counts with count_rows")
+    if token_out is not None and seeds is None:
+        raise ValueError("token_out needs seeds (a draw)")
     if group != 1:
         rows = logits.shape[0]
         if group < 1 or rows % group:
@@ -243,6 +252,8 @@ def sample_rows(
     if counts is not None:
         if count_rows is None:
             raise ValueError("counts need count_rows (the counts row of each logits row)")
+        if pad_row is not None:
+            count_rows = torch.where(count_rows < 0, pad_row, count_rows)
         rows_counts = counts.index_select(0, count_rows)
         if extra_ids is not None:
             if extra_len is None:
@@ -252,7 +263,13 @@ def sample_rows(
     ids, probs = process(logits, temperature, top_k, top_p, min_p, presence, frequency, rows_counts)
     if seeds is None:
         return ids, probs, None
-    return ids, probs, draw_candidates(ids, probs, logits.shape[-1], counter_uniform(seeds, positions, purpose))
+    vocab = logits.shape[-1]
+    token = draw_candidates(ids, probs, vocab, counter_uniform(seeds, positions, purpose))
+    if record:  # atomic adds: no sort, no host sync (padding rows may share one row)
+        counts.view(-1).scatter_add_(0, count_rows * vocab + token, torch.ones_like(token, dtype=counts.dtype))
+    if token_out is not None:
+        token = token_out.copy_(token)
+    return ids, probs, token
 
 
 def draw_candidates(ids: torch.Tensor, probs: torch.Tensor, vocab: int, u: torch.Tensor) -> torch.Tensor:

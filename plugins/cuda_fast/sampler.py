@@ -29,17 +29,16 @@ class TritonSampler(ReferenceSampler):
         self.fused = fused_enabled()
 
     def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions, purpose,
-                    *, counts=None, count_rows=None, extra_ids=None, extra_len=None, group=1):  # fmt: skip
+                    *, counts=None, count_rows=None, extra_ids=None, extra_len=None, group=1, pad_row=None,
+                    record=False, token_out=None):  # fmt: skip
+        kw = dict(counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len, group=group,
+                  pad_row=pad_row, record=record, token_out=token_out)  # fmt: skip
         if not self.fused:
             return reference_rows(logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions,
-                                  purpose, counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len,
-                                  group=group)  # fmt: skip
+                                  purpose, **kw)  # fmt: skip
         from ninfer.kernels.triton.sample import fused_sample
 
-        return fused_sample(
-            logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions, purpose,
-            counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len, group=group,
-        )  # fmt: skip
+        return fused_sample(logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions, purpose, **kw)
 
     def judge(self, cand, p, drafts, seeds, starts, vocab, counts=None, slots=None):
         """A batched round's acceptance, last token and history update (ninfer.speculative.judge)

@@ -73,9 +73,10 @@ def _draw(ids, probs, real, u, V, N: tl.constexpr):
 
 
 @triton.jit
-def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n_extra,
+def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n_extra, pad_row,
                       CHUNK: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_COUNTS: tl.constexpr,
-                      HAS_EXTRA: tl.constexpr, G: tl.constexpr = 1, PDL: tl.constexpr = False):
+                      HAS_EXTRA: tl.constexpr, G: tl.constexpr = 1, HAS_PAD: tl.constexpr = False,
+                      PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     g = r // G  # the row's parameter row (G rows share one: a speculative round's columns)
@@ -86,6 +87,8 @@ def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n
     x = tl.load(L + r * sl + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_COUNTS:
         crow = tl.load(CROWS + g)
+        if HAS_PAD:  # a padding row (count row < 0) reads the pad row
+            crow = tl.where(crow < 0, pad_row, crow)
         cnt = tl.load(C + crow * sc + offs, mask=ok, other=0.0)
         if HAS_EXTRA:
             n = tl.load(XLEN + r)
@@ -105,9 +108,10 @@ def _chunk_top_kernel(L, sl, C, sc, CROWS, XID, sx, XLEN, PRES, FREQ, PART, V, n
 
 @triton.jit
 def _finish_kernel(PART, n_part, V, TEMP, TOPK, TOPP, MINP, SEEDS, POS, PURP, purpose_stride,
-                   IDS, PROBS, TOKEN,
+                   IDS, PROBS, TOKEN, C, sc, CROWS, pad_row,
                    K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr, DRAW: tl.constexpr, LIBDEVICE: tl.constexpr,
-                   G: tl.constexpr = 1, PDL: tl.constexpr = False):
+                   G: tl.constexpr = 1, RECORD: tl.constexpr = False, HAS_PAD: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     g = r // G
@@ -153,7 +157,13 @@ def _finish_kernel(PART, n_part, V, TEMP, TOPK, TOPP, MINP, SEEDS, POS, PURP, pu
     tl.store(PROBS + r * K + cols, probs, mask=real)
     if DRAW:
         u = _uniform(tl.load(SEEDS + r), tl.load(POS + r), tl.load(PURP + r * purpose_stride))
-        tl.store(TOKEN + r, _draw(ids, probs, real, u, V, K))
+        tok = _draw(ids, probs, real, u, V, K)
+        tl.store(TOKEN + r, tok)
+        if RECORD:  # the drawn token joins the row's history (stage 1 of every row read it already)
+            crow = tl.load(CROWS + g)
+            if HAS_PAD:
+                crow = tl.where(crow < 0, pad_row, crow)
+            tl.atomic_add(C + crow * sc + tok, 1.0)
 
 
 def _row_param(t: torch.Tensor, rows: int, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -181,6 +191,9 @@ def fused_sample(
     extra_ids: torch.Tensor | None = None,
     extra_len: torch.Tensor | None = None,
     group: int = 1,
+    pad_row: int | None = None,
+    record: bool = False,
+    token_out: torch.Tensor | None = None,
     chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`ninfer.kernels.sampling.sample_rows` in two launches: (ids [R, K], probs [R, K], token [R]
@@ -188,7 +201,10 @@ def fused_sample(
     top_k, seeds, positions int64); purpose an int or an int64 [R] tensor. With `group` > 1 the
     processing parameters (temperature .. frequency, count_rows, extra_ids' rows) are given once
     per `group` consecutive rows ([R / group]), as a speculative round's columns share their
-    sequence's; extra_len, seeds, positions and purpose stay per row. No host sync."""
+    sequence's; extra_len, seeds, positions and purpose stay per row. `pad_row`: count rows < 0
+    (a captured step's padding rows) read that row instead. `record`: each drawn token is added to
+    its row's counts (a decode step's history; atomic, so padding rows may share one row).
+    `token_out` [R] int64: the tokens are written there (and returned). No host sync."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"logits must be [rows, vocab] with a unit last stride, got {tuple(logits.shape)}")
     if not logits.dtype.is_floating_point:
@@ -243,9 +259,17 @@ def fused_sample(
         n_extra = extra_ids.shape[1]
     else:
         extra_ids, extra_len, n_extra = top_k, top_k, 0  # unread
+    if record and not (draw and has_counts):
+        raise ValueError("record needs seeds (a draw) and counts with count_rows")
+    if token_out is not None:
+        if token_out.shape != (rows,) or token_out.dtype != i64 or token_out.device != dev or token_out.stride(0) != 1:
+            raise ValueError(f"token_out must be a unit-stride int64 [{rows}] tensor on {dev}")
+        if not draw:
+            raise ValueError("token_out needs seeds (a draw)")
     ids = torch.empty(rows, k, dtype=i64, device=dev)
     probs = torch.empty(rows, k, dtype=f32, device=dev)
-    token = torch.empty(rows, dtype=i64, device=dev)
+    token = token_out if token_out is not None else torch.empty(rows, dtype=i64, device=dev)
+    has_pad = pad_row is not None
     if rows == 0:
         return ids, probs, token if draw else None
     chunk = min(chunk, max(32, triton.next_power_of_2(vocab)))
@@ -257,17 +281,17 @@ def fused_sample(
     exact = {} if interpreting() else {"enable_fp_fusion": False}
     _chunk_top_kernel[(rows, n_chunks)](
         logits, logits.stride(0), counts, counts.stride(0), count_rows, extra_ids, extra_ids.stride(0) if has_extra else 0,
-        extra_len, presence, frequency, part, vocab, n_extra,
-        CHUNK=chunk, K=k, KP=kp, HAS_COUNTS=has_counts, HAS_EXTRA=has_extra, G=group,
+        extra_len, presence, frequency, part, vocab, n_extra, pad_row if has_pad else 0,
+        CHUNK=chunk, K=k, KP=kp, HAS_COUNTS=has_counts, HAS_EXTRA=has_extra, G=group, HAS_PAD=has_pad,
         num_warps=4 if chunk <= 2048 else 8, **exact, **pdl,
     )  # fmt: skip
     # the partial keys of a row, [n_chunks, KP] with K used each: read as one flat row of n_chunks * KP
     n_part = n_chunks * kp
     _finish_kernel[(rows,)](
         part, n_part, vocab, temperature, top_k, top_p, min_p, seeds, positions, purp, purpose_stride,
-        ids, probs, token,
+        ids, probs, token, counts, counts.stride(0), count_rows, pad_row if has_pad else 0,
         K=k, KP=kp, NP=triton.next_power_of_2(n_part), DRAW=draw, LIBDEVICE=not interpreting(), G=group,
-        num_warps=8, **exact, **pdl,
+        RECORD=record, HAS_PAD=has_pad, num_warps=8, **exact, **pdl,
     )  # fmt: skip
     return ids, probs, token if draw else None
 

@@ -140,6 +140,68 @@ def test_rows_sampler_expands_groups_for_a_sampler_without_the_keyword():
     _check(got, sample_rows(*_args(logits, expanded, 1), **rkw))
 
 
+def _record_case(g, device):
+    """A decode step's sampling: 5 rows, the last two padding rows (count row -1) sharing the pad
+    row, bf16 logits, penalties read from the counts the step then adds its tokens to."""
+    logits, params, kw = _case(g, 5, 300, torch.bfloat16, device, extra=False)
+    rows = kw["count_rows"].clone()
+    rows[3:] = -1
+    pad = kw["counts"].shape[0] - 1
+    return logits, params, kw["counts"], rows, pad
+
+
+def _old_step(logits, params, counts, rows, pad):
+    """What the decode step did before the sampler recorded: the pad row mapped, the sampler's
+    fp32 logits, then a scatter_add of ones and a copy."""
+    crow = torch.where(rows >= 0, rows, pad)
+    got = sample_rows(*_args(logits.float(), params, 1), counts=counts, count_rows=crow)
+    vocab = logits.shape[-1]
+    counts.view(-1).scatter_add_(0, crow * vocab + got[2], torch.ones_like(got[2], dtype=torch.float32))
+    return got
+
+
+def test_recording_the_draw_equals_the_old_step():
+    """pad_row + record + token_out (the captured decode step's whole tail in the sampler): the
+    same tokens and the same counts afterwards as mapping the pad rows, sampling the fp32 copy
+    of the logits, then scatter-adding the tokens, in the fused kernels and in the reference."""
+    g = torch.Generator().manual_seed(21)
+    logits, params, counts, rows, pad = _record_case(g, "cpu")
+    want_counts = counts.clone()
+    want = _old_step(logits, params, want_counts, rows, pad)
+    for fn in (fused_sample, sample_rows):
+        c = counts.clone()
+        out = torch.full((5,), -1, dtype=torch.int64)
+        extra = {"chunk": 64} if fn is fused_sample else {}
+        got = fn(*_args(logits, params, 1), counts=c, count_rows=rows, pad_row=pad, record=True, token_out=out, **extra)
+        _check(got, want)
+        assert got[2] is out and torch.equal(out, want[2])
+        assert torch.equal(c, want_counts), fn.__name__
+    with pytest.raises(ValueError, match="record needs"):
+        fused_sample(*_args(logits, params, 1)[:7], None, None, 0, counts=counts, count_rows=rows, record=True)
+    with pytest.raises(ValueError, match="token_out"):
+        fused_sample(*_args(logits, params, 1), token_out=torch.zeros(4, dtype=torch.int64))
+
+
+def test_rows_sampler_records_for_a_sampler_without_the_keywords():
+    from ninfer.sampling import rows_sampler
+
+    class Old:
+        def sample_rows(self, logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions,
+                        purpose, *, counts=None, count_rows=None, extra_ids=None, extra_len=None):  # fmt: skip
+            return sample_rows(logits, temperature, top_k, top_p, min_p, presence, frequency, seeds, positions,
+                               purpose, counts=counts, count_rows=count_rows, extra_ids=extra_ids, extra_len=extra_len)  # fmt: skip
+
+    g = torch.Generator().manual_seed(22)
+    logits, params, counts, rows, pad = _record_case(g, "cpu")
+    want_counts = counts.clone()
+    want = _old_step(logits, params, want_counts, rows, pad)
+    out = torch.zeros(5, dtype=torch.int64)
+    got = rows_sampler(Old())(*_args(logits, params, 1), counts=counts, count_rows=rows, pad_row=pad, record=True,
+                              token_out=out)  # fmt: skip
+    _check(got, want)
+    assert torch.equal(out, want[2]) and torch.equal(counts, want_counts)
+
+
 def test_uniform_is_counter_uniform_bit_for_bit():
     g = torch.Generator().manual_seed(3)
     seeds = torch.randint(-(2**63), 2**63 - 1, (7, 1), generator=g)
@@ -178,6 +240,14 @@ def test_fused_sample_matches_the_reference_on_the_gpu(rows):
         got = fused_sample(*_args(logits, params, 1), **kw)
         want = sample_rows(*_args(logits, params, 1), **kw)
         _check(got, want)
+    if rows == 8:  # the decode step's tail: padding rows, the draw recorded, tokens out
+        logits, params, counts, crow, pad = _record_case(g, "cuda")
+        want_counts = counts.clone()
+        want = _old_step(logits, params, want_counts, crow, pad)
+        out = torch.zeros(5, dtype=torch.int64, device="cuda")
+        _check(fused_sample(*_args(logits, params, 1), counts=counts, count_rows=crow, pad_row=pad, record=True,
+                            token_out=out), want)  # fmt: skip
+        assert torch.equal(counts, want_counts)
     if rows in (4, 8):  # a round's columns: parameters per sequence of 4
         logits, grouped, gkw, expanded, rkw = _grouped_case(g, rows // 4, 4, vocab, "cuda")
         _check(fused_sample(*_args(logits, grouped, 1), group=4, **gkw), sample_rows(*_args(logits, expanded, 1), **rkw))

@@ -176,6 +176,37 @@ def test_reference_decode_step_reads_only_in_the_reference_cores(dense, tok):
     assert not outside, "host reads in the decode step's own code:\n" + _report(outside)
 
 
+@pytest.mark.parametrize("tail", ["in the sampler", "torch ops"])
+def test_graph_decode_steps_give_the_eager_steps_tokens(dense, tok, tail, monkeypatch):
+    """GraphDecoder's step (the sampler counts its tokens into the history and writes them out
+    itself; NINFER_STEP_TAIL=0: torch ops after it) against the engine's eager decode steps: the
+    same tokens for a greedy request and one sampled with strong penalties, batched, finishing at
+    different lengths."""
+    monkeypatch.setenv("NINFER_STEP_TAIL", "1" if tail == "in the sampler" else "0")
+
+    def run(graph: bool) -> list[list[int]]:
+        eng = make_engine(dense, tok, max_batch=2, max_context=64)
+        if graph:
+            decoder = GraphDecoder(dense, eng.runner.cache, 2)
+            decoder.buckets = [1, 2]
+            watched = WatchedGraphs()
+            decoder.capture = watched.capture
+            decoder.graphs, decoder.failed = watched.graphs, watched.failed
+            eng.runner.graphs = decoder
+        ids = [eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=6)),
+               eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=10, **{
+                   **SAMPLED, "presence_penalty": 2.0, "frequency_penalty": 2.0, "top_k": 3}))]  # fmt: skip
+        got = {i: [] for i in ids}
+        while eng.has_unfinished():
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+        if graph:
+            assert watched.replays, "no graph step ran"
+        return [got[i] for i in ids]
+
+    assert run(True) == run(False)
+
+
 # --- the fused path a GPU captures (interpreted) ------------------------------------------------
 
 
