@@ -38,6 +38,17 @@
 set -u
 . "$(dirname "$0")/device_env.sh"
 
+# the 27B MTP round (bench/dense_27b.py's short K = 3 case) under each environment given, in order:
+# rounds SECONDS "ENV..." ... (an ENV of "X=1" is the tree as committed); needs t0
+rounds() {
+  local limit=$1 e
+  shift
+  for e in "$@"; do
+    env $e timeout "$limit" python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+    echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+  done
+}
+
 case "${1:-}" in
   tests|tests-a|tests-b)
     # everything in one call (a cold machine needs more than the 600 s a call may take: 391 of ~430
@@ -137,16 +148,13 @@ case "${1:-}" in
     timeout 100 python3 bench/tc_tune.py --out "$OUT/down" --budget-s 80 --rank-m 4 --pairs "q5_g64:27b.down_proj" \
       --cands "8:0:4:6:2,8:0:4:4:2,8:0:4:8:2,17:0:4:6:2,4:0:4:6:2" > "$OUT/down.txt" 2>&1
     echo "down rc=$? $(( $(date +%s) - t0 )) s"; grep -E "M=4:|^q5" "$OUT/down.txt" | cut -c1-400
-    for e in "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1" "NINFER_MTP_SEED_ROWS=0"; do
-      env $e timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
-      echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
-    done
+    rounds 100 "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1" "NINFER_MTP_SEED_ROWS=0"
     ;;
   commit)
-    # the eleventh session's first call: the GPU tests of what the tenth left untested on a GPU (the
-    # commit kernel, the forced verify split, the drafting's rmsnorm_pair and argmax_rows), the commit alone (torch form against the kernel), then
-    # the MTP round as committed / NINFER_GDN_COMMIT=0 / NINFER_GDN_VERIFY_BV=16:2 with and without
-    # NINFER_GDN_AHEAD=1 (BV 16, 2 warps with the inputs ahead won alone: 18.11 against 19.25 us a layer)
+    # the next session's first call: the GPU tests of what the last two sessions left untested on a
+    # GPU (the commit kernel, the forced verify split, the drafting's rmsnorm_pair and argmax_rows,
+    # the round's bookkeeping kernels, the sampler's new keywords), the commit alone (torch form
+    # against the kernel), then the MTP round as committed / NINFER_GDN_COMMIT=0 / NINFER_ROUND_IO=0
     t0=$(date +%s)
     timeout 240 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
       tests/core/kernels/test_triton_argmax.py tests/core/kernels/test_triton_norms_pair.py tests/plugins/spec_mtp \
@@ -157,12 +165,9 @@ case "${1:-}" in
       > "$OUT/t2.txt" 2>&1
     echo "batched rounds, decode_meta (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
     timeout 60 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
-    # NINFER_ROUND_IO=0: the round's bookkeeping as torch ops again (the eleventh session's
-    # spec_round kernels and grouped sampling parameters: 18 launches fewer a round)
-    for e in "X=1" "NINFER_GDN_COMMIT=0" "NINFER_ROUND_IO=0" "X=1"; do
-      env $e timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
-      echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
-    done
+    # NINFER_ROUND_IO=0: the round's bookkeeping as torch ops again (spec_round's two kernels: 17
+    # launches fewer a round with the grouped sampling parameters, which stay)
+    rounds 150 "X=1" "NINFER_GDN_COMMIT=0" "NINFER_ROUND_IO=0" "X=1"
     ;;
   tail)
     # the decode step's tail inside the sampler (default) against NINFER_STEP_TAIL=0, alternated, both models
@@ -183,10 +188,7 @@ case "${1:-}" in
     # the verify split with 16 v rows and 2 warps, without and with the conv inputs ahead, between two
     # runs as committed
     t0=$(date +%s)
-    for e in "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"; do
-      env $e timeout 150 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
-      echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
-    done
+    rounds 150 "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"
     ;;
   second)
     # the tenth session's second call: the late trigger (now the default) on the plain step with every
@@ -196,8 +198,7 @@ case "${1:-}" in
     for e in "X=1" "NINFER_TCD=1" "NINFER_TCD=1 NINFER_TC_LATE=0"; do
       env $e timeout 100 $B > "$OUT/b.txt" 2>&1; echo "27B plain, $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
     done
-    NINFER_TCD=1 timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
-    echo "MTP round, NINFER_TCD=1 rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
+    rounds 100 "NINFER_TCD=1"
     timeout 300 python3 bench/h2_tune.py --out "$OUT" --budget-s 240 --m4-all \
       --pairs "q6_g64:27b.lm_head,q8_g32:27b.mtp.qkv_merged,q8_g32:27b.mtp.fc" > "$OUT/tune.txt" 2>&1
     echo "tune rc=$? $(( $(date +%s) - t0 )) s"; tail -8 "$OUT/tune.txt"
@@ -208,6 +209,7 @@ case "${1:-}" in
     echo "tune rc=$?"; tail -8 "$OUT/tune.txt"
     ;;
   late)
+    t0=$(date +%s)
     timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_int/test_gemv_tc.py -k direct_graph_replay > "$OUT/t.txt" 2>&1
     echo "tests rc=$?"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
     B="ninfer bench --model qwen3.6-27b --random-weights --quant int4 --prompt-len 8192 --gen-len 64"
@@ -218,10 +220,7 @@ case "${1:-}" in
     echo "gdn tests rc=$?"; tail -1 "$OUT/t2.txt"
     timeout 90 python3 bench/gdn_columns.py --variants 128:4,32:4,32:4:n,16:2:n > "$OUT/gdn.txt" 2>&1
     echo "gdn_columns rc=$?"; grep -E "columns|MISMATCH" "$OUT/gdn.txt"
-    for e in "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"; do
-      env $e timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
-      echo "MTP round, $e rc=$?: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
-    done
+    rounds 100 "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"
     ;;
   *)
     echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4|commit" >&2
