@@ -22,13 +22,12 @@
 #                                      # ranked again, the MTP round as is / NINFER_TC_LATE=1 / NINFER_GDN_SPLIT_NORM=1 /
 #                                      # NINFER_MTP_SEED_ROWS=0 (the alignment's MLP over every column, as before)
 #   bash bench/next_session.sh commit  # the next session's first call: GPU tests of the commit kernel, the forced
-#                                      # verify split, the round's bookkeeping kernels and grouped sampling,
-#                                      # bench/commit_bench.py, the MTP round as committed / with the torch commit /
-#                                      # with the torch bookkeeping (NINFER_ROUND_IO=0) / as committed (~8 min)
-#   bash bench/next_session.sh commit2 # the MTP round as committed / BV 16 w2 / BV 16 w2 + conv inputs ahead /
-#                                      # as committed (~5 min)
-#   bash bench/next_session.sh tail    # the plain step's tail in the sampler against NINFER_STEP_TAIL=0, alternated
-#                                      # twice, 35B-A3B and 27B int4 (~6 min)
+#                                      # verify split, the round's bookkeeping kernels and the sampler's new keywords,
+#                                      # bench/commit_bench.py, the MTP round as committed / with the torch commit
+#   bash bench/next_session.sh commit2 # the MTP round with the torch bookkeeping (NINFER_ROUND_IO=0) / as committed /
+#                                      # BV 16 w2 / BV 16 w2 + conv inputs ahead
+#   bash bench/next_session.sh tail [35b|27b]  # the plain step's tail in the sampler against NINFER_STEP_TAIL=0,
+#                                      # alternated twice, one model a call
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
@@ -154,30 +153,29 @@ case "${1:-}" in
     # the next session's first call: the GPU tests of what the last two sessions left untested on a
     # GPU (the commit kernel, the forced verify split, the drafting's rmsnorm_pair and argmax_rows,
     # the round's bookkeeping kernels, the sampler's new keywords), the commit alone (torch form
-    # against the kernel), then the MTP round as committed / NINFER_GDN_COMMIT=0 / NINFER_ROUND_IO=0
+    # against the kernel), then the MTP round as committed / NINFER_GDN_COMMIT=0 (worst case 570 s;
+    # `commit2` goes on from there)
     t0=$(date +%s)
-    timeout 240 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
+    timeout 200 python3 -m pytest -q -rf -m gpu -n 4 tests/core/kernels/test_triton_commit.py tests/core/kernels/test_triton_gdn.py \
       tests/core/kernels/test_triton_argmax.py tests/core/kernels/test_triton_norms_pair.py tests/plugins/spec_mtp \
       tests/core/kernels/test_triton_spec_round.py tests/core/kernels/test_triton_sample.py \
       > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
-    timeout 60 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py tests/plugins/cuda_fast/test_decode_meta.py \
+    timeout 50 python3 -m pytest -q -rf tests/plugins/spec_mtp/test_batched_rounds.py tests/plugins/cuda_fast/test_decode_meta.py \
       > "$OUT/t2.txt" 2>&1
     echo "batched rounds, decode_meta (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
-    timeout 60 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
-    # NINFER_ROUND_IO=0: the round's bookkeeping as torch ops again (spec_round's two kernels: 17
-    # launches fewer a round with the grouped sampling parameters, which stay)
-    rounds 150 "X=1" "NINFER_GDN_COMMIT=0" "NINFER_ROUND_IO=0" "X=1"
+    timeout 40 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
+    rounds 140 "X=1" "NINFER_GDN_COMMIT=0"
     ;;
   tail)
-    # the decode step's tail inside the sampler (default) against NINFER_STEP_TAIL=0, alternated, both models
+    # the decode step's tail inside the sampler (default) against NINFER_STEP_TAIL=0, alternated twice;
+    # `tail 35b` (default) or `tail 27b`, one model a call (worst case 560 s)
     t0=$(date +%s)
-    for model in qwen3.6-35b-a3b qwen3.6-27b; do
-      for e in "X=1" "NINFER_STEP_TAIL=0" "X=1" "NINFER_STEP_TAIL=0"; do
-        env $e timeout 150 ninfer bench --model $model --random-weights --quant int4 --prompt-len 8192 --gen-len 64 \
-          > "$OUT/b.txt" 2>&1
-        echo "$model $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
-      done
+    case "${2:-35b}" in 27b) model=qwen3.6-27b ;; *) model=qwen3.6-35b-a3b ;; esac
+    for e in "X=1" "NINFER_STEP_TAIL=0" "X=1" "NINFER_STEP_TAIL=0"; do
+      env $e timeout 140 ninfer bench --model $model --random-weights --quant int4 --prompt-len 8192 --gen-len 64 \
+        > "$OUT/b.txt" 2>&1
+      echo "$model $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
     done
     ;;
   ceiling)
@@ -185,10 +183,11 @@ case "${1:-}" in
     echo "read_ceiling rc=$?"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
     ;;
   commit2)
-    # the verify split with 16 v rows and 2 warps, without and with the conv inputs ahead, between two
-    # runs as committed
+    # NINFER_ROUND_IO=0 (the round's bookkeeping as torch ops again: spec_round's two kernels, 17
+    # launches a round with the grouped sampling parameters, which stay), as committed, then the verify
+    # split with 16 v rows and 2 warps without and with the conv inputs ahead (worst case 560 s)
     t0=$(date +%s)
-    rounds 150 "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" "X=1"
+    rounds 140 "NINFER_ROUND_IO=0" "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1"
     ;;
   second)
     # the tenth session's second call: the late trigger (now the default) on the plain step with every
@@ -223,7 +222,7 @@ case "${1:-}" in
     rounds 100 "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4|commit" >&2
+    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4|commit|commit2|tail [27b|35b]|ceiling" >&2
     exit 2
     ;;
 esac

@@ -83,6 +83,16 @@ def rows_sampler(sampler: object | None):
 
     def around(logits, *args, group: int = 1, pad_row: int | None = None, record: bool = False,
                token_out: torch.Tensor | None = None, **kwargs):  # fmt: skip
+        rows = logits.shape[0]
+        if len(args) < len(_GROUPED) + 3:
+            raise ValueError("sample_rows takes logits, the six parameters, seeds, positions and purpose positionally")
+        draw = args[len(_GROUPED)] is not None
+        if group < 1 or rows % group:
+            raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
+        if record and not (draw and kwargs.get("counts") is not None and kwargs.get("count_rows") is not None):
+            raise ValueError("record needs seeds (a draw) and counts with count_rows")
+        if token_out is not None and not draw:
+            raise ValueError("token_out needs seeds (a draw)")
         if group != 1:
             named = {name: t.repeat_interleave(group, 0) for name, t in zip(_GROUPED, args[: len(_GROUPED)])}
             args = (*named.values(), *args[len(_GROUPED):])
@@ -91,7 +101,8 @@ def rows_sampler(sampler: object | None):
                     kwargs[name] = kwargs[name].repeat_interleave(group, 0)
         if pad_row is not None and kwargs.get("count_rows") is not None:
             kwargs["count_rows"] = torch.where(kwargs["count_rows"] < 0, pad_row, kwargs["count_rows"])
-        ids, probs, token = fn(logits, *args, **kwargs)
+        # a sampler written before the keywords got fp32 logits; captured steps now pass the model's dtype
+        ids, probs, token = fn(logits.float(), *args, **kwargs)
         if record:
             counts, vocab = kwargs["counts"], logits.shape[-1]
             counts.view(-1).scatter_add_(0, kwargs["count_rows"] * vocab + token, torch.ones_like(token, dtype=counts.dtype))

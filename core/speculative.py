@@ -573,7 +573,7 @@ class SpeculativeRound:
         # the new drafts into the slots' table, the kept tokens and `accepted` out, and the next
         # round's anchor (this round's last token) and start (past the kept tokens), for a round
         # launched ahead (`_launch` copies them into the inputs before its replay)
-        if self._fused_io and new.dtype == torch.int64 and new.device == self.drafts.device:
+        if self._fused_io and all(t.dtype == torch.int64 and t.device == self.drafts.device for t in (new, kept, accepted)):
             from ninfer.kernels.triton.spec_round import round_outputs
 
             round_outputs(kept.contiguous(), accepted, new, slots, starts, self.drafts, self.out, self.next_in)

@@ -5,9 +5,10 @@ positions, each row's slot) are four launches, and its last lines (the new draft
 slots' table, the kept tokens and the accepted count copied out, the next round's anchor and
 start) are eight: gathers, copies and adds of a few int64 each, every one a launch inside the
 round's CUDA graph and a break in the programmatic-dependent-launch chain of the Triton kernels
-around it. Here each end is one program per sequence. The torch forms stay in
-`ninfer.speculative` (`SpeculativeRound._round_inputs` / `_round_outputs`) as the CPU path and
-the tests' oracle; the results are the same integers.
+around it. Here each end is one program per sequence. The torch forms stay inline in
+`ninfer.speculative` (`SpeculativeRound._verify`'s first lines, `_round_step`'s last) as the CPU
+path and NINFER_ROUND_IO=0's; tests/core/kernels/test_triton_spec_round.py checks the kernels
+against the same ops. The results are the same integers.
 """
 
 from __future__ import annotations

@@ -200,6 +200,13 @@ def test_rows_sampler_records_for_a_sampler_without_the_keywords():
                               token_out=out)  # fmt: skip
     _check(got, want)
     assert torch.equal(out, want[2]) and torch.equal(counts, want_counts)
+    wrapped = rows_sampler(Old())
+    with pytest.raises(ValueError, match="group"):
+        wrapped(*_args(logits, params, 1), group=2)
+    with pytest.raises(ValueError, match="record needs"):
+        wrapped(*_args(logits, params, 1), record=True)
+    with pytest.raises(ValueError, match="token_out"):
+        wrapped(*_args(logits, params, 1)[:7], None, None, 0, token_out=out)
 
 
 def test_uniform_is_counter_uniform_bit_for_bit():

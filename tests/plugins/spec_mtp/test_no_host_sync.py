@@ -176,18 +176,21 @@ def test_reference_decode_step_reads_only_in_the_reference_cores(dense, tok):
     assert not outside, "host reads in the decode step's own code:\n" + _report(outside)
 
 
-@pytest.mark.parametrize("tail", ["in the sampler", "torch ops"])
-def test_graph_decode_steps_give_the_eager_steps_tokens(dense, tok, tail, monkeypatch):
+@pytest.mark.parametrize("tail,sampler", [("in the sampler", "reference"), ("in the sampler", "fused"),
+                                          ("torch ops", "reference")])
+def test_graph_decode_steps_give_the_eager_steps_tokens(dense, tok, tail, sampler, monkeypatch):
     """GraphDecoder's step (the sampler counts its tokens into the history and writes them out
-    itself; NINFER_STEP_TAIL=0: torch ops after it) against the engine's eager decode steps: the
-    same tokens for a greedy request and one sampled with strong penalties, batched, finishing at
-    different lengths."""
+    itself, in torch or in the fused sampler's kernels, interpreted; NINFER_STEP_TAIL=0: torch ops
+    after it) against the engine's eager decode steps: the same tokens for a greedy request and
+    one sampled with strong penalties, batched, finishing at different lengths."""
+    from ninfer_plugins.cuda_fast.sampler import TritonSampler
+
     monkeypatch.setenv("NINFER_STEP_TAIL", "1" if tail == "in the sampler" else "0")
 
     def run(graph: bool) -> list[list[int]]:
         eng = make_engine(dense, tok, max_batch=2, max_context=64)
         if graph:
-            decoder = GraphDecoder(dense, eng.runner.cache, 2)
+            decoder = GraphDecoder(dense, eng.runner.cache, 2, sampler=TritonSampler() if sampler == "fused" else None)
             decoder.buckets = [1, 2]
             watched = WatchedGraphs()
             decoder.capture = watched.capture
@@ -334,13 +337,13 @@ def test_decode_steps_launched_ahead_through_the_graph_decoder(fused, tok, monke
             return wait
 
         decoder.launch = counting
-        a = eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=5))
+        a = eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=9))
         got = {a: []}
         for _ in range(3):
             for o in eng.step():
                 got[o.request_id] += o.new_token_ids
         # strong penalties over a longer run: the history a step sees decides its token
-        b = eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=8, **{
+        b = eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=14, **{
             **SAMPLED, "temperature": 0.2, "presence_penalty": 2.0, "frequency_penalty": 2.0, "top_k": 2}))
         got[b] = []
         while eng.has_unfinished():
@@ -351,4 +354,4 @@ def test_decode_steps_launched_ahead_through_the_graph_decoder(fused, tok, monke
     plain, none = run(False)
     ahead, launched = run(True)
     assert none == 0 and launched > 0
-    assert ahead == plain and [len(t) for t in plain] == [5, 8]
+    assert ahead == plain and [len(t) for t in plain] == [9, 14]
