@@ -242,12 +242,15 @@ def test_round_bookkeeping_kernels_and_grouped_sampling_keep_the_tokens(fused, t
         eng = LLMEngine(fused, ref.runner.cache, sampler, tok, max_context=64, prefill_chunk=1024, max_batch=2,
                         speculator=ref.speculative.drafter)  # fmt: skip
         assert eng.speculative.batched and eng.speculative._fused_io == fused_io
-        ids = [eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=4)),
-               eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=5, **SAMPLED))]  # fmt: skip
+        calls, step = [], eng.speculative._round_step
+        eng.speculative._round_step = lambda *a: calls.append(a) or step(*a)
+        ids = [eng.add_request(prompt_ids(6, seed=1), params(max_new_tokens=3)),
+               eng.add_request(prompt_ids(5, seed=2), params(max_new_tokens=4, **SAMPLED))]  # fmt: skip
         got = {i: [] for i in ids}
         while eng.has_unfinished():
             for o in eng.step():
                 got[o.request_id] += o.new_token_ids
+        assert calls, "no batched round ran"
         return [got[i] for i in ids]
 
     assert run(True) == run(False)
