@@ -33,7 +33,7 @@ import structlog
 import torch
 
 from ninfer.kernels.sampling import _i64
-from ninfer.sampling import Purpose, rows_sampler
+from ninfer.sampling import Purpose, pad_count_rows, record_drawn, rows_sampler, sampling_logits
 
 log = structlog.get_logger("ninfer.graphs")
 
@@ -146,22 +146,17 @@ class GraphDecoder:
         slots = i[_SLOTS]
         hidden = self.model.decode(i[_IDS], self.cache, slots, i[_POS])
         if not self.tail_in_sampler:
-            logits = self.model.compute_logits(hidden)
-            rows = torch.where(slots >= 0, slots, self.pad_row)
+            rows = pad_count_rows(slots, self.pad_row)
             _, _, token = self.sample_rows(
-                logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY],
-                i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=rows,
+                self.model.compute_logits(hidden), f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE],
+                f[_FREQUENCY], i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=rows,
             )  # fmt: skip
-            self.counts.view(-1).scatter_add_(0, rows * self.vocab + token, torch.ones_like(token, dtype=torch.float32))
-            self.tokens[:b].copy_(token)
+            record_drawn(token, self.counts, rows, True, self.tokens[:b])
             return
-        # the head's logits in the model's dtype where it gives them (the samplers compute in fp32
-        # from there, exactly as from an fp32 copy)
-        logits = getattr(self.model, "head_logits", self.model.compute_logits)(hidden)
         # the sampler also counts each token into its slot's history (padding rows, slot -1, all
         # into the pad row, with atomic adds) and writes the tokens out: no launches after it
         self.sample_rows(
-            logits, f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY],
+            sampling_logits(self.model, hidden), f[_TEMP], i[_TOP_K], f[_TOP_P], f[_MIN_P], f[_PRESENCE], f[_FREQUENCY],
             i[_SEEDS], i[_SAMPLE_POS], int(Purpose.DECODE), counts=self.counts, count_rows=slots,
             pad_row=self.pad_row, record=True, token_out=self.tokens[:b],
         )  # fmt: skip

@@ -65,6 +65,48 @@ _GROUPED = ("temperature", "top_k", "top_p", "min_p", "presence", "frequency")
 _LATER_KEYWORDS = ("group", "pad_row", "record", "token_out")
 
 
+# --- the later keywords' meaning, shared by the reference, the fused sampler and `rows_sampler` ----
+
+
+def check_later_keywords(rows: int, group: int, draw: bool, has_counts: bool, record: bool,
+                         token_out: torch.Tensor | None) -> None:  # fmt: skip
+    """The checks every `sample_rows` makes of group, record and token_out."""
+    if group < 1 or rows % group:
+        raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
+    if record and not (draw and has_counts):
+        raise ValueError("record needs seeds (a draw) and counts with count_rows")
+    if token_out is not None and not draw:
+        raise ValueError("token_out needs seeds (a draw)")
+
+
+def each_row(t: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """A per-sequence tensor (entry r // group serves row r) given row by row."""
+    return t if t is None or group == 1 else t.repeat_interleave(group, 0)
+
+
+def pad_count_rows(count_rows: torch.Tensor, pad_row: int | None) -> torch.Tensor:
+    """Count rows < 0 (a captured step's padding rows) read `pad_row`."""
+    return count_rows if pad_row is None else torch.where(count_rows < 0, pad_row, count_rows)
+
+
+def sampling_logits(model: object, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits a captured step samples from: the head's, in the model's dtype where the model
+    gives them (`head_logits`; every sampler computes in fp32 from there, exactly as from an fp32
+    copy), else `compute_logits`'."""
+    return getattr(model, "head_logits", model.compute_logits)(hidden)
+
+
+def record_drawn(token: torch.Tensor, counts: torch.Tensor | None, count_rows: torch.Tensor | None, record: bool,
+                 token_out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """After a draw: each token added to its counts row when `record` (atomic adds: no sort, no
+    host sync, padding rows may share one row), the tokens written to `token_out` when given.
+    Returns the tokens (token_out itself when given)."""
+    if record:
+        vocab = counts.shape[-1]
+        counts.view(-1).scatter_add_(0, count_rows * vocab + token, torch.ones_like(token, dtype=counts.dtype))
+    return token if token_out is None else token_out.copy_(token)
+
+
 def rows_sampler(sampler: object | None):
     """The `sample_rows` a captured step uses: the sampler's own, else the reference's. A
     sampler's own without the later keywords (`_LATER_KEYWORDS`) gets them done around its call:
@@ -83,31 +125,18 @@ def rows_sampler(sampler: object | None):
 
     def around(logits, *args, group: int = 1, pad_row: int | None = None, record: bool = False,
                token_out: torch.Tensor | None = None, **kwargs):  # fmt: skip
-        rows = logits.shape[0]
         if len(args) < len(_GROUPED) + 3:
             raise ValueError("sample_rows takes logits, the six parameters, seeds, positions and purpose positionally")
         draw = args[len(_GROUPED)] is not None
-        if group < 1 or rows % group:
-            raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
-        if record and not (draw and kwargs.get("counts") is not None and kwargs.get("count_rows") is not None):
-            raise ValueError("record needs seeds (a draw) and counts with count_rows")
-        if token_out is not None and not draw:
-            raise ValueError("token_out needs seeds (a draw)")
-        if group != 1:
-            named = {name: t.repeat_interleave(group, 0) for name, t in zip(_GROUPED, args[: len(_GROUPED)])}
-            args = (*named.values(), *args[len(_GROUPED):])
-            for name in ("count_rows", "extra_ids"):
-                if kwargs.get(name) is not None:
-                    kwargs[name] = kwargs[name].repeat_interleave(group, 0)
-        if pad_row is not None and kwargs.get("count_rows") is not None:
-            kwargs["count_rows"] = torch.where(kwargs["count_rows"] < 0, pad_row, kwargs["count_rows"])
+        counts, count_rows = kwargs.get("counts"), kwargs.get("count_rows")
+        check_later_keywords(logits.shape[0], group, draw, counts is not None and count_rows is not None, record,
+                             token_out)  # fmt: skip
+        args = (*(each_row(t, group) for t in args[: len(_GROUPED)]), *args[len(_GROUPED):])
+        if count_rows is not None:
+            kwargs["count_rows"] = count_rows = pad_count_rows(each_row(count_rows, group), pad_row)
+        kwargs["extra_ids"] = each_row(kwargs.get("extra_ids"), group)
         # a sampler written before the keywords got fp32 logits; captured steps now pass the model's dtype
         ids, probs, token = fn(logits.float(), *args, **kwargs)
-        if record:
-            counts, vocab = kwargs["counts"], logits.shape[-1]
-            counts.view(-1).scatter_add_(0, kwargs["count_rows"] * vocab + token, torch.ones_like(token, dtype=counts.dtype))
-        if token_out is not None:
-            token = token_out.copy_(token)
-        return ids, probs, token
+        return ids, probs, token if token is None else record_drawn(token, counts, count_rows, record, token_out)
 
     return around

@@ -71,7 +71,7 @@ from ninfer.kernels.sampling import (
     uniforms,
 )
 from ninfer.request import Request
-from ninfer.sampling import Purpose, rows_sampler
+from ninfer.sampling import Purpose, rows_sampler, sampling_logits
 
 # rows of the int64 and float32 input buffers of a batched round (one column per sequence); the
 # float rows are ninfer.graphs.sampling_columns' order
@@ -172,9 +172,8 @@ class SpeculativeRound:
         self._col_rep = self._col.repeat(n)
         self._row0 = torch.arange(n, device=dev) * m
         # the round's first and last bookkeeping as one Triton launch each (`spec_round`) where the
-        # model runs the fused kernels; NINFER_ROUND_IO=0 keeps the torch ops (A/B)
-        fused = getattr(getattr(self.model, "full_backend", None), "fused_dtypes", ())
-        self._fused_io = self.model.dtype in fused and os.environ.get("NINFER_ROUND_IO", "1") != "0"
+        # model's decode is fit for a graph (its fused kernels); NINFER_ROUND_IO=0 keeps the torch ops (A/B)
+        self._fused_io = getattr(self.model, "graph_decode", False) and os.environ.get("NINFER_ROUND_IO", "1") != "0"
         # rounds launched one ahead (on unless NINFER_SPEC_AHEAD=0): the round in flight, rows of rounds whose
         # batch changed (by request id), and two host buffers for the results (a round launched
         # ahead copies its results while the one before it is read)
@@ -530,8 +529,7 @@ class SpeculativeRound:
             pos = starts[:, None] + self._col
             rows = slots[:, None].expand(b, self.k + 1).reshape(-1)
         hidden = self.verifier.forward(ids.reshape(-1), rows, pos.reshape(-1), slots, verify_len)
-        # the model's dtype where the head gives it: the samplers compute in fp32 from there
-        return drafts, ids, pos, rows, hidden, getattr(self.model, "head_logits", self.model.compute_logits)(hidden)
+        return drafts, ids, pos, rows, hidden, sampling_logits(self.model, hidden)
 
     def _round_step(self, b: int, verify_len: int | None, draft_len: int | None) -> None:
         """One round of the first b sequences of the input buffers, tensor ops only (see BATCHED

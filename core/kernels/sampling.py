@@ -34,7 +34,7 @@ import torch
 
 from ninfer.config import TOP_K_CAP, SamplingParams
 from ninfer.device import ANYWHERE
-from ninfer.sampling import Purpose
+from ninfer.sampling import Purpose, check_later_keywords, each_row, pad_count_rows, record_drawn
 
 # ---------------------------------------------------------------------------- counter RNG
 
@@ -233,27 +233,16 @@ def sample_rows(
     drawn token is added to its row's counts after the draw (a decode step's history).
     `token_out` [R] int64: the tokens are written there and returned. Tensor ops only. This is
     the reference; `ninfer.kernels.triton.sample.fused_sample` computes the same in two launches."""
-    if record and (seeds is None or counts is None or count_rows is None):
-        raise ValueError("record needs seeds (a draw) and counts with count_rows")
-    if token_out is not None and seeds is None:
-        raise ValueError("token_out needs seeds (a draw)")
-    if group != 1:
-        rows = logits.shape[0]
-        if group < 1 or rows % group:
-            raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
-
-        def each_row(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.repeat_interleave(group, 0)
-
-        temperature, top_k, top_p, min_p, presence, frequency, count_rows, extra_ids = map(
-            each_row, (temperature, top_k, top_p, min_p, presence, frequency, count_rows, extra_ids)
-        )
+    check_later_keywords(logits.shape[0], group, seeds is not None, counts is not None and count_rows is not None,
+                         record, token_out)  # fmt: skip
+    temperature, top_k, top_p, min_p, presence, frequency, count_rows, extra_ids = (
+        each_row(t, group) for t in (temperature, top_k, top_p, min_p, presence, frequency, count_rows, extra_ids)
+    )
     rows_counts = None
     if counts is not None:
         if count_rows is None:
             raise ValueError("counts need count_rows (the counts row of each logits row)")
-        if pad_row is not None:
-            count_rows = torch.where(count_rows < 0, pad_row, count_rows)
+        count_rows = pad_count_rows(count_rows, pad_row)
         rows_counts = counts.index_select(0, count_rows)
         if extra_ids is not None:
             if extra_len is None:
@@ -263,13 +252,8 @@ def sample_rows(
     ids, probs = process(logits, temperature, top_k, top_p, min_p, presence, frequency, rows_counts)
     if seeds is None:
         return ids, probs, None
-    vocab = logits.shape[-1]
-    token = draw_candidates(ids, probs, vocab, counter_uniform(seeds, positions, purpose))
-    if record:  # atomic adds: no sort, no host sync (padding rows may share one row)
-        counts.view(-1).scatter_add_(0, count_rows * vocab + token, torch.ones_like(token, dtype=counts.dtype))
-    if token_out is not None:
-        token = token_out.copy_(token)
-    return ids, probs, token
+    token = draw_candidates(ids, probs, logits.shape[-1], counter_uniform(seeds, positions, purpose))
+    return ids, probs, record_drawn(token, counts, count_rows, record, token_out)
 
 
 def draw_candidates(ids: torch.Tensor, probs: torch.Tensor, vocab: int, u: torch.Tensor) -> torch.Tensor:

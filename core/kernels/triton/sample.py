@@ -28,6 +28,7 @@ from triton.language.extra import libdevice
 
 from ninfer.config import TOP_K_CAP
 from ninfer.kernels.triton.launch import interpreting, lasting, pdl_kwargs, pdl_prologue
+from ninfer.sampling import check_later_keywords
 
 # the smallest int64: below every real key (the smallest real one, -inf's, is about -2^63 + 2^55)
 _NONE = tl.constexpr(-(2**63))
@@ -217,8 +218,8 @@ def fused_sample(
         raise ValueError(f"chunk must be a power of two >= 32, got {chunk}")
     k = min(TOP_K_CAP, vocab)
     f32, i64 = torch.float32, torch.int64
-    if group < 1 or rows % group:
-        raise ValueError(f"group must be >= 1 and divide the {rows} rows, got {group}")
+    check_later_keywords(rows, group, seeds is not None, counts is not None and count_rows is not None, record,
+                         token_out)  # fmt: skip
     groups = rows // group
     temperature = _row_param(temperature, groups, "temperature", f32, dev)
     top_k = _row_param(top_k, groups, "top_k", i64, dev)
@@ -259,13 +260,9 @@ def fused_sample(
         n_extra = extra_ids.shape[1]
     else:
         extra_ids, extra_len, n_extra = top_k, top_k, 0  # unread
-    if record and not (draw and has_counts):
-        raise ValueError("record needs seeds (a draw) and counts with count_rows")
-    if token_out is not None:
-        if token_out.shape != (rows,) or token_out.dtype != i64 or token_out.device != dev or token_out.stride(0) != 1:
-            raise ValueError(f"token_out must be a unit-stride int64 [{rows}] tensor on {dev}")
-        if not draw:
-            raise ValueError("token_out needs seeds (a draw)")
+    if token_out is not None and (token_out.shape != (rows,) or token_out.dtype != i64 or token_out.device != dev
+                                  or token_out.stride(0) != 1):
+        raise ValueError(f"token_out must be a unit-stride int64 [{rows}] tensor on {dev}")
     ids = torch.empty(rows, k, dtype=i64, device=dev)
     probs = torch.empty(rows, k, dtype=f32, device=dev)
     token = token_out if token_out is not None else torch.empty(rows, dtype=i64, device=dev)
