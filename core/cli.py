@@ -34,7 +34,7 @@ def _model_args(p: argparse.ArgumentParser, *, prompt_free: bool = False) -> Non
     g.add_argument("--weights", help="where the weights of a registered id are (else $NINFER_MODELS/<id>, then the HF cache)")
     g.add_argument("--quant", default="auto", choices=("bf16", "int4", "int8", "nvfp4", "auto"))
     g.add_argument("--spec", default="none", choices=("none", "mtp", "dflash"))
-    g.add_argument("--draft-tokens", type=int, default=3, metavar="K")
+    g.add_argument("--draft-tokens", type=int, default=None, metavar="K", help="drafts a round (default 3; needs --spec)")
     g.add_argument("--lm-head-draft", action="store_true", help="draft with the shortlist head")
     g.add_argument("--max-context", type=int, default=None, metavar="N", help="tokens per sequence (default 4096)")
     g.add_argument("--prefill-chunk", type=int, default=1024, metavar="N")
@@ -154,9 +154,9 @@ def engine_config(args: argparse.Namespace, *, max_batch: int = 1, default_conte
         weights=args.weights,
         quant=args.quant,
         spec=args.spec,
-        draft_tokens=args.draft_tokens,
+        draft_tokens=_draft_tokens(args),
         lm_head_draft=args.lm_head_draft,
-        max_context=args.max_context or default_context,
+        max_context=default_context if args.max_context is None else args.max_context,
         prefill_chunk=args.prefill_chunk,
         kv_dtype=args.kv_dtype,
         device=args.device,
@@ -165,6 +165,15 @@ def engine_config(args: argparse.Namespace, *, max_batch: int = 1, default_conte
         max_batch=max_batch,
         random_weights=getattr(args, "random_weights", False),
     )
+
+
+def _draft_tokens(args: argparse.Namespace) -> int:
+    k = getattr(args, "draft_tokens", None)
+    if k is None:
+        return 3
+    if getattr(args, "spec", "none") == "none":
+        raise UserError(f"--draft-tokens {k} drafts for a speculator: add --spec mtp (or --spec dflash).", param="draft_tokens")
+    return k
 
 
 def sampling_params(args: argparse.Namespace, spec: Any, thinking: bool) -> Any:
@@ -178,6 +187,9 @@ def sampling_params(args: argparse.Namespace, spec: Any, thinking: bool) -> Any:
             fields[flag] = value
     if args.greedy:
         fields["temperature"] = 0.0
+    bad = [t for t in args.stop_token_id if t < 0]
+    if bad:
+        raise UserError(f"--stop-token-id {bad[0]} is not a token id (ids are >= 0).", param="stop_token_id")
     stop_ids = tuple(dict.fromkeys((*DEFAULT_STOP_TOKEN_IDS, *args.stop_token_id)))
     return SamplingParams(
         **fields,
@@ -236,6 +248,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     engine = build_engine(engine_config(args))
     params = sampling_params(args, engine.spec, thinking)
+    vocab = engine.model.shape.vocab_size
+    beyond = [t for t in args.stop_token_id if t >= vocab]
+    if beyond:
+        raise UserError(f"--stop-token-id {beyond[0]} is outside this model's vocabulary [0, {vocab}).", param="stop_token_id")
     if ids is None:
         if raw:
             if messages is not None:
@@ -329,7 +345,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         quant=args.quant,
         spec=args.spec,
         device=args.device,
-        max_context=args.max_context or 4096,
+        max_context=4096 if args.max_context is None else args.max_context,
         kv_dtype=args.kv_dtype,
     )
     p = plan(config, plugins=pm, need_weights=False, strict=False)
@@ -340,7 +356,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_make_tiny(args: argparse.Namespace) -> int:
     from ninfer.testing import make_tiny
 
-    out = make_tiny(args.like, Path(args.out), seed=args.seed, vocab=args.vocab, expert_layout=args.expert_layout)
+    from ninfer.outputs import new_folder_problem
+
+    target = Path(args.out)
+    if (why := new_folder_problem(target, "--out", "make-tiny")) is not None:
+        raise UserError(why, param="out")
+    out = make_tiny(args.like, target, seed=args.seed, vocab=args.vocab, expert_layout=args.expert_layout)
     print(out)
     return 0
 
@@ -375,13 +396,19 @@ def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
     context = args.context_len or args.prompt_len
     if args.prefill_chunk is None:
         args.prefill_chunk = min(args.prompt_len, bench.MAX_BENCH_CHUNK)
-    config = engine_config(args, max_batch=args.concurrency, default_context=context + args.gen_len)
+    # the cache's smallest size (config.MIN_CONTEXT) where prompt + generation is shorter
+    from ninfer.config import MIN_CONTEXT
+
+    config = engine_config(args, max_batch=args.concurrency, default_context=max(context + args.gen_len, MIN_CONTEXT))
     return config, opts
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ninfer import bench
 
+    from ninfer.outputs import check_output_file
+
+    check_output_file(args.json_out, "--json")
     config, opts = bench_config(args)
     result = bench.run(config, opts)
     print(bench.table(result))

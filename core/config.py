@@ -12,6 +12,9 @@ import msgspec
 
 from ninfer.errors import UserError
 
+# the fewest tokens a sequence's cache may hold (--max-context)
+MIN_CONTEXT = 16
+
 # <|im_end|> and <|endoftext|>: generation_config.json of all three checkpoints.
 DEFAULT_STOP_TOKEN_IDS: tuple[int, ...] = (248046, 248044)
 # The peer (and our sampler) never keeps more than 20 candidates: spec section 7.
@@ -138,8 +141,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise UserError(f"--kv-dtype {self.kv_dtype!r} is not a KV format: use bf16, int8 or fp8.")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise UserError(f"--dtype {self.dtype!r}: use auto, float32, bfloat16 or float16.")
-        if self.max_context < 16:
-            raise UserError(f"--max-context must be at least 16 tokens, got {self.max_context}.")
+        if self.max_context < MIN_CONTEXT:
+            raise UserError(f"--max-context must be at least {MIN_CONTEXT} tokens, got {self.max_context}.")
         if self.prefill_chunk < 1:
             raise UserError(f"--prefill-chunk must be positive, got {self.prefill_chunk}.")
         if self.spec == "mtp" and not 1 <= self.draft_tokens <= 5:

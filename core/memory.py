@@ -68,7 +68,8 @@ class MemoryPlan:
             f"This configuration needs about {g(self.total)} (weights {g(self.weights)} at --quant {config.quant}, "
             f"KV {g(self.kv)} for --max-context {config.max_context} x {config.max_batch} sequences at "
             f"--kv-dtype {config.kv_dtype}, state {g(self.state)}, workspace {g(self.workspace)}) but {self.device} "
-            f"has {g(self.available)} free: lower --max-context, use --kv-dtype int8, or lower --max-batch or --quant."
+            f"has {g(self.available)} free: lower --max-context, use --kv-dtype int8, or lower --max-batch or --quant "
+            "(ninfer bench sizes the context from --prompt-len/--context-len and the batch from --concurrency)."
         )
 
 

@@ -193,6 +193,8 @@ def create_app(
 
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the model loads so a taken port fails in a second."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port} is not a TCP port: use 0..65535 (0 picks a free one).", param="port")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is
     # IPPROTO_TCP, and socket.create_server leaves it 0. With Nagle on, each response's second

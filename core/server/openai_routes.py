@@ -188,7 +188,10 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
 
 def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
-    for m in req.messages:
+    for i, m in enumerate(req.messages):
+        if m.content is None and m.role in ("system", "developer", "user", "tool"):
+            # only an assistant turn may leave content out (a turn of tool calls)
+            raise bad_request(f"messages[{i}] ({m.role}) has no `content`.", param=f"messages[{i}].content")
         d: dict[str, Any] = {"role": m.role}
         if m.content is not None:
             d["content"] = m.content if isinstance(m.content, str) else [msgspec.structs.asdict(p) for p in m.content]

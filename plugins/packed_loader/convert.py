@@ -35,6 +35,7 @@ import torch
 
 from ninfer.checkpoint import INDEX_NAME, SINGLE_NAME, WeightSource, load_hf_config
 from ninfer.errors import UserError
+from ninfer.outputs import new_folder_problem
 from ninfer.linear import DENSE, PackedWeight, QuantScheme, dense_weight
 from ninfer_plugins.packed_loader.packed_dir import MTP_FILE
 from ninfer_plugins.packed_loader.published import published_quant_config
@@ -147,13 +148,6 @@ def _refuse_packed_source(src: Path) -> None:
         )
 
 
-def out_problem(out: Path) -> str | None:
-    """Why `out` cannot receive a conversion (convert never overwrites), or None."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        return f"--out {out} already exists and is not empty; choose a new directory (ninfer convert never overwrites)."
-    return None
-
-
 def convert(
     path: str | Path,
     shape: Any,
@@ -175,7 +169,7 @@ def convert(
 
         plugins = get_plugin_manager()
     src, out = Path(path), Path(out).expanduser()
-    if (why := out_problem(out)) is not None:
+    if (why := new_folder_problem(out, "--out", "ninfer convert")) is not None:
         raise UserError(why, param="out")
     _refuse_packed_source(src)
     recipe = None

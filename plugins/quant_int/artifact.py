@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ninfer.checkpoint import read_safetensors_header
 from ninfer.errors import CheckpointError
 from ninfer.linear import DENSE, PackedWeight
 
@@ -218,8 +219,14 @@ def load_packed(
         f = root / fname
         if not f.is_file():
             raise CheckpointError(f"{where} lists shard {fname} but it is missing; run ninfer convert again.")
-        with safe_open(str(f), framework="pt") as h:
-            headers[fname] = {k: (h.get_slice(k).get_dtype(), tuple(h.get_slice(k).get_shape())) for k in h.keys()}
+        try:
+            # the header, with every tensor's byte range checked against the file's size
+            # (safetensors' own errors on a damaged file are not sentences)
+            info = read_safetensors_header(f)
+        except CheckpointError as e:
+            reason = str(e).split(";")[0]
+            raise CheckpointError(f"{reason}; this shard of a `ninfer convert` directory is damaged: run ninfer convert again.") from None
+        headers[fname] = {k: (t.dtype, t.shape) for k, t in info.items()}
 
     def locate(tname: str, want_dtype: str, want_shape: list[int]) -> str:
         fname = m["weight_map"].get(tname)

@@ -89,6 +89,10 @@ def test_messages_file_and_no_thinking(capsys, tiny, tmp_path):
         (["--max-context", "8", "--prompt", "x"], "--max-context"),
         ([], "Give a prompt"),
         (["--stop", "", "--prompt", "x"], "stop"),
+        (["--max-context", "0", "--prompt", "x"], "--max-context"),
+        (["--stop-token-id", "-1", "--prompt", "x"], "--stop-token-id"),
+        (["--stop-token-id", "999999999", "--prompt", "x"], "outside this model's vocabulary"),
+        (["--draft-tokens", "3", "--prompt", "x"], "--spec"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(capsys, tiny, argv, match):
@@ -171,6 +175,34 @@ def test_make_tiny_command(capsys, tmp_path):
     assert (tmp_path / "t" / "config.json").exists()
     rc, out, err = run_cli(capsys, "make-tiny", "--like", "qwen3.8-27b", "--out", str(tmp_path / "t2"), "--vocab", "-5")
     assert rc == 2
+
+
+def test_make_tiny_never_overwrites(capsys, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    rc, out, err = run_cli(capsys, "make-tiny", "--like", "qwen3.8-27b", "--out", str(tmp_path / "full"), "--vocab", "256")
+    assert rc == 2 and "never overwrites" in err and "Traceback" not in err
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_output_paths_checked_before_the_work(capsys, tiny, tmp_path):
+    """A path the command writes at its end fails at the start, in one sentence."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, out, err = run_cli(capsys, "bench", "--model", str(tiny), "--device", "cpu", "--prompt-len", "8", "--gen-len", "4",
+                           "--json", str(tmp_path / "missing" / "b.json"))
+    assert rc == 2 and "does not exist" in err and "Traceback" not in err
+    rc, out, err = run_cli(capsys, "convert", "--model", str(tiny), "--quant", "int8", "--out", str(afile / "sub"))
+    assert rc == 2 and "is a file" in err and "Traceback" not in err
+
+
+def test_serve_refuses_a_port_out_of_range():
+    from ninfer.errors import UserError
+    from ninfer.server.app import bind
+
+    for port in (70000, -1):
+        with pytest.raises(UserError, match="not a TCP port"):
+            bind("127.0.0.1", port)
 
 
 def test_console_script_runs_and_exits_2_on_argparse_errors():

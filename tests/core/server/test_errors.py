@@ -67,6 +67,7 @@ CASES: list[tuple[str, str, str, Any, int, str | None]] = [
     ("messages-empty", "POST", CHAT, w(OA, messages=[]), 400, None),
     ("message-int", "POST", CHAT, msg(42), 400, None),
     ("message-no-role", "POST", CHAT, msg({"content": "hi"}), 400, None),
+    ("user-no-content", "POST", CHAT, msg({"role": "user"}), 400, None),
     ("role-unknown", "POST", CHAT, msg({"role": "wizard", "content": "hi"}), 400, "unsupported_role"),
     ("role-int", "POST", CHAT, msg({"role": 3, "content": "hi"}), 400, None),
     ("content-int", "POST", CHAT, msg({"role": "user", "content": 3}), 400, None),

@@ -188,6 +188,7 @@ def _fails(capsys, path: Path, *needles: str) -> None:
 
 def test_damaged_directories_fail_clearly(capsys, tmp_path, converted):
     good = converted("dense", "int4")
+    capsys.readouterr()  # a conversion made here (the test run alone) prints its path
     manifest = json.loads((good / MANIFEST).read_text())
     assert manifest["linears"]["layers.0.mlp.gate_proj"]["scheme"] == "q4_g64"
 
@@ -217,6 +218,13 @@ def test_damaged_directories_fail_clearly(capsys, tmp_path, converted):
     m["tensors"]["norm.weight"]["shape"] = [32]
     (bad / MANIFEST).write_text(json.dumps(m))
     _fails(capsys, bad, "tensor norm.weight is [32] but the model expects [64]")
+
+    for name, size in (("truncated", 1_000), ("header-cut", 10)):
+        bad = _damaged(tmp_path, good, name)
+        shard = sorted(bad.glob("*.safetensors"))[0]
+        with open(shard, "r+b") as f:
+            f.truncate(size)
+        _fails(capsys, bad, shard.name, "run ninfer convert again")
 
 
 def test_plan_reads_the_recipe_of_a_convert_directory(converted):
