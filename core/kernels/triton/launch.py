@@ -30,6 +30,11 @@ def lasting(kind: str, device: torch.device, key: tuple, make: Callable[[], T]) 
     that use them put them back."""
     k = (kind, str(device), *key)
     if k not in _LASTING:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # made inside a capture, `make`'s fills would only be recorded, never run: counters
+            # would start as garbage for any eager call before the first replay
+            raise RuntimeError(f"{kind}: scratch for {key} first asked for inside a CUDA-graph capture; "
+                               "run the same shapes once eagerly before capturing")
         _LASTING[k] = make()
     return _LASTING[k]
 

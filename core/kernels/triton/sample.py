@@ -423,6 +423,9 @@ def _argmax_rows_kernel(L, sl, MAP, OUT, so, PV, PI, CNT, V, NCH, CHUNK: tl.cons
         pv = tl.load(PV + row * NCH + j, mask=j < NCH, other=float("-inf"), cache_modifier=".cg")
         pi = tl.load(PI + row * NCH + j, mask=j < NCH, other=V, cache_modifier=".cg")
         idx = tl.min(tl.where(pv == tl.max(pv, 0), pi, V), 0)
+        # a row with no comparable logit (all NaN) finds no maximum: V, one past the row; clamp so
+        # the id map and the next step's embedding stay in bounds (torch would return a NaN's index)
+        idx = tl.minimum(idx, V - 1)
         if HAS_MAP:
             idx = tl.load(MAP + idx).to(tl.int64)
         tl.store(OUT + row * so, idx)
@@ -445,7 +448,8 @@ def argmax_rows(logits: torch.Tensor, id_map: torch.Tensor | None = None, out: t
     row's last program to finish (an atomic counter) reduces the chunks' partials, so a 131k row
     is ~32 programs reading 8 KB each rather than one program looping over 256 KB. `out` [B]
     int64 (any stride, e.g. a column of the round's [B, K] drafts) receives the ids; returned.
-    NaN logits are skipped (torch would pick them)."""
+    NaN logits are skipped (torch would pick them); a row of NaN only gives V - 1 compiled (the
+    interpreter's max propagates NaN, so there any NaN in a chunk can do that)."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"argmax_rows: logits {tuple(logits.shape)} must be [B, V] with a unit last stride")
     B, V = logits.shape

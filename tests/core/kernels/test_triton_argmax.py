@@ -65,3 +65,16 @@ def test_argmax_rows_refuses_bad_inputs():
         argmax_rows(x, torch.zeros(7, dtype=torch.long, device=DEV))
     with pytest.raises(ValueError, match="int64"):
         argmax_rows(x, out=torch.zeros(2, dtype=torch.int32, device=DEV))
+
+
+def test_argmax_rows_all_nan_row_stays_in_bounds():
+    """A row with no comparable logit finds no maximum; the id stays inside the row (and the id
+    map), so the next draft step's embedding lookup cannot read past the table."""
+    logits = torch.randn(3, 300, device=DEV)
+    logits[1] = float("nan")
+    id_map = torch.arange(1000, 1300, device=DEV)
+    got = argmax_rows(logits, chunk=128)
+    assert 0 <= int(got[1]) < 300
+    assert torch.equal(got[[0, 2]], logits[[0, 2]].argmax(-1))
+    mapped = argmax_rows(logits, id_map, chunk=128)
+    assert 1000 <= int(mapped[1]) < 1300

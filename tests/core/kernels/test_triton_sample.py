@@ -15,6 +15,8 @@ from ninfer.kernels.sampling import counter_uniform, sample_rows
 from ninfer.kernels.triton.sample import fused_sample, uniform
 
 CUDA = torch.cuda.is_available()
+# the kernels on CPU tensors: interpreted, so only where there is no GPU (the -m gpu tests run them there)
+INTERPRETED = pytest.mark.skipif(CUDA, reason="interpreted on the CPU; the -m gpu tests cover the device")
 
 
 def _case(g, rows, vocab, dtype, device, *, penalties=True, extra=True):
@@ -62,6 +64,7 @@ def _check(got, want):
     assert torch.equal(got[2], want[2])
 
 
+@INTERPRETED
 @pytest.mark.parametrize("vocab", [7, 300, 1000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_sample_matches_the_reference(vocab, dtype):
@@ -76,6 +79,7 @@ def test_fused_sample_matches_the_reference(vocab, dtype):
         assert token is None and torch.equal(ids, got[0]) and torch.equal(probs, got[1])
 
 
+@INTERPRETED
 def test_fused_sample_draws_like_the_reference_over_many_uniforms():
     """One row, many seeds: the token follows the reference's inverse CDF everywhere, and a
     different purpose changes some draws (so the uniform is really used)."""
@@ -107,6 +111,7 @@ def _grouped_case(g, seqs, m, vocab, device):
     return logits, grouped, gkw, expanded, rkw
 
 
+@INTERPRETED
 @pytest.mark.parametrize("seqs,m", [(1, 4), (3, 2), (2, 6)])
 def test_grouped_parameters_equal_the_expanded_rows(seqs, m):
     """group = m (a round's columns share their sequence's parameters, counts row and drafts):
@@ -160,6 +165,7 @@ def _old_step(logits, params, counts, rows, pad):
     return got
 
 
+@INTERPRETED
 def test_recording_the_draw_equals_the_old_step():
     """pad_row + record + token_out (the captured decode step's whole tail in the sampler): the
     same tokens and the same counts afterwards as mapping the pad rows, sampling the fp32 copy
@@ -284,6 +290,7 @@ def test_fused_sample_in_a_cuda_graph():
         assert torch.equal(a, b)
 
 
+@INTERPRETED
 def test_top_p_one_keeps_weights_below_the_sum_s_rounding():
     """top_p = 1 keeps every top_k candidate even where the running sum no longer moves (weights
     of e^-20 after a weight of 1): the filter's `top_p >= 1` clause, not the comparison."""
@@ -321,6 +328,7 @@ def _rounds(g, b, k, vocab, device):
     return tuple(t.to(device) for t in out), slots.to(device)
 
 
+@INTERPRETED
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_fused_judge_matches_the_reference(k):
     from ninfer.speculative import judge
