@@ -115,11 +115,18 @@ def _stack_nvfp4(packed: list[PackedWeight], linears: Any) -> GV.Matrix:
     p = prepare_nvfp4(concat_rows(packed))
     rows = len(packed) * n
     if n % QK.ROW_PAD == 0:
+        from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
+
         for e, linear in enumerate(linears):
-            mine = linear.prepared
-            if getattr(linear.kernel, "repacks", False) and getattr(mine, "fmt", None) == QK.NVFP4:
-                sl = slice(e * n, (e + 1) * n)
-                linear.prepared = dataclasses.replace(mine, qweight=p.qweight[sl], scales=p.scales[sl], gscale=p.gscale[sl])
+            if not getattr(linear.kernel, "repacks", False):
+                continue
+            if getattr(linear.prepared, "fmt", None) != QK.NVFP4:
+                # another NVFP4 kernel prepared this expert (the W4A4 one of quant_nvfp4.native,
+                # on FP4 tensor cores): the grouped kernels read the stack, and the expert's own
+                # linear (the fallback path) runs W4A16 from views of it, so the weights are held once
+                linear.kernel = nvfp4_kernels()[0]
+            sl = slice(e * n, (e + 1) * n)
+            linear.prepared = dataclasses.replace(p, n=n, qweight=p.qweight[sl], scales=p.scales[sl], gscale=p.gscale[sl])
     return GV.Matrix(GV.NVFP4_FMT, p.qweight[:rows], k, p.scales[:rows], None, p.gscale[:rows])
 
 

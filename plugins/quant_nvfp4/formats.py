@@ -62,6 +62,11 @@ def unpack_codes(weight: torch.Tensor) -> torch.Tensor:
     return torch.stack([w & 0xF, w >> 4], dim=-1).reshape(w.shape[0], w.shape[1] * 2)
 
 
+def decode_packed(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [r, c/2] as `weight` stores codes (low nibble = even element) -> fp32 [r, c] values."""
+    return e2m1_values(packed.device)[unpack_codes(packed).long()]
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """codes [n, k] (k even) -> uint8 [n, k/2]."""
     c = codes.to(torch.uint8).view(codes.shape[0], codes.shape[1] // 2, 2)
@@ -79,15 +84,11 @@ def nearest_e2m1(q: torch.Tensor) -> torch.Tensor:
     return idx.to(torch.uint8) | sign
 
 
-def quantize(w: torch.Tensor) -> PackedWeight:
-    from ninfer_plugins.quant_int.formats import finite_fp32_padded
-
-    n, k = w.shape[0], w.shape[-1]
-    kp = padded_k(k)
-    x = finite_fp32_padded(w, SCHEME, kp)
-    amax = x.abs().amax()
-    g = amax / torch.full_like(amax, E2M1_MAX * E4M3_MAX)
-    g = torch.where(amax > 0, g, torch.ones_like(g))
+def encode_blocks(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [n, kp] (kp % 16 == 0) and a global scale g (fp32, 0-dim or broadcastable to [n, 1])
+    -> (codes uint8 [n, kp], E4M3 block scales [n, kp / 16]), rounded as this module's doc says.
+    The weight quantizer below and the W4A4 activation quantizer (native.py's reference) share it."""
+    n, kp = x.shape
     xb = x.view(n, kp // BLOCK, BLOCK)
     bamax = xb.abs().amax(-1)
     s32 = (bamax / (g * E2M1_MAX)).clamp_(max=E4M3_MAX)
@@ -97,21 +98,36 @@ def quantize(w: torch.Tensor) -> PackedWeight:
     denom = s8.to(torch.float32) * g
     safe = torch.where(denom > 0, denom, torch.ones_like(denom))
     q = torch.where(denom.unsqueeze(-1) > 0, xb / safe.unsqueeze(-1), torch.zeros_like(xb))
-    codes = nearest_e2m1(q).view(n, kp)
+    return nearest_e2m1(q).view(n, kp), s8.contiguous()
+
+
+def global_scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """g = fp32(amax / 2688), or 1 for an all-zero tensor (0-dim fp32, on amax's device)."""
+    g = amax / torch.full_like(amax, E2M1_MAX * E4M3_MAX)
+    return torch.where(amax > 0, g, torch.ones_like(g))
+
+
+def quantize(w: torch.Tensor) -> PackedWeight:
+    from ninfer_plugins.quant_int.formats import finite_fp32_padded
+
+    n, k = w.shape[0], w.shape[-1]
+    kp = padded_k(k)
+    x = finite_fp32_padded(w, SCHEME, kp)
+    g = global_scale_of(x.abs().amax())
+    codes, s8 = encode_blocks(x, g)
     return PackedWeight(
         SCHEME,
         (n, k),
-        {"weight": pack_codes(codes), "weight_scale": s8.contiguous(), "weight_scale_2": g.reshape(()).clone()},
+        {"weight": pack_codes(codes), "weight_scale": s8, "weight_scale_2": g.reshape(()).clone()},
     )
 
 
 def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The oracle: fp32 [n, k] = e2m1 * fp32(e4m3 scale) * g (the first product is exact)."""
     n, k = packed.shape
-    codes = unpack_codes(packed.tensors["weight"])
-    vals = e2m1_values(codes.device)[codes.long()]
+    vals = decode_packed(packed.tensors["weight"])
     s = packed.tensors["weight_scale"].to(torch.float32)
-    kp = codes.shape[1]
+    kp = vals.shape[1]
     g = global_scale_rows(packed).view(n, 1, 1)
     w = (vals.view(n, kp // BLOCK, BLOCK) * s.unsqueeze(-1)) * g
     return w.view(n, kp)[:, :k].contiguous()

@@ -235,6 +235,10 @@ def concat_rows(weights: list[PackedWeight]) -> PackedWeight:
         g = gs[0].reshape(())
     else:
         g = torch.cat([g.expand(p.shape[0]) for g, p in zip(gs, weights)])
+    # a W4A4 kernel quantizes the merged input with one static scale: the largest of the parts'
+    # calibrated ones (none unless every part has one)
+    inputs = [p.meta.get("input_scale") for p in weights]
+    meta = {"input_scale": max(float(v) for v in inputs)} if inputs and all(v is not None for v in inputs) else {}
     return PackedWeight(
         F.SCHEME,
         (n, ks.pop()),
@@ -243,4 +247,5 @@ def concat_rows(weights: list[PackedWeight]) -> PackedWeight:
             "weight_scale": torch.cat([p.tensors["weight_scale"] for p in weights]),
             "weight_scale_2": g.contiguous(),
         },
+        meta,
     )

@@ -9,13 +9,9 @@ Both nibbles of a byte then share the block scale, and the activations each half
 of 8 consecutive elements (16-byte loads), where the published pairing (2j, 2j+1) would need
 every other activation. Codes and scales keep their bits; K is padded to 128 and rows to 128.
 
-The native FP4 MMA seam (sm_100 / sm_120, W4A4 prefill): a separate LinearKernel for scheme
-"nvfp4" with `requirements = Requirements(devices=("cuda",), min_capability=(10, 0),
-features=("fp4",))`, registered by a `@hookimpl(specname="ninfer_linear_kernel", tryfirst=True)`
-above this plugin's; where the device has FP4 tensor cores it wins, elsewhere startup validation
-passes it over and this W4A16 kernel serves. It would read the canonical PackedWeight (ModelOpt
-tensors plus `meta["input_scale"]` for the activation scale). Nothing is registered for it here:
-no FP4 hardware was available to test it.
+Where the device has FP4 tensor cores (sm_100 / sm_120), the separate plugin `quant_nvfp4_native`
+(native.py: W4A4 through cuBLAS's block-scaled matmul) is asked first and wins; elsewhere startup
+validation passes it over and this W4A16 kernel serves.
 """
 
 from __future__ import annotations

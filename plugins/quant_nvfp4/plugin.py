@@ -2,7 +2,8 @@
 
 Hookimpls: the "nvfp4" scheme (our quantizer from bf16, the fp32 dequantize oracle), the
 `--quant nvfp4` recipe, and two linear kernels: W4A16 through the fused Triton kernel (CUDA
-sm_80+, tried first; see kernels.py for the native FP4 MMA seam on sm_100+) and the
+sm_80+, tried first; the FP4 tensor-core kernel for sm_100+ is the separate plugin in
+native.py, asked before these) and the
 dequantize-then-matmul reference (anywhere). Published checkpoints (NVIDIA ModelOpt and
 compressed-tensors `nvfp4-pack-quantized`) are imported unchanged by importer.py.
 """
