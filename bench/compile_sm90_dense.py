@@ -147,6 +147,8 @@ def cases():
         K.Workspace.get(p.device).reserve(*cfg.workspace(p))
         yield f"h2 q{fmt} {n}x{k} M=1 gated", lambda p=p, k=k, cfg=cfg: H2.launch(e(1, 2 * k, dtype=BF), p, cfg, gated=True)
         yield f"h2 q{fmt} {n}x{k} M=1 plain", lambda p=p, k=k, cfg=cfg: H2.launch(e(1, k, dtype=BF), p, cfg)
+        # bench/h2_ablate.py's measurement variant (no decode, no FMA)
+        yield f"h2 q{fmt} {n}x{k} M=1 ablated", lambda p=p, k=k, cfg=cfg: H2.launch(e(1, k, dtype=BF), p, cfg, ablate=1)
     from ninfer_plugins.quant_int import gemv_tc as TC
 
     TC.COMPILE_ONLY = True

@@ -8,6 +8,13 @@
    (the exact command line of each is in its JSON; runs of one --quant share the weights built
    for the first of them), JSON to $OUT/<name>.json;
 3. a table last. Runs that would start past the budget are skipped and listed.
+
+`--variants "X=1|NINFER_GDN_COMMIT=0|X=1|NINFER_GDN_COMMIT=0"` runs each selected entry once per
+variant, in this order, with those environment variables set for that run only (`X=1`: the tree as
+committed; a variant may set several, space-separated). The weights are built once, so an A/B of N
+variants costs one build instead of N processes' worth. Only switches that are read when a run
+builds its engine, graphs or launches may vary this way (`PER_RUN_SWITCHES`, each checked to be
+read at run time, not at import or model build); others are refused.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import subprocess
 import sys
 import time
 import traceback
+from unittest import mock
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +50,34 @@ RUNS = {
 }
 TESTS = ["tests/plugins/qwen_hybrid/test_gpu.py", "tests/plugins/cuda_fast", "tests/core/test_graphs.py", "tests/plugins/spec_mtp/test_spec_gpu.py"]
 T0 = time.time()
+# switches read per run (engine, graph decoder, speculative round, or at each launch/capture), so
+# they may differ between runs that share one model; see --variants
+PER_RUN_SWITCHES = {
+    "X",  # a no-op name: the tree as committed
+    "NINFER_GDN_COMMIT", "NINFER_ROUND_IO", "NINFER_GDN_VERIFY_BV", "NINFER_GDN_AHEAD", "NINFER_STEP_TAIL",
+    "NINFER_GDN_PAIRED", "NINFER_GDN_SPLIT_NORM", "NINFER_GDN_AB_EARLY", "NINFER_SPEC_AHEAD", "NINFER_TC_LATE",
+    "NINFER_MTP_SEED_ROWS",
+}  # not NINFER_TCD (the GEMV workspace is reserved at model load) nor anything merged or packed then
+
+
+def parse_variants(text: str) -> list[tuple[str, dict[str, str]]]:
+    """"A=1 B=2|C=0" -> [("A=1 B=2", {"A": "1", "B": "2"}), ("C=0", {"C": "0"})]; unknown switches
+    raise (they may be read once per process, and a variant would then silently not apply)."""
+    out = []
+    for part in (p.strip() for p in text.split("|")):
+        if not part:
+            continue
+        env = {}
+        for item in part.split():
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise SystemExit(f"--variants: {item!r} is not NAME=VALUE")
+            if key not in PER_RUN_SWITCHES:
+                raise SystemExit(f"--variants: {key} is not known to be read per run ({', '.join(sorted(PER_RUN_SWITCHES))}); "
+                                 "run it as its own process instead")
+            env[key] = value
+        out.append((part, env))
+    return out
 
 
 def elapsed() -> float:
@@ -103,6 +139,7 @@ def main() -> int:
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--variants", default="", help="'ENV...|ENV...': each selected run once per variant (see the module doc)")
     ap.add_argument("--smoke", action="store_true", help="tiny lengths on the CPU: checks this script, measures nothing")
     ap.add_argument("--floor", action="store_true", help="print the arithmetic decode floors and stop (no GPU)")
     args = ap.parse_args()
@@ -121,40 +158,50 @@ def main() -> int:
     from ninfer.startup import plan
 
     pm = get_plugin_manager()
+    variants = parse_variants(args.variants) or [("", {})]
     names = [n for n in RUNS if not args.only or n in args.only.split(",")]
+    jobs = [(n, label, env) for n in names for label, env in variants]
     results, skipped = {}, []
     model, model_key = None, None
-    for name in names:
+    seen: dict[str, int] = {}
+    for base, label, env in jobs:
+        name = f"{base}[{label}]" if label else base
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name += f" #{seen[name]}"  # an A/B alternates a variant: each run keeps its own row
         if elapsed() > args.budget_s:
             skipped.append(name)
             continue
-        flags = RUNS[name]
+        flags = RUNS[base]
         if args.smoke:
             gen = 16 if "--spec" in flags else 5  # a speculative run needs room for a few rounds
             for flag, value in (("--prompt-len", 16), ("--context-len", 64), ("--gen-len", gen), ("--compare-gen-len", 2)):
                 flags = re.sub(rf"{flag} \d+", f"{flag} {value}", flags)
             flags += " --device cpu"
-        argv = ["bench", "--model", args.model, "--random-weights", *flags.split(), "--json", str(OUT / f"{name}.json")]
-        print(f"\n$ ninfer {' '.join(argv[1:])}   [t={elapsed():.0f}s]", flush=True)
-        try:
-            cli_args = build_parser().parse_args(argv)
-            config, opts = bench_config(cli_args)
-            key = (config.quant, config.dtype, config.spec)
-            if key != model_key:
-                model = None
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                model = bench.build(plan(config, plugins=pm), pm)
-                model_key = key
-            result = bench.run(config, opts, plugins=pm, model=model)
-            result["command"] = "ninfer " + " ".join(argv[1:])
-            bench.write_json(result, str(OUT / f"{name}.json"))
-            results[name] = result
-            print(bench.table(result), flush=True)
-        except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
-            traceback.print_exc()
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        json_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        argv = ["bench", "--model", args.model, "--random-weights", *flags.split(), "--json", str(OUT / f"{json_name}.json")]
+        print(f"\n$ {label + ' ' if label else ''}ninfer {' '.join(argv)}   [t={elapsed():.0f}s]", flush=True)
+        # this run's switches; the process's environment comes back afterwards
+        with mock.patch.dict(os.environ, env):
+            try:
+                cli_args = build_parser().parse_args(argv)
+                config, opts = bench_config(cli_args)
+                key = (config.quant, config.dtype, config.spec)
+                if key != model_key:
+                    model = None
+                    gc.collect()
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    model = bench.build(plan(config, plugins=pm), pm)
+                    model_key = key
+                result = bench.run(config, opts, plugins=pm, model=model)
+                result["command"] = (label + " " if label else "") + "ninfer " + " ".join(argv)
+                bench.write_json(result, str(OUT / f"{json_name}.json"))
+                results[name] = result
+                print(bench.table(result), flush=True)
+            except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others
+                traceback.print_exc()
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -163,14 +210,15 @@ def main() -> int:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     print(f"\n=== dense 27B campaign ({elapsed():.0f} s) on {gpu} ===")
     print(f"tests: {tests}")
-    print(f"{'run':18s} {'prefill':>9s} {'decode':>8s} {'ms/step':>8s} {'replay':>7s} {'GB/step':>8s} {'roof ms':>8s} {'share':>6s} {'peak GiB':>8s} {'vs HF':>6s}")
+    width = max([18, *(len(n) for n in results)])
+    print(f"{'run':{width}s} {'prefill':>9s} {'decode':>8s} {'ms/step':>8s} {'replay':>7s} {'GB/step':>8s} {'roof ms':>8s} {'share':>6s} {'peak GiB':>8s} {'vs HF':>6s}")
     for name, r in results.items():
         if "error" in r:
-            print(f"{name:18s} ERROR {r['error'][:110]}")
+            print(f"{name:{width}s} ERROR {r['error'][:110]}")
             continue
         hf = r.get("transformers") or {}
         print(
-            f"{name:18s} {r['prefill']['tok_s']:9.0f} {r['decode']['tok_s']:8.1f} {r['decode']['ms_per_step']:8.3f} "
+            f"{name:{width}s} {r['prefill']['tok_s']:9.0f} {r['decode']['tok_s']:8.1f} {r['decode']['ms_per_step']:8.3f} "
             f"{r['decode']['graph_replay_ms'] or 0:7.3f} "
             f"{r['bytes_per_step']['total'] / 1e9:8.2f} {r['roofline_ms']:8.3f} {100 * r['roofline_share']:5.1f}% "
             f"{r['memory']['peak_serving_gib']:8.2f} {hf.get('ratio', '-')!s:>6s}"

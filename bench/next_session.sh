@@ -28,6 +28,8 @@
 #                                      # BV 16 w2 / BV 16 w2 + conv inputs ahead
 #   bash bench/next_session.sh tail [35b|27b]  # the plain step's tail in the sampler against NINFER_STEP_TAIL=0,
 #                                      # alternated twice, one model a call
+#   bash bench/next_session.sh ablate  # the f16x2 GEMV with and without its decode + FMAs (bench/h2_ablate.py), then
+#                                      # the read ceiling with the tile walk on every shape (~6 min)
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
@@ -37,15 +39,18 @@
 set -u
 . "$(dirname "$0")/device_env.sh"
 
-# the 27B MTP round (bench/dense_27b.py's short K = 3 case) under each environment given, in order:
-# rounds SECONDS "ENV..." ... (an ENV of "X=1" is the tree as committed); needs t0
+# the 27B MTP round (bench/dense_27b.py's short K = 3 case) under each environment given, in order,
+# in ONE process (the weights built once; dense_27b.py --variants, which refuses switches not read
+# per run): rounds SECONDS "ENV..." ... (an ENV of "X=1" is the tree as committed); needs t0.
+# Variants that would start past SECONDS - 70 are skipped and named.
 rounds() {
-  local limit=$1 e
+  local limit=$1 vs
   shift
-  for e in "$@"; do
-    env $e timeout "$limit" python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
-    echo "MTP round, $e rc=$? $(( $(date +%s) - t0 )) s: $(tail -3 "$OUT/m.txt" | head -2 | tail -1 | cut -c1-140)"
-  done
+  vs=$(printf '%s|' "$@")
+  timeout "$limit" python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short --budget-s $((limit - 70)) \
+    --variants "${vs%|}" > "$OUT/m.txt" 2>&1
+  echo "MTP rounds rc=$? $(( $(date +%s) - t0 )) s"
+  grep -E "spec round|^skipped|ERROR" "$OUT/m.txt" | cut -c1-150
 }
 
 case "${1:-}" in
@@ -165,18 +170,26 @@ case "${1:-}" in
       > "$OUT/t2.txt" 2>&1
     echo "batched rounds, decode_meta (CUDA) rc=$?: $(tail -1 "$OUT/t2.txt")"
     timeout 40 python3 bench/commit_bench.py > "$OUT/commit.txt" 2>&1; echo "commit_bench rc=$?"; cat "$OUT/commit.txt"
-    rounds 140 "X=1" "NINFER_GDN_COMMIT=0"
+    rounds 300 "X=1" "NINFER_GDN_COMMIT=0" "X=1" "NINFER_GDN_COMMIT=0" "NINFER_ROUND_IO=0" "NINFER_GDN_VERIFY_BV=16:2"
     ;;
   tail)
-    # the decode step's tail inside the sampler (default) against NINFER_STEP_TAIL=0, alternated twice;
-    # `tail 35b` (default) or `tail 27b`, one model a call (worst case 560 s)
+    # the decode step's tail inside the sampler (default) against NINFER_STEP_TAIL=0, alternated twice
+    # in one process (weights built once); `tail 35b` (default) or `tail 27b`, one model a call
     t0=$(date +%s)
     case "${2:-35b}" in 27b) model=qwen3.6-27b ;; *) model=qwen3.6-35b-a3b ;; esac
-    for e in "X=1" "NINFER_STEP_TAIL=0" "X=1" "NINFER_STEP_TAIL=0"; do
-      env $e timeout 140 ninfer bench --model $model --random-weights --quant int4 --prompt-len 8192 --gen-len 64 \
-        > "$OUT/b.txt" 2>&1
-      echo "$model $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
-    done
+    timeout 560 python3 bench/dense_27b.py --skip-tests --model $model --only int4_8k --budget-s 480 \
+      --variants "X=1|NINFER_STEP_TAIL=0|X=1|NINFER_STEP_TAIL=0" > "$OUT/b.txt" 2>&1
+    echo "$model tail A/B rc=$? $(( $(date +%s) - t0 )) s"
+    grep -E "^int4_8k|^skipped|ERROR" "$OUT/b.txt" | cut -c1-150
+    ;;
+  ablate)
+    # where the f16x2 GEMV's time goes: the same kernel with and without its decode and FMAs at the
+    # dispatched configs, then the read ceiling again (its tile walk now on every shape) (~5 min)
+    t0=$(date +%s)
+    timeout 240 python3 bench/h2_ablate.py --out "$OUT" > "$OUT/ablate.txt" 2>&1
+    echo "h2_ablate rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/ablate.txt"
+    timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
+    echo "read_ceiling rc=$? $(( $(date +%s) - t0 )) s"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
     ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
@@ -187,7 +200,8 @@ case "${1:-}" in
     # launches a round with the grouped sampling parameters, which stay), as committed, then the verify
     # split with 16 v rows and 2 warps without and with the conv inputs ahead (worst case 560 s)
     t0=$(date +%s)
-    rounds 140 "NINFER_ROUND_IO=0" "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1"
+    rounds 540 "NINFER_ROUND_IO=0" "X=1" "NINFER_GDN_VERIFY_BV=16:2" "NINFER_GDN_VERIFY_BV=16:2 NINFER_GDN_AHEAD=1" \
+      "X=1" "NINFER_ROUND_IO=0"
     ;;
   second)
     # the tenth session's second call: the late trigger (now the default) on the plain step with every
@@ -197,7 +211,9 @@ case "${1:-}" in
     for e in "X=1" "NINFER_TCD=1" "NINFER_TCD=1 NINFER_TC_LATE=0"; do
       env $e timeout 100 $B > "$OUT/b.txt" 2>&1; echo "27B plain, $e rc=$? $(( $(date +%s) - t0 )) s: $(grep -E '^ *decode' "$OUT/b.txt" | head -1 | cut -c1-120)"
     done
-    rounds 100 "NINFER_TCD=1"
+    # NINFER_TCD is read at model load (workspace): its own process
+    NINFER_TCD=1 timeout 100 python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short > "$OUT/m.txt" 2>&1
+    echo "MTP round, NINFER_TCD=1 rc=$?: $(grep -E 'spec round' "$OUT/m.txt" | cut -c1-140)"
     timeout 300 python3 bench/h2_tune.py --out "$OUT" --budget-s 240 --m4-all \
       --pairs "q6_g64:27b.lm_head,q8_g32:27b.mtp.qkv_merged,q8_g32:27b.mtp.fc" > "$OUT/tune.txt" 2>&1
     echo "tune rc=$? $(( $(date +%s) - t0 )) s"; tail -8 "$OUT/tune.txt"

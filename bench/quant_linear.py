@@ -115,6 +115,13 @@ def graph_ms_per_call(calls: list, reps: int = 10) -> float:
 # --- ceilings ------------------------------------------------------------------------------------
 
 
+def write_result(out: str | None, name: str, data: dict) -> None:
+    """A bench script's JSON result into the folder `out` (made if needed); nothing without one."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(data, indent=1))
+
+
 def copy_bandwidth() -> float:
     n = 1 << 30
     src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")

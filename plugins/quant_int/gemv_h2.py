@@ -447,9 +447,16 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
 @triton.jit
 def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
           xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-          FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr):
-    """One trip: a tile's partial sums for every x row, stored to the workspace."""
-    if FAST:
+          FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
+          ABLATE: tl.constexpr = 0):
+    """One trip: a tile's partial sums for every x row, stored to the workspace. ABLATE = 1 (a
+    measurement, never dispatched: bench/h2_ablate.py) replaces the decode and multiply-adds with
+    one xor of the tile's words, keeping the loads, the reduction and the stores."""
+    if FAST and ABLATE == 1:
+        fold = w ^ hl ^ hh ^ s.to(tl.int32)
+        out = fold.to(tl.float32, bitcast=True)
+        part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
+    elif FAST:
         sb = s
         if FMT == 8:
             sb = s.to(tl.float32)
@@ -618,6 +625,7 @@ def _gemv_h2_kernel(
     ADD_NORM: tl.constexpr = False,
     GATED: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    ABLATE: tl.constexpr = 0,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -667,7 +675,7 @@ def _gemv_h2_kernel(
                                               h_shift, lead, FMT, FAST)
             _trip(w_n, hl_n, hh_n, s_n, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  FMT, BLOCK_M, ASM, CONSTR, FAST)
+                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             d2 = (tl.minimum(r0 + 2 * BLOCK_N, last) - r0).to(tl.int64)
             wp += d2 * stride_wn
             sp += d2 * stride_sn
@@ -675,7 +683,7 @@ def _gemv_h2_kernel(
             w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
             _trip(w_b, hl_b, hh_b, s_b, r1, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  FMT, BLOCK_M, ASM, CONSTR, FAST)
+                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
     else:
         for r0 in range(row_lo, row_hi, BLOCK_N):
             if PREFETCH == 1:
@@ -696,7 +704,7 @@ def _gemv_h2_kernel(
                 hp += BLOCK_N * stride_hn
             _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  FMT, BLOCK_M, ASM, CONSTR, FAST)
+                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
     # the last slice of this row chunk to arrive sums all slices, in slice order
     tl.debug_barrier()
     arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
@@ -823,8 +831,8 @@ def add_norm_args(add_norm: tuple | None, m: int, n: int, stand_in: torch.Tensor
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None,
            add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
-           gated: bool = False) -> torch.Tensor:
-    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows.
+           gated: bool = False, ablate: int = 0) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows (`ablate` = 1: a measurement only, see _trip).
 
     add_norm = (residual [M, n], norm weight [n], eps, out [M, n]): also, in the same launch (the
     last row chunk to finish), residual += y (rounded to its dtype) and out = (1 + w) RMSNorm of
@@ -876,6 +884,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         EARLY=bool(cfg.early),
         ADD_NORM=add_norm is not None,
         GATED=gated,
+        ABLATE=ablate,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )
