@@ -292,8 +292,11 @@ def _pair(lo, hi, FAST: tl.constexpr):
 
 @triton.jit
 def _bx(x, like):
-    """x [C] -> the word tile's shape [C, BLOCK_N]."""
-    return tl.broadcast_to(x[:, None], like.shape)
+    """x [C] (or [C, 1]) -> the word tile's shape [C, BLOCK_N]."""
+    if len(x.shape) == 1:
+        return tl.broadcast_to(x[:, None], like.shape)
+    else:
+        return tl.broadcast_to(x, like.shape)
 
 
 @triton.jit
@@ -315,12 +318,13 @@ def _xval(X, xr, ok, GOFF, GATED: tl.constexpr):
 
 
 @triton.jit
-def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr,
-               GOFF, GATED: tl.constexpr):
-    """Row m of x over this CTA's slice, per word column: the fast path's f16x2 pairs A, B, C, D
-    (int32 [C]; four more copies to keep one return signature), or the scaled x values (lo0..lo3,
-    hi0..hi3 as fp32, rounded to fp16 as the pairs are); and 1/scale. GATED: x is silu(gate) * up
-    of a row [gate | up] whose up half starts GOFF elements after the gate's."""
+def _x_scaled(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, GOFF, GATED: tl.constexpr):
+    """Row m of x at the word columns' elements (base: each word's byte 0, low group; the high
+    group HI_OFFSET later; q8 has none): l0..l3, h0..h3 as fp32 (zeros past M); the power of two
+    e that brings their max |x| under 2^(HEAD + 1), and the factors of the pairs A, B, C, D
+    (2^e times 1 / the factor each pair's decode leaves on its codes, X_FACTORS). gemv_kw.py's
+    x pairs share it. GATED: x is silu(gate) * up of a row [gate | up] whose up half starts GOFF
+    elements after the gate's."""
     ok = (base * 0 + m) < M
     xr = X + m * stride_xm + base
     l0 = _xval(X, xr + 0, ok, GOFF, GATED)
@@ -343,21 +347,31 @@ def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, 
     ex = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
     f = _pow2(e)
+    if FMT == 16:
+        fb = f
+    else:
+        fb = f * 0.0625
+    if FMT == 5:
+        fc = f * 0.5
+        fd = f * 0.03125
+    else:
+        fc = f
+        fd = fb
+    return l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd
+
+
+@triton.jit
+def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr,
+               GOFF, GATED: tl.constexpr):
+    """Row m of x over this CTA's slice, per word column: the fast path's f16x2 pairs A, B, C, D
+    (int32 [C]; four more copies to keep one return signature), or the scaled x values (lo0..lo3,
+    hi0..hi3 as fp32, rounded to fp16 as the pairs are); and 1/scale (_x_scaled)."""
+    l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = _x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED)
     inv = _pow2(-e)
     if FAST:
-        # 1 / the factor each pair's decode leaves on its codes (X_FACTORS)
         if FMT == 16:
-            fb = f
             # the decode's 2^-22 (NVFP4_UNDO) is undone with the scaling
             inv = _pow2(22 - e)
-        else:
-            fb = f * 0.0625
-        if FMT == 5:
-            fc = f * 0.5
-            fd = f * 0.03125
-        else:
-            fc = f
-            fd = fb
         xa = _pair(l0 * f, l2 * f, FAST)
         xc = _pair(l1 * fc, l3 * fc, FAST)
         xb = _pair(h0 * fb, h2 * fb, FAST)
@@ -445,6 +459,64 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
 
 
 @triton.jit
+def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
+             FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr):
+    """The fast path's dot of a word tile [C, BLOCK_N] with x pairs per word ([C] each): fp32
+    [C, BLOCK_N] where lane m of each run of four words holds row m's partial of the run (scales
+    applied, x's power-of-two scaling not undone). gemv_kw.py shares it."""
+    sb = s
+    if FMT == 8:
+        sb = s.to(tl.float32)
+    if FMT == 16:
+        sb = s.to(tl.int32)  # the run's two E4M3 bytes (an int16 load)
+    # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
+    if FMT == 8:
+        if BLOCK_M == 1:
+            args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
+        elif BLOCK_M == 2:
+            args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
+        else:
+            args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
+                    _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
+    elif FMT == 4 or FMT == 16:
+        if BLOCK_M == 1:
+            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+        elif BLOCK_M == 2:
+            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        else:
+            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+    elif FMT == 5:
+        shb = tl.broadcast_to(h_shift[:, None], w.shape)
+        if BLOCK_M == 1:
+            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+        elif BLOCK_M == 2:
+            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        else:
+            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+    else:
+        if BLOCK_M == 1:
+            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+        elif BLOCK_M == 2:
+            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        else:
+            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+    out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
+    return out
+
+
+@triton.jit
 def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
           xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
           FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
@@ -457,55 +529,8 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         out = fold.to(tl.float32, bitcast=True)
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     elif FAST:
-        sb = s
-        if FMT == 8:
-            sb = s.to(tl.float32)
-        if FMT == 16:
-            sb = s.to(tl.int32)  # the run's two E4M3 bytes (an int16 load)
-        # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
-        if FMT == 8:
-            if BLOCK_M == 1:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
-            elif BLOCK_M == 2:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
-            else:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
-                        _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
-        elif FMT == 4 or FMT == 16:
-            if BLOCK_M == 1:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-            elif BLOCK_M == 2:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-            else:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                        _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
-        elif FMT == 5:
-            shb = tl.broadcast_to(h_shift[:, None], w.shape)
-            if BLOCK_M == 1:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-            elif BLOCK_M == 2:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-            else:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                        _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
-        else:
-            if BLOCK_M == 1:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-            elif BLOCK_M == 2:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-            else:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                        _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
-        out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
+        out = _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
+                       FMT, BLOCK_M, ASM, CONSTR)
         # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     else:

@@ -569,6 +569,10 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
             ws.reserve(*gcfg.workspace(p))
+    from ninfer_plugins.quant_int import gemv_kw
+
+    if p.fmt in gemv_kw.DECODES and (kw := gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)) is not None:
+        ws.reserve(*kw.workspace(p))  # NINFER_KW=1 may be switched on after load (an A/B in one process)
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)
@@ -601,7 +605,8 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch
     with `.workspace(p)`.
 
-    Order: a measured tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
+    Order: with NINFER_KW=1 (an experiment), the K-walk GEMV (gemv_kw.py) wherever it fits at
+    M <= 4; a measured tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
     then for M <= 4 (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
     (tuned.TUNED_H2); at M = 1 with no TUNED_H2 entry, the f16x2 GEMV's default for q4/q5/q6/q8
     and NVFP4 (it beat everything else on every 27B/35B shape measured, BENCHMARKS.md "f16x2
@@ -610,9 +615,15 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     that kernel lost there."""
     if m > 8:
         return None
-    from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_tc
+    from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc
     from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_TC
 
+    if m <= 4 and gemv_kw.enabled() and fmt in gemv_kw.DECODES:
+        # experiment switch (NINFER_KW=1): the K-walk GEMV wherever it fits, ahead of every
+        # measured winner, until the H200 has timed it
+        cfg = gemv_kw.default_config(fmt, n, k, sm_count)
+        if cfg is not None:
+            return cfg
     tc_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
     if gemv_tc.enabled() and os.environ.get("NINFER_TCD") == "1" and fmt in gemv_tc.FORMATS:
         # experiment switch (set before the model loads: workspace is reserved then): the direct

@@ -40,16 +40,21 @@ def _dequant():
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
 
 
-def _h2_decode_config(x2: torch.Tensor, prepared: K.Prepared) -> Any:
-    """The f16x2 GEMV's config where it is the decode kernel for these rows (bf16 on a GPU, unit
-    last stride, 16-byte aligned, and the dispatch picks it for this shape and row count); None
-    otherwise. What the launches that fold extra work into that GEMV ask first."""
+def _decode_config(x2: torch.Tensor, prepared: K.Prepared, kind: type) -> Any:
+    """The dispatched decode config for these rows where it is of `kind` (bf16 on a GPU, unit
+    last stride, 16-byte aligned, and the dispatch picks that kernel for this shape and row
+    count); None otherwise. What the launches that fold extra work into a GEMV ask first."""
     if x2.dtype != torch.bfloat16 or x2.device.type != "cuda" or x2.stride(-1) != 1 or x2.data_ptr() % 16:
         return None
+    cfg = _kernels().pick_gemv(prepared.fmt, x2.shape[0], prepared.n, prepared.k, prepared.sm_count)
+    return cfg if isinstance(cfg, kind) else None
+
+
+def _h2_decode_config(x2: torch.Tensor, prepared: K.Prepared) -> Any:
+    """The f16x2 GEMV's config where it is the decode kernel for these rows (see _decode_config)."""
     from ninfer_plugins.quant_int import gemv_h2
 
-    cfg = _kernels().pick_gemv(prepared.fmt, x2.shape[0], prepared.n, prepared.k, prepared.sm_count)
-    return cfg if isinstance(cfg, gemv_h2.H2Config) else None
+    return _decode_config(x2, prepared, gemv_h2.H2Config)
 
 
 class TritonQuantLinear:
@@ -147,11 +152,14 @@ class TritonQuantLinear:
         g2 = gu.reshape(-1, gu.shape[-1])
         if g2.shape[1] != 2 * prepared.k or g2.stride(0) % 8:
             return None
+        from ninfer_plugins.quant_int import gemv_h2, gemv_kw
+
+        kw = _decode_config(g2, prepared, gemv_kw.KWConfig)
+        if kw is not None:  # the K-walk GEMV (NINFER_KW=1) prepares its x pairs gated the same way
+            return gemv_kw.launch(g2, prepared, kw, gated=True).reshape(*gu.shape[:-1], prepared.n)
         cfg = _h2_decode_config(g2, prepared)
         if cfg is None:
             return None
-        from ninfer_plugins.quant_int import gemv_h2
-
         return gemv_h2.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
 
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:

@@ -1,0 +1,393 @@
+"""Dequantize + GEMV walking K, for decode (M = 1..4 activation rows): gemv_h2's decode and f16x2
+dot, with the walk turned around.
+
+Why (BENCHMARKS.md, fourteenth run): gemv_h2 gives each CTA one K slice and streams rows through
+it. With its decode and multiply-adds ablated it still moves the 27B's projections at only 52-60%
+of the copy bandwidth, where a read of the same bytes along the same tile walk reaches 84%. What
+the ablation keeps is the structure around the walk: every CTA prepares x for its slice (a max
+over the slice: loads, a cross-warp reduction, barriers) before its few trips (about 7 on q5 down),
+every trip ends in a cross-lane sum and a partial store per row, and the last CTA of a row chunk
+sums the slices serially.
+
+How: a CTA owns BLOCK_N rows and walks their K (or a 1/SPLITS share of it) BW words a trip, the
+next trip's words loaded during this one's math. A trip's tile is [BW words, BLOCK_N rows],
+words-first like gemv_h2's (each thread a run of four words, 16 B a load; with BW = 128 a warp
+reads 512 contiguous bytes of one row). Each thread adds its runs' partials to an fp32
+accumulator of the tile's shape; the only cross-lane sum is the CTA's last, once per row. x comes
+prepared: `xpairs` (one small launch) writes, per K block of 128 and x row, the f16x2 pairs the
+decode multiplies (scaled by a power of two from the block's max |x|, as gemv_h2 scales a slice)
+and, per word column, 1/scale for the x row whose partial that column's lane carries (lane m of a
+run is row m's). A trip then costs per thread its weight loads, 4 x loads a row of x (L1/L2 hits:
+x is K x 2 bytes), the decode and dot (gemv_h2's PTX, shared: `_dot_out`), and one FFMA per word
+and row into the accumulator. No prologue before the first trip's math, no per-trip stores;
+SPLITS > 1 (only where rows are too few to fill the GPU) writes one partial per row and split,
+summed by the last split to arrive as gemv_h2 does.
+
+Under TRITON_INTERPRET=1 the same tiles and prepared pairs run through gemv_h2's plain integer
+decode (x unpacked from the pairs, its factor and scale undone), so CI checks the walk, the
+columns, the splits and the preparation; the PTX is gemv_h2's, checked in its emulator tests.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer_plugins.quant_int import gemv_h2 as H2
+from ninfer_plugins.quant_int import kernels as QK
+
+MAX_M = 4
+DECODES = H2.DECODES
+NVFP4 = H2.NVFP4
+WORDS = H2.WORDS  # 32-bit words of packed codes per K block of 128 elements
+
+
+@dataclass(frozen=True)
+class KWConfig:
+    block_n: int = 16  # rows a CTA
+    bw: int = 128  # words of each row a trip (a multiple of the format's words a K block)
+    splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
+    num_warps: int = 4
+    prefetch: int = 1  # 1: the next trip's words load during this trip's math
+
+    def describe(self) -> str:
+        return f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf")[int(self.prefetch)]
+
+    def workspace(self, p: QK.Prepared) -> tuple[int, int]:
+        return workspace_need(p, self)
+
+    def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
+        return launch(x2, p, self, fast)
+
+
+def row_words(fmt: int, k: int) -> int:
+    return k // 128 * WORDS[fmt]
+
+
+def supports(p: QK.Prepared, cfg: KWConfig) -> bool:
+    return _fits(p.fmt, p.k, cfg)
+
+
+def _fits(fmt: int, k: int, cfg: KWConfig) -> bool:
+    if fmt not in DECODES or k % 128 or cfg.bw % WORDS[fmt] or QK.ROW_PAD % cfg.block_n:
+        return False
+    # every thread a whole run of four words (fewer and Triton would pad the asm's pack of 4)
+    if cfg.bw * cfg.block_n < 4 * 32 * cfg.num_warps or cfg.bw % 4:
+        return False
+    return row_words(fmt, k) % (cfg.bw * cfg.splits) == 0
+
+
+def enabled() -> bool:
+    """NINFER_KW=1 sends every M <= 4 decode launch it fits to this kernel (kernels.pick_gemv);
+    off by default until the H200 has timed it against gemv_h2 (read at each launch, so an A/B
+    may switch it between runs of one process)."""
+    return os.environ.get("NINFER_KW", "0") == "1"
+
+
+def default_config(fmt: int, n: int, k: int, sm_count: int) -> KWConfig | None:
+    """16 rows a CTA, 4 warps, the widest trip that divides a row's words (128, 64 or 32), and K
+    shares (2, then 4) only while the row blocks alone give fewer than two CTAs an SM."""
+    for bw in (128, 64, 32):
+        best = None
+        for splits in (1, 2, 4):
+            cfg = KWConfig(16, bw, splits)
+            if not _fits(fmt, k, cfg):
+                break
+            best = cfg
+            if -(-n // cfg.block_n) * splits >= 2 * sm_count:
+                break
+        if best is not None:
+            return best
+    return None
+
+
+def workspace_need(p: QK.Prepared, cfg: KWConfig) -> tuple[int, int]:
+    """(partials, counters): one fp32 a row, split and x row; one counter a row block."""
+    if cfg.splits == 1:
+        return 0, 0
+    return cfg.splits * MAX_M * p.n, -(-p.n // cfg.block_n)
+
+
+# --- x, prepared once a launch ---------------------------------------------------------------------
+
+
+@triton.jit
+def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
+                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (m, kb): row m of x over K block kb -> per word column c of the block, the f16x2
+    pairs A, B, C, D (XP [4 rows][4 parts][KW words]); INVM [4, NKB]: 1/scale of (m, kb); INV [KW]:
+    the 1/scale the fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's
+    2^22). Rows m >= M are zeros."""
+    m = tl.program_id(0)
+    kb = tl.program_id(1)
+    pdl_prologue(PDL)
+    WPB: tl.constexpr = 32 if FMT == 8 else 16
+    t = tl.arange(0, WPB)
+    if FMT == 16:
+        base = kb * 128 + (t // 2) * 16 + (t % 2) * 4
+    else:
+        base = kb * 128 + t * 4
+    l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = H2._x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED)
+    inv = H2._pow2(-e)
+    inv_fast = H2._pow2(22 - e) if FMT == 16 else inv  # NVFP4: the decode's 2^-22 undone with the scaling
+    col = kb * WPB + t
+    xp = XP + m * 4 * KW + col
+    tl.store(xp, H2._pair(l0 * f, l2 * f, FAST))
+    tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, FAST))
+    tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, FAST))
+    tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, FAST))
+    tl.store(INV + col, tl.broadcast_to(inv_fast, t.shape), mask=(t % 4) == m)
+    tl.store(INVM + m * NKB + kb, inv)
+
+
+def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
+    """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XP, INV, INVM) for _gemv_kw_kernel, in
+    scratch kept per (format, K) on the device (a CUDA graph reuses its pointers)."""
+    kw = row_words(fmt, k)
+    nkb = k // 128
+
+    def make():
+        return (torch.zeros(MAX_M * 4 * kw, dtype=torch.int32, device=x2.device),
+                torch.zeros(kw, dtype=torch.float32, device=x2.device),
+                torch.zeros(MAX_M * nkb, dtype=torch.float32, device=x2.device))
+
+    xp, inv, invm = lasting("gemv_kw_x", x2.device, (fmt, k), make)
+    _xpairs_kernel[(block_m, nkb)](
+        x2, xp, inv, invm, x2.shape[0], kw, nkb, x2.stride(0), k if gated else 0,
+        FMT=fmt, HEAD=H2.HEAD[fmt], FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device),
+    )
+    return xp, inv, invm
+
+
+# --- the GEMV ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _half(pair, hi: tl.constexpr):
+    """Interpreter path: one f16 of an f16x2 int32 pair, as fp32."""
+    if hi:
+        v = (pair >> 16) & 0xFFFF
+    else:
+        v = pair & 0xFFFF
+    return v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
+                FMT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Interpreter path: the tile's sums for every x row added to acc [4, BLOCK_N], x unpacked
+    from the prepared pairs with the decode's factors (gemv_h2.X_FACTORS) and the scaling undone."""
+    WPB: tl.constexpr = 32 if FMT == 8 else 16
+    cols = tl.max(cols, 1)
+    if FMT == 8:
+        s_lo = s.to(tl.float32)
+        s_hi = s_lo
+    elif FMT == 16:
+        s_lo = H2._e4m3((s.to(tl.int32) >> (8 * (jj // 2))) & 0xFF)
+        s_hi = s_lo
+    else:
+        s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if FMT == 16 or FMT == 8:
+        fb = 1.0
+        fc = 1.0
+        fd = 1.0
+    elif FMT == 5:
+        fb = 16.0
+        fc = 2.0
+        fd = 32.0
+    else:
+        fb = 16.0
+        fc = 1.0
+        fd = 16.0
+    for mm in tl.static_range(BLOCK_M):
+        xp = XP + mm * 4 * KW + cols
+        a = tl.load(xp)
+        b = tl.load(xp + KW)
+        c = tl.load(xp + 2 * KW)
+        d = tl.load(xp + 3 * KW)
+        im = tl.load(INVM + mm * NKB + cols // WPB)
+        r = H2._plain_row(w, hl, hh, jj, s_lo, s_hi,
+                          _half(a, False) * im, _half(c, False) * fc * im, _half(a, True) * im, _half(c, True) * fc * im,
+                          _half(b, False) * fb * im, _half(d, False) * fd * im, _half(b, True) * fb * im, _half(d, True) * fd * im,
+                          FMT)
+        acc += tl.where(cols4 == mm, r[None, :], 0.0)
+    return acc
+
+
+@triton.jit
+def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row m's four pair vectors [BW, 1] of this trip (row 0's again past BLOCK_M: never used),
+    loaded as columns so that they take the word tile's layout (a [BW] load is laid out on its
+    own, one word a thread across the warps, and costs a shared-memory shuffle a trip)."""
+    mm: tl.constexpr = m if m < BLOCK_M else 0
+    xp = XP + mm * 4 * KW + cols
+    return tl.load(xp), tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW)
+
+
+@triton.jit(do_not_specialize=["M", "N", "ITERS"])
+def _gemv_kw_kernel(
+    XP, INV, INVM, W, H, S, Y, WS, CNT, G,
+    M, N, KW, NKB, ITERS,
+    stride_wn, stride_hn, stride_sn, stride_ym,
+    FMT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BW: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ASM: tl.constexpr,
+    CONSTR: tl.constexpr,
+    FAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = False,
+    ABLATE: tl.constexpr = 0,
+):
+    pid_r = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    WPB: tl.constexpr = 32 if FMT == 8 else 16
+    KBS: tl.constexpr = BW // WPB  # K blocks a trip
+    # a trip's columns, relative to the trip (gemv_h2's slice columns for slice 0 of KBS blocks),
+    # and how far each pointer moves a trip
+    w_cols, g_cols, h_cols, h_shift, lead, jj, base = H2.slice_columns(0, FMT, KBS)
+    GSTEP: tl.constexpr = 4 * KBS if (FMT == 8 or FMT == 16) else KBS
+    HSTEP: tl.constexpr = 4 * KBS if FMT == 5 else 8 * KBS
+    rn = tl.arange(0, BLOCK_N)
+    rows = pid_r * BLOCK_N + rn  # rows are padded to ROW_PAD, a multiple of BLOCK_N: loads need no mask
+    it0 = pid_s * ITERS
+    r64 = rows.to(tl.int64)[None, :]
+    wp = W + r64 * stride_wn + (w_cols[:, None] + it0 * BW)
+    sp = S + r64 * stride_sn + (g_cols[:, None] + it0 * GSTEP)
+    hp = H + r64 * stride_hn + (h_cols[:, None] + it0 * HSTEP)
+    cols = it0 * BW + tl.arange(0, BW)[:, None] + rn[None, :] * 0  # [BW, BLOCK_N]: the word tile's layout
+    cols4 = tl.arange(0, 4)[:, None]
+    if PREFETCH:
+        # the first trip's words do not depend on the kernel before: requested before waiting on it
+        w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+    pdl_prologue(PDL)
+    if FAST:
+        acc = tl.zeros([BW, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([4, BLOCK_N], dtype=tl.float32)
+    for i in range(ITERS):
+        if PREFETCH:
+            w = w_n
+            hl = hl_n
+            hh = hh_n
+            s = s_n
+            # the next trip's words, or this trip's again after the last (stays in bounds)
+            step = tl.where(i + 1 < ITERS, 1, 0)
+            wp += step * BW
+            sp += step * GSTEP
+            hp += step * HSTEP
+            w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+        else:
+            w, hl, hh, s = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+            wp += BW
+            sp += GSTEP
+            hp += HSTEP
+        if FAST and ABLATE == 1:
+            # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads and the
+            # accumulator with one xor a word in place of the decode and multiply-adds
+            xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+            fold = w ^ hl ^ hh ^ s.to(tl.int32) ^ xa0 ^ xb0 ^ xc0 ^ xd0
+            acc += fold.to(tl.float32, bitcast=True) * tl.load(INV + cols)
+        elif FAST:
+            xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+            xa1, xb1, xc1, xd1 = _x_operands(XP, cols, KW, 1, BLOCK_M)
+            xa2, xb2, xc2, xd2 = _x_operands(XP, cols, KW, 2, BLOCK_M)
+            xa3, xb3, xc3, xd3 = _x_operands(XP, cols, KW, 3, BLOCK_M)
+            out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
+                              xa3, xb3, xc3, xd3, FMT, BLOCK_M, ASM, CONSTR)
+            acc += out * tl.load(INV + cols)
+        else:
+            acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
+        cols += BW
+    if FAST:
+        # lane m of each run is x row m's: [BW // 4, 4, BLOCK_N] -> [4, BLOCK_N], the one cross-lane sum
+        part = tl.sum(tl.reshape(acc, (BW // 4, 4, BLOCK_N)), 0)
+    else:
+        part = acc
+    ok = rows < N
+    if SPLITS == 1:
+        if FMT == 16:
+            part = part * tl.load(G + rows, mask=ok, other=0.0)[None, :]  # NVFP4's per-row global scale
+        dst = Y + cols4 * stride_ym + rows[None, :]
+        tl.store(dst, part.to(Y.dtype.element_ty), mask=ok[None, :] & (cols4 < M))
+    else:
+        # one partial a row, split and x row; the last split of this row block to arrive sums
+        # them in split order (bit-reproducible) and resets the counter
+        tl.store(WS + (rows[None, :].to(tl.int64) * SPLITS + pid_s) * 4 + cols4, part, mask=ok[None, :] & (cols4 < BLOCK_M))
+        tl.debug_barrier()
+        arrived = tl.atomic_add(CNT + pid_r, 1, sem="acq_rel")
+        if arrived == SPLITS - 1:
+            sl = tl.arange(0, SPLITS)[:, None]
+            for mm in tl.static_range(BLOCK_M):
+                p = tl.load(WS + (rows[None, :].to(tl.int64) * SPLITS + sl) * 4 + mm, mask=ok[None, :], other=0.0,
+                            cache_modifier=".cg")
+                y = tl.sum(p, 0)
+                if FMT == 16:
+                    y = y * tl.load(G + rows, mask=ok, other=0.0)
+                tl.store(Y + mm * stride_ym + rows, y.to(Y.dtype.element_ty), mask=ok & ((rows * 0 + mm) < M))
+            tl.atomic_xchg(CNT + pid_r, 0)
+
+
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = None, gated: bool = False,
+           ablate: int = 0) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows (gated: x2 is [M, 2k], the GEMV's input is
+    silu(gate) * up, rounded to x2's dtype as silu_mul stores it). Two launches: x's pairs, then
+    the GEMV. `ablate` = 1: a measurement only (no decode or multiply-adds; garbage out)."""
+    m = x2.shape[0]
+    if gated and (x2.shape[1] != 2 * p.k or x2.stride(1) != 1):
+        raise ValueError(f"the K-walk GEMV's gated input is [M, 2 x {p.k}] with a unit last stride, got "
+                         f"{tuple(x2.shape)} strides {tuple(x2.stride())}")
+    if not gated and (x2.shape[1] != p.k or x2.stride(1) != 1):
+        raise ValueError(f"the K-walk GEMV's input is [M, {p.k}] with a unit last stride, got {tuple(x2.shape)}")
+    if m > MAX_M:
+        raise ValueError(f"the K-walk GEMV takes at most {MAX_M} rows, got {m}")
+    if cfg.splits & (cfg.splits - 1):
+        raise ValueError(f"the K-walk GEMV's splits must be a power of two, got {cfg.splits}")
+    if not supports(p, cfg):
+        raise ValueError(f"the K-walk GEMV needs q4/q5/q6/q8 or NVFP4 and a row's words ({row_words(p.fmt, p.k)}) a "
+                         f"multiple of BW x splits, BW a multiple of a K block's words and four words a thread "
+                         f"(format {p.fmt}, K={p.k}, {cfg.describe()})")
+    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    block_m = 1 if m == 1 else 2 if m == 2 else 4
+    fast = (p.fast if fast is None else fast) and not QK.interpreting()
+    xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast, gated)
+    kw = row_words(p.fmt, p.k)
+    if cfg.splits > 1:
+        ws = QK.Workspace.get(x2.device)
+        ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
+        partials, counters = ws.partials, ws.counters
+    else:
+        partials = counters = inv  # never read
+    w = p.qweight.view(torch.int32)
+    h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
+    s = H2.scales_view(p.fmt, p.scales)
+    g = p.gscale if p.gscale is not None else s
+    asm, constr = H2._asm(p.fmt, block_m)
+    _gemv_kw_kernel[(-(-p.n // cfg.block_n), cfg.splits)](
+        xp, inv, invm, w, h, s, y, partials, counters, g,
+        m, p.n, kw, p.k // 128, kw // (cfg.bw * cfg.splits),
+        w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+        FMT=p.fmt,
+        BLOCK_N=cfg.block_n,
+        BW=cfg.bw,
+        SPLITS=cfg.splits,
+        BLOCK_M=block_m,
+        ASM=asm,
+        CONSTR=constr,
+        FAST=fast,
+        PREFETCH=int(cfg.prefetch),
+        ABLATE=ablate,
+        num_warps=cfg.num_warps,
+        **pdl_kwargs(x2.device),
+    )
+    return y

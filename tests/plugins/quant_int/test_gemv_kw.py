@@ -1,0 +1,228 @@
+"""The K-walk GEMV (quant_int/gemv_kw.py) against dequantize-then-matmul in fp32.
+
+CPU (CI): the interpreted kernel at tiny sizes, every format, M = 1..4, one and several K splits
+(the split counters reset), row tails, gated input, x of huge and tiny scale, gemv_h2's results
+on the same inputs; the prepared x pairs against gemv_h2's scaling rules. The fast path's PTX is
+gemv_h2's (`_dot_out`), checked in test_gemv_h2's emulator tests.
+GPU (`-m gpu`): the 27B/35B shapes at M = 1..4, fast path, against the reference and gemv_h2.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
+from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
+from ninfer_plugins.quant_int import kernels as K  # noqa: E402
+from test_gemv_h2 import packed_and_ref, rel_err  # noqa: E402  (same folder)
+
+interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
+SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
+DEV = "cuda" if CUDA else "cpu"
+
+
+@interp
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize(
+    "m,n,k,cfg",
+    [
+        (1, 70, 512, KW.KWConfig(16, 32)),  # row tail, several trips
+        (2, 64, 512, KW.KWConfig(32, 32, 2)),  # two splits
+        (3, 48, 1024, KW.KWConfig(16, 64, 2, prefetch=0)),
+        (4, 40, 512, KW.KWConfig(8, 64, 1, num_warps=2)),
+        (1, 33, 1024, KW.KWConfig(16, 32, 4)),  # four splits, row tail
+    ],
+)
+def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    if not KW.supports(p, cfg):
+        pytest.skip(f"{cfg.describe()} does not fit format {p.fmt} at K={k}")
+    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
+    y = KW.launch(x, p, cfg)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert rel_err(y, x.float() @ deq.T) < 6e-3
+    # the same partials, summed in another order: gemv_h2's result within rounding
+    y2 = H.launch(x, p, H.H2Config(16, 2, 1))
+    assert rel_err(y, y2.float()) < 6e-3
+    assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+
+
+@interp
+@pytest.mark.parametrize("scheme", ["q5_g64", "nvfp4"])
+def test_interpreted_kw_gated_input_is_silu_mul_then_the_gemv(scheme):
+    """gated: [gate | up] rows inside a wider buffer (any row stride), the GEMV's input
+    silu(gate) * up rounded once to bf16 as the pairs are prepared: the silu_mul launch's x,
+    so the same output bit for bit."""
+    from ninfer_plugins.cuda_fast.ops import silu_mul
+
+    g = torch.Generator().manual_seed(5)
+    k = 512
+    p, deq = packed_and_ref(torch.randn(48, k, generator=g), scheme)
+    wide = (torch.randn(2, 2 * k + 64, generator=g) * 3).to(torch.bfloat16)
+    gu = wide[:, : 2 * k]
+    act = silu_mul(gu[:, :k], gu[:, k:])
+    y = KW.launch(gu, p, KW.KWConfig(16, 32), gated=True)
+    assert torch.equal(y, KW.launch(act, p, KW.KWConfig(16, 32)))
+    assert rel_err(y, act.float() @ deq.T) < 6e-3
+
+
+@interp
+def test_interpreted_kw_large_and_tiny_x():
+    """x of huge and tiny scale, and one K block far larger than the rest: the per-block
+    power-of-two scaling keeps each block's x exact to fp16."""
+    g = torch.Generator().manual_seed(7)
+    p, deq = packed_and_ref(torch.randn(32, 512, generator=g), "q6_g64")
+    for scale in (3e4, 1e-6):
+        x = (torch.randn(1, 512, generator=g) * scale).to(torch.bfloat16)
+        assert rel_err(KW.launch(x, p, KW.KWConfig(16, 32)), x.float() @ deq.T) < 6e-3
+    x = torch.randn(1, 512, generator=g)
+    x[:, 128:256] *= 1e4
+    x = x.to(torch.bfloat16)
+    assert rel_err(KW.launch(x, p, KW.KWConfig(16, 32)), x.float() @ deq.T) < 6e-3
+
+
+@interp
+@pytest.mark.parametrize("fmt,scheme", [(4, "q4_g64"), (5, "q5_g64"), (8, "q8_g32"), (16, "nvfp4")])
+def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme):
+    """Each K block's pairs: x * 2^e (e from the block's max |x|, gemv_h2's HEAD) times the
+    decode's factor for that pair (gemv_h2.X_FACTORS), rounded to fp16; INVM = 2^-e; INV[c] the
+    1/scale of row c % 4 (NVFP4: with 2^22)."""
+    g = torch.Generator().manual_seed(fmt)
+    k = 256
+    x = (torch.randn(3, k, generator=g) * torch.tensor([1.0, 50.0, 1e-3])[:, None]).to(torch.bfloat16)
+    xp, inv, invm = KW.xpairs(x, fmt, k, 4, fast=False)
+    kw = KW.row_words(fmt, k)
+    wpb = KW.WORDS[fmt]
+    pairs = xp.view(4, 4, kw)
+    fa, fb, fc, fd = H.X_FACTORS[fmt]
+    hi = H.HI_OFFSET[fmt]
+    for m in range(4):
+        for kb in range(k // 128):
+            blk = x[m, kb * 128:(kb + 1) * 128].float() if m < 3 else torch.zeros(128)
+            amax = float(blk.abs().max())
+            ex = (torch.tensor([amax]).view(torch.int32).item() >> 23 & 0xFF) - 127
+            e = H.HEAD[fmt] - min(max(ex, -100), 100)
+            assert float(invm.view(4, -1)[m, kb]) == 2.0 ** -e
+            undo = 22 if fmt == 16 else 0
+            for t in range(wpb):
+                c = kb * wpb + t
+                base = kb * 128 + ((t // 2) * 16 + (t % 2) * 4 if fmt == 16 else t * 4)
+                if c % 4 == m:
+                    assert float(inv[c]) == 2.0 ** (undo - e)
+                xv = torch.zeros(k) if m >= 3 else x[m].float()
+                lo = [xv[base + i] * 2.0 ** e for i in range(4)]
+                hv = [xv[base + (0 if fmt == 8 else hi) + i] * 2.0 ** e for i in range(4)]
+                want = {0: (lo[0] * fa, lo[2] * fa), 1: (hv[0] * fb, hv[2] * fb), 2: (lo[1] * fc, lo[3] * fc),
+                        3: (hv[1] * fd, hv[3] * fd)}
+                for part, (a, b) in want.items():
+                    if fmt == 8 and part in (1, 3):
+                        continue  # q8 has no high group: its decode reads pairs A and C only
+                    word = int(pairs[m, part, c])
+                    got = torch.tensor([word & 0xFFFF, (word >> 16) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16)
+                    assert torch.equal(got, torch.tensor([float(a), float(b)]).to(torch.float16)), (m, kb, t, part)
+
+
+def test_kw_refuses_bad_inputs():
+    g = torch.Generator().manual_seed(1)
+    p, _ = packed_and_ref(torch.randn(32, 256, generator=g), "q4_g64")
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        KW.launch(x, p, KW.KWConfig(16, 32))
+    with pytest.raises(ValueError, match="multiple of BW"):
+        KW.launch(x[:1], p, KW.KWConfig(16, 64, 2))  # 32 words a row, 64 x 2 a trip
+    with pytest.raises(ValueError, match="power of two"):
+        KW.launch(x[:1], p, KW.KWConfig(16, 32, 3))
+    with pytest.raises(ValueError, match="unit last stride"):
+        KW.launch(torch.randn(1, 300).to(torch.bfloat16), p, KW.KWConfig(16, 32))
+
+
+def test_kw_dispatch_only_when_switched_on(monkeypatch):
+    """NINFER_KW=1: every M <= 4 launch the K-walk fits goes to it (its default config); off, the
+    dispatch is untouched; M > 4 never."""
+    monkeypatch.delenv("NINFER_KW", raising=False)
+    assert not isinstance(K.pick_gemv(5, 1, 5120, 17408, 132), KW.KWConfig)
+    monkeypatch.setenv("NINFER_KW", "1")
+    for m in (1, 2, 4):
+        assert K.pick_gemv(5, m, 5120, 17408, 132) == KW.KWConfig(16, 128, 1)
+    assert not isinstance(K.pick_gemv(5, 8, 5120, 17408, 132), KW.KWConfig)
+    # 2048 rows are 128 row blocks: K shares until two CTAs an SM (128 x 4 >= 264)
+    assert K.pick_gemv(8, 1, 2048, 4096, 132) == KW.KWConfig(16, 128, 4)
+    # 640 words a row (K = 5120) split in two is not a multiple of 128: one share
+    assert KW.default_config(4, 2048, 5120, 132) == KW.KWConfig(16, 128, 1)
+    # 3 K blocks: 48 words a row, only BW 16... none fits BW 32 (48 % 32): no config
+    assert KW.default_config(4, 256, 384, 132) is None
+
+
+# --- GPU -------------------------------------------------------------------------------------------
+
+GPU_SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 5120, 6144),
+              ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096), ("nvfp4", 5120, 17408), ("q6_g64", 2048, 5120)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", GPU_SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_kw_fast_path_on_the_gpu(scheme, n, k, m):
+    g = torch.Generator().manual_seed(n + k + m)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    p = _to_cuda(p)
+    x = (torch.randn(m, k, generator=g) * 2).to(torch.bfloat16).cuda()
+    ref = x.float() @ deq.cuda().T
+    for cfg in (KW.KWConfig(16, 128), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4)):
+        if not KW.supports(p, cfg):
+            continue
+        K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
+        y = KW.launch(x, p, cfg)
+        assert rel_err(y, ref) < 6e-3, cfg.describe()
+        assert torch.equal(y, KW.launch(x, p, cfg))  # bit-equal repeats
+        assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
+
+
+def _to_cuda(p):
+    import dataclasses
+
+    moved = {f.name: getattr(p, f.name).cuda() for f in dataclasses.fields(p) if isinstance(getattr(p, f.name), torch.Tensor)}
+    return dataclasses.replace(p, **moved)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [("q5_g64", 5120, 17408), ("nvfp4", 5120, 17408), ("q8_g32", 2048, 4096)])
+def test_kw_through_the_engine_entry_in_a_graph(scheme, n, k, monkeypatch):
+    """NINFER_KW=1: the dispatched decode (kernels.launch) and the gated down projection
+    (TritonQuantLinear.apply_gated) run the K-walk GEMV, captured in a CUDA graph: the gated launch
+    bit-equal to silu_mul then the dispatched GEMV, and both within rounding of gemv_h2's."""
+    from ninfer_plugins.cuda_fast.ops import silu_mul
+    from ninfer_plugins.quant_int.linear import TritonQuantLinear
+
+    torch.manual_seed(6)
+    p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    K.reserve_workspace(p)
+    gu = (torch.randn(1, 2 * k, device="cuda") * 2).bfloat16()
+    act = silu_mul(gu[:, :k], gu[:, k:])
+    h2 = K.launch(act, p)
+    monkeypatch.setenv("NINFER_KW", "1")
+    assert isinstance(K.pick_gemv(p.fmt, 1, n, k, p.sm_count), KW.KWConfig)
+    kern = TritonQuantLinear.__new__(TritonQuantLinear)  # apply_gated reads nothing of the instance
+    want = K.launch(act, p)
+    assert rel_err(want, h2.float()) < 6e-3 and rel_err(want, act.float() @ deq.float().T) < 6e-3
+    assert torch.equal(kern.apply_gated(gu, p), want)  # compiled outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kern.apply_gated(gu, p)
+        y2 = K.launch(act, p)
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, want) and torch.equal(y2, want)
