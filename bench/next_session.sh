@@ -32,6 +32,8 @@
 #                                      # the read ceiling with the tile walk on every shape (~6 min)
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
+#   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
+#                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -190,6 +192,13 @@ case "${1:-}" in
     echo "h2_ablate rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/ablate.txt"
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
     echo "read_ceiling rc=$? $(( $(date +%s) - t0 )) s"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
+    ;;
+  kw)
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_kw.py > "$OUT/t.txt" 2>&1
+    echo "kw tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout 400 python3 bench/kw_bench.py --out "$OUT" > "$OUT/kw.txt" 2>&1
+    echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/kw.txt" | cut -c1-150
     ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1

@@ -1,0 +1,133 @@
+"""The K-walk GEMV (quant_int/gemv_kw.py) against the dispatched decode kernel, shape by shape.
+
+    python3 bench/kw_bench.py [--out DIR] [--first N] [--ms 1,4]
+
+Per shape and M: the dispatched kernel (gemv_h2 at M = 1 on every 27B/35B shape), each K-walk
+config that fits (its x-pairs launch included: two kernels a call), the first fitting config with
+its decode and FMAs ablated, and the x-pairs launch alone; µs a call in one CUDA graph cycling
+>= 256 MB of weight copies, the share of the copy bandwidth measured in the same run, and each
+K-walk result's error against the dispatched kernel's (a check that the fast path is right, as
+well as fast). Prediction (BENCHMARKS.md, fifteenth session): the ablated K-walk near the read
+ceiling's 82-90% on the big matrices, the full one above gemv_h2's 42-57%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+
+# (format, N, K): the 27B's decode matrices (q4 gate+up, q5 down/qkv+z/q+v/o_proj, q6 head), an
+# NVFP4 down, and the 35B's q8 attention/GDN projections
+SHAPES = [
+    ("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
+    ("q5_g64", 5120, 6144), ("nvfp4", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
+    ("q6_g64", 248320, 5120),
+]
+CFGS = [(16, 128, 1, 4), (32, 128, 1, 8), (8, 128, 1, 2), (16, 64, 1, 4), (16, 128, 1, 4, 0), (16, 128, 2, 4), (32, 128, 2, 8),
+        (16, 128, 4, 4)]
+
+
+def _warm_one(item) -> str:
+    fmt_name, k, cfg, m, ablate = item
+    sys.path.insert(0, str(ROOT / "bench"))
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import gemv_kw as KW
+    from ninfer_plugins.quant_int import kernels as K
+
+    try:
+        c = KW.KWConfig(*cfg)
+        p = QL.make_prepared(fmt_name, K.ROW_PAD, k)
+        K.Workspace.get(torch.device("cuda")).reserve(*KW.workspace_need(p, c))
+        KW.launch(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), p, c, ablate=ablate)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001 - reported, the run goes on
+        return f"{item}: {type(e).__name__}: {str(e)[:300]}"
+
+
+def prewarm(items: list, workers: int = 14) -> None:
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t0 = time.time()
+    with cf.ProcessPoolExecutor(max_workers=min(workers, max(1, len(items))), mp_context=mp.get_context("spawn")) as ex:
+        errors = [e for e in ex.map(_warm_one, items) if e]
+    print(f"prewarm: {len(items)} variants in {time.time() - t0:.0f} s" + (f"; errors: {errors[:4]}" if errors else ""), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--first", type=int, default=len(SHAPES), help="only the first N shapes")
+    ap.add_argument("--ms", default="1,4")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("kw_bench: needs a CUDA GPU")
+        return 0
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import formats as IF
+    from ninfer_plugins.quant_int import gemv_kw as KW
+    from ninfer_plugins.quant_int import kernels as K
+
+    ms = [int(v) for v in args.ms.split(",")]
+    shapes = SHAPES[: args.first]
+    bits = {name: (16 if name == "nvfp4" else IF.FORMATS[name].bits) for name, _, _ in shapes}
+    items = []
+    for name, n, k in shapes:
+        fits = [c for c in CFGS if KW._fits(bits[name], k, KW.KWConfig(*c))]
+        for m in ms:
+            items += [(name, k, c, m, 0) for c in fits] + [(name, k, fits[0], m, 1)] if fits else []
+    prewarm(sorted(set(items)))
+    copy_tbs = QL.copy_bandwidth()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs", flush=True)
+    rows = []
+    for name, n, k in shapes:
+        p = QL.make_prepared(name, n, k)
+        nbytes = QL.prepared_bytes(p)
+        copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]
+        fits = [KW.KWConfig(*c) for c in CFGS if KW._fits(bits[name], k, KW.KWConfig(*c))]
+
+        def share(ms_: float) -> float:
+            return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)
+
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            picked = K.pick_gemv(bits[name], m, n, k, sms)
+            want = K.launch(x, p)
+            base_ms = QL.graph_ms_per_call([lambda q=q: K.launch(x, q) for q in copies])
+            row = dict(fmt=name, n=n, k=k, m=m, mb=round(nbytes / 1e6, 1), dispatched=getattr(picked, "describe", lambda: str(picked))(),
+                       dispatched_us=round(base_ms * 1e3, 2), dispatched_share=round(share(base_ms), 3), kw=[])
+            print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base_ms * 1e3:.2f} us "
+                  f"{share(base_ms):.1%}", flush=True)
+            for cfg in fits:
+                K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
+                err = float((KW.launch(x, p, cfg).float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+                t = QL.graph_ms_per_call([lambda q=q, c=cfg: KW.launch(x, q, c) for q in copies])
+                row["kw"].append(dict(config=cfg.describe(), us=round(t * 1e3, 2), share=round(share(t), 3), err=err))
+                print(f"    {cfg.describe():24s} {t * 1e3:8.2f} us {share(t):6.1%}  err vs dispatched {err:.1e}", flush=True)
+            if fits:
+                t = QL.graph_ms_per_call([lambda q=q: KW.launch(x, q, fits[0], ablate=1) for q in copies])
+                row["ablated"] = dict(config=fits[0].describe(), us=round(t * 1e3, 2), share=round(share(t), 3))
+                tx = QL.graph_ms_per_call([lambda f=p.fmt: KW.xpairs(x, f, k, 1 if m == 1 else 2 if m == 2 else 4, True)] * 64)
+                row["xpairs_us"] = round(tx * 1e3, 2)
+                print(f"    ablated {fits[0].describe():16s} {t * 1e3:8.2f} us {share(t):6.1%}; x pairs alone {tx * 1e3:.2f} us",
+                      flush=True)
+            rows.append(row)
+        del copies, p
+        torch.cuda.empty_cache()
+    QL.write_result(args.out, "kw_bench.json", dict(copy_tbs=copy_tbs, rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
