@@ -34,6 +34,8 @@
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
+#   bash bench/next_session.sh kwstep [27b|35b|round]  # the decode step (or the 27B MTP round) as committed against
+#                                      # NINFER_KW=1, alternated twice in one process (~5-8 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -192,6 +194,20 @@ case "${1:-}" in
     echo "h2_ablate rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/ablate.txt"
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
     echo "read_ceiling rc=$? $(( $(date +%s) - t0 )) s"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
+    ;;
+  kwstep)
+    # the K-walk GEMV in the engine: every M <= 4 decode GEMV on it (NINFER_KW=1) against the tree
+    # as committed, alternated twice in one process; `kwstep 27b` (default), `kwstep 35b`, `kwstep round`
+    t0=$(date +%s)
+    case "${2:-27b}" in
+      round) rounds 560 "X=1" "NINFER_KW=1" "X=1" "NINFER_KW=1" ;;
+      *)
+        case "${2:-27b}" in 35b) model=qwen3.6-35b-a3b ;; *) model=qwen3.6-27b ;; esac
+        timeout 560 python3 bench/dense_27b.py --skip-tests --model $model --only int4_8k --budget-s 480 \
+          --variants "X=1|NINFER_KW=1|X=1|NINFER_KW=1" > "$OUT/b.txt" 2>&1
+        echo "$model KW A/B rc=$? $(( $(date +%s) - t0 )) s"
+        grep -E "^int4_8k|^skipped|ERROR" "$OUT/b.txt" | cut -c1-150 ;;
+    esac
     ;;
   kw)
     t0=$(date +%s)

@@ -53,10 +53,10 @@ class KWConfig:
     bw: int = 128  # words of each row a trip (a multiple of the format's words a K block)
     splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
     num_warps: int = 4
-    prefetch: int = 1  # 1: the next trip's words load during this trip's math
+    prefetch: int = 1  # 1: the next trip's words load during this trip's math; 2: the same, two trips an iteration (ping-pong, no register copies)
 
     def describe(self) -> str:
-        return f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf")[int(self.prefetch)]
+        return f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
         return workspace_need(p, self)
@@ -230,6 +230,31 @@ def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr):
     return tl.load(xp), tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW)
 
 
+@triton.jit
+def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
+             FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
+             ABLATE: tl.constexpr):
+    """One trip's words into the accumulator: fast, acc [BW, BLOCK_N] += each run's partials
+    (lane m: x row m's) times 1/x's scale; plain (interpreter), acc [4, BLOCK_N] += the rows' sums."""
+    if FAST and ABLATE == 1:
+        # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads and the
+        # accumulator with one xor a word in place of the decode and multiply-adds
+        xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+        fold = w ^ hl ^ hh ^ s.to(tl.int32) ^ xa0 ^ xb0 ^ xc0 ^ xd0
+        acc += fold.to(tl.float32, bitcast=True) * tl.load(INV + cols)
+    elif FAST:
+        xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+        xa1, xb1, xc1, xd1 = _x_operands(XP, cols, KW, 1, BLOCK_M)
+        xa2, xb2, xc2, xd2 = _x_operands(XP, cols, KW, 2, BLOCK_M)
+        xa3, xb3, xc3, xd3 = _x_operands(XP, cols, KW, 3, BLOCK_M)
+        out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
+                          xa3, xb3, xc3, xd3, FMT, BLOCK_M, ASM, CONSTR)
+        acc += out * tl.load(INV + cols)
+    else:
+        acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M", "N", "ITERS"])
 def _gemv_kw_kernel(
     XP, INV, INVM, W, H, S, Y, WS, CNT, G,
@@ -265,7 +290,7 @@ def _gemv_kw_kernel(
     hp = H + r64 * stride_hn + (h_cols[:, None] + it0 * HSTEP)
     cols = it0 * BW + tl.arange(0, BW)[:, None] + rn[None, :] * 0  # [BW, BLOCK_N]: the word tile's layout
     cols4 = tl.arange(0, 4)[:, None]
-    if PREFETCH:
+    if PREFETCH != 0:
         # the first trip's words do not depend on the kernel before: requested before waiting on it
         w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
@@ -273,40 +298,44 @@ def _gemv_kw_kernel(
         acc = tl.zeros([BW, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([4, BLOCK_N], dtype=tl.float32)
-    for i in range(ITERS):
-        if PREFETCH:
-            w = w_n
-            hl = hl_n
-            hh = hh_n
-            s = s_n
-            # the next trip's words, or this trip's again after the last (stays in bounds)
-            step = tl.where(i + 1 < ITERS, 1, 0)
-            wp += step * BW
-            sp += step * GSTEP
-            hp += step * HSTEP
+    if PREFETCH == 2:
+        # two trips an iteration, ping-pong: the next trip's words load into the registers the
+        # last one freed (no copies); an odd trip count loads the last trip twice, adds it once
+        for i in range(0, ITERS, 2):
+            d1 = tl.where(i + 1 < ITERS, 1, 0)
+            w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
+            acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+            d2 = tl.minimum(i + 2, ITERS - 1) - i
+            wp += d2 * BW
+            sp += d2 * GSTEP
+            hp += d2 * HSTEP
             w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-        else:
-            w, hl, hh, s = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-            wp += BW
-            sp += GSTEP
-            hp += HSTEP
-        if FAST and ABLATE == 1:
-            # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads and the
-            # accumulator with one xor a word in place of the decode and multiply-adds
-            xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
-            fold = w ^ hl ^ hh ^ s.to(tl.int32) ^ xa0 ^ xb0 ^ xc0 ^ xd0
-            acc += fold.to(tl.float32, bitcast=True) * tl.load(INV + cols)
-        elif FAST:
-            xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
-            xa1, xb1, xc1, xd1 = _x_operands(XP, cols, KW, 1, BLOCK_M)
-            xa2, xb2, xc2, xd2 = _x_operands(XP, cols, KW, 2, BLOCK_M)
-            xa3, xb3, xc3, xd3 = _x_operands(XP, cols, KW, 3, BLOCK_M)
-            out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
-                              xa3, xb3, xc3, xd3, FMT, BLOCK_M, ASM, CONSTR)
-            acc += out * tl.load(INV + cols)
-        else:
-            acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
-        cols += BW
+            if i + 1 < ITERS:
+                acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
+                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+            cols += 2 * BW
+    else:
+        for i in range(ITERS):
+            if PREFETCH == 1:
+                w = w_n
+                hl = hl_n
+                hh = hh_n
+                s = s_n
+                # the next trip's words, or this trip's again after the last (stays in bounds)
+                step = tl.where(i + 1 < ITERS, 1, 0)
+                wp += step * BW
+                sp += step * GSTEP
+                hp += step * HSTEP
+                w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+            else:
+                w, hl, hh, s = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+                wp += BW
+                sp += GSTEP
+                hp += HSTEP
+            acc = _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+            cols += BW
     if FAST:
         # lane m of each run is x row m's: [BW // 4, 4, BLOCK_N] -> [4, BLOCK_N], the one cross-lane sum
         part = tl.sum(tl.reshape(acc, (BW // 4, 4, BLOCK_N)), 0)

@@ -39,6 +39,8 @@ DEV = "cuda" if CUDA else "cpu"
         (3, 48, 1024, KW.KWConfig(16, 64, 2, prefetch=0)),
         (4, 40, 512, KW.KWConfig(8, 64, 1, num_warps=2)),
         (1, 33, 1024, KW.KWConfig(16, 32, 4)),  # four splits, row tail
+        (2, 40, 640, KW.KWConfig(16, 32, 1, prefetch=2)),  # ping-pong, odd trip count (5 q4, 5/2 q8)
+        (3, 48, 1024, KW.KWConfig(16, 32, 2, prefetch=2)),  # ping-pong, even trip count, two splits
     ],
 )
 def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
@@ -52,8 +54,9 @@ def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
     assert y.shape == (m, n) and y.dtype == torch.bfloat16
     assert rel_err(y, x.float() @ deq.T) < 6e-3
     # the same partials, summed in another order: gemv_h2's result within rounding
-    y2 = H.launch(x, p, H.H2Config(16, 2, 1))
-    assert rel_err(y, y2.float()) < 6e-3
+    h2 = H.H2Config(16, 2, 1)
+    if H.supports(p, h2):
+        assert rel_err(y, H.launch(x, p, h2).float()) < 6e-3
     assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
 
 
