@@ -39,7 +39,7 @@ DEV = "cuda" if CUDA else "cpu"
         (3, 48, 1024, KW.KWConfig(16, 64, 2, prefetch=0)),
         (4, 40, 512, KW.KWConfig(8, 64, 1, num_warps=2)),
         (1, 33, 1024, KW.KWConfig(16, 32, 4)),  # four splits, row tail
-        (2, 40, 640, KW.KWConfig(16, 32, 1, prefetch=2)),  # ping-pong, odd trip count (5 q4, 5/2 q8)
+        (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2)),  # ping-pong, odd trip count (3; q8 6)
         (3, 48, 1024, KW.KWConfig(16, 32, 2, prefetch=2)),  # ping-pong, even trip count, two splits
     ],
 )
