@@ -217,6 +217,10 @@ def import_linears(source: Any, quant_config: QuantConfig | None = None) -> Iter
         algo = cfg.algo_for(module)
         if packed.scheme == F.SCHEME and algo is not None and "FP4" not in algo.upper():
             log.warning("config says another format for this module; its tensors are NVFP4", module=module, algo=algo)
+        if packed.scheme == F.SCHEME and ("input_scale" not in packed.meta or "A16" in (algo or "").upper()):
+            # published weight-only (no activation scale calibrated, or ModelOpt's W4A16_NVFP4): its
+            # activations stay bf16 even where FP4 tensor cores could take them (quant_nvfp4.native)
+            packed.meta["weight_only"] = True
         yield module, packed
 
 
@@ -239,6 +243,8 @@ def concat_rows(weights: list[PackedWeight]) -> PackedWeight:
     # calibrated ones (none unless every part has one)
     inputs = [p.meta.get("input_scale") for p in weights]
     meta = {"input_scale": max(float(v) for v in inputs)} if inputs and all(v is not None for v in inputs) else {}
+    if any(p.meta.get("weight_only") for p in weights):
+        meta["weight_only"] = True  # one weight-only part keeps the merged input bf16
     return PackedWeight(
         F.SCHEME,
         (n, ks.pop()),

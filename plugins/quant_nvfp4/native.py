@@ -25,12 +25,16 @@ The activation quantizer is tested under Triton's interpreter against formats.py
 `apply` against the W4A4 reference with `emulate_scaled_mm` standing in for cuBLAS, which decodes
 the same swizzled operands in fp32. The GPU test (`-m gpu`) skips below sm_100.
 `NINFER_NVFP4_NATIVE=0` keeps the W4A16 kernels on Blackwell too (no activation quantization).
+Layers a published checkpoint quantized weight-only (no activation scale, or ModelOpt's
+W4A16_NVFP4: the importer marks them `weight_only`) stay on the W4A16 kernels here as well; our own
+`--quant nvfp4` from bf16 runs W4A4 with each token's own activation scale.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -188,9 +192,14 @@ class NativeFp4Linear:
         # both swappable: the CPU tests run `emulate_scaled_mm` and the interpreted quantizer
         self._matmul = matmul
         self._quantize = quantize
+        self._weight_only = None  # the W4A16 kernel, made for the first weight-only layer
 
-    def prepare(self, weight: PackedWeight) -> NativePrepared:
+    def prepare(self, weight: PackedWeight) -> Any:
         F.check_packed(weight)
+        if weight.meta.get("weight_only"):
+            # published weight-only NVFP4 (importer: no activation scale, or W4A16_NVFP4): its
+            # activations were never calibrated for 4 bits, so they stay bf16 on the W4A16 kernels
+            return self._w4a16().prepare(weight)
         n, k = weight.shape
         dev = weight.tensors["weight"].device
         kp, rows = _align(k, K_ALIGN), _align(n, N_ALIGN)
@@ -211,7 +220,16 @@ class NativeFp4Linear:
             ones=torch.ones(1, dtype=torch.float32, device=dev),
         )
 
-    def apply(self, x: torch.Tensor, p: NativePrepared) -> torch.Tensor:
+    def _w4a16(self) -> Any:
+        from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
+
+        if self._weight_only is None:
+            self._weight_only = nvfp4_kernels()[0]
+        return self._weight_only
+
+    def apply(self, x: torch.Tensor, p: Any) -> torch.Tensor:
+        if not isinstance(p, NativePrepared):
+            return self._w4a16().apply(x, p)  # a weight-only layer (prepare)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, p.k)
         if x2.shape[0] == 0:

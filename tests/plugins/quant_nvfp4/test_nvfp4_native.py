@@ -210,6 +210,42 @@ def test_merged_rows_keep_the_largest_input_scale():
     assert "input_scale" not in concat_rows(parts).meta
 
 
+def test_weight_only_layers_keep_bf16_activations():
+    """A layer published weight-only (the importer's `weight_only`: no activation scale, or
+    W4A16_NVFP4) is prepared and run by the W4A16 kernel even here: no activation quantization, so
+    its output is the dequantized weight times the bf16 activations; a calibrated one stays W4A4."""
+    torch.manual_seed(4)
+    w = F.quantize(torch.randn(40, 128))
+    w.meta["weight_only"] = True
+    kern = emulated()
+    p = kern.prepare(w)
+    assert not isinstance(p, N.NativePrepared)
+    x = activations(3, 128, 5)
+    full = x.float() @ F.dequantize(w).T
+    y = kern.apply(x, p)
+    assert torch.allclose(y.float(), full, rtol=1e-2, atol=1e-2 * full.abs().max())
+    w.meta.pop("weight_only")
+    assert isinstance(kern.prepare(w), N.NativePrepared)
+
+
+def test_importer_marks_weight_only_modules():
+    from ninfer_plugins.quant_nvfp4.importer import import_linears, parse_quant_config
+
+    p = F.quantize(torch.randn(16, 64))
+    t = p.tensors
+    plain = {"a.weight": t["weight"], "a.weight_scale": t["weight_scale"], "a.weight_scale_2": t["weight_scale_2"]}
+    calibrated = {**plain, "a.input_scale": torch.tensor(0.5)}
+    cfg = parse_quant_config(hf_quant_config={"quantization": {"quant_algo": "NVFP4", "group_size": 16}})
+    assert dict(import_linears(plain, cfg))["a"].meta["weight_only"] is True
+    assert "weight_only" not in dict(import_linears(calibrated, cfg))["a"].meta
+    mixed = parse_quant_config(hf_quant_config={"quantization": {
+        "quant_algo": "MIXED_PRECISION", "quantized_layers": {"a": {"quant_algo": "W4A16_NVFP4", "group_size": 16}}}})
+    assert dict(import_linears(calibrated, mixed))["a"].meta["weight_only"] is True
+    parts = [F.quantize(torch.randn(8, 64)) for _ in range(2)]
+    parts[1].meta["weight_only"] = True
+    assert concat_rows(parts).meta["weight_only"] is True
+
+
 def test_chosen_only_with_fp4_tensor_cores(monkeypatch):
     pm = PluginManager()
     blackwell = pm.choose("ninfer_linear_kernel", fake_gpu((10, 0)), scheme="nvfp4", n=128, k=256)
