@@ -48,7 +48,9 @@ def main() -> int:
         if fits:
             per_trip = 128 // KW.WORDS[fmt]  # weights a word of a trip stands for, per row
             fails += S.sweep(KW.launch, fits, [fmt], ms, n, k,
-                             lambda c: c.bw * per_trip * c.block_n // (32 * c.num_warps), args.dump)
+                             # a ping-pong loop (prefetch 2) covers two trips
+                             lambda c: c.bw * per_trip * c.block_n * (2 if c.prefetch == 2 else 1) // (32 * c.num_warps),
+                             args.dump)
     return 1 if fails else 0
 
 

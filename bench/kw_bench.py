@@ -8,7 +8,8 @@ its decode and FMAs ablated, and the x-pairs launch alone; µs a call in one CUD
 >= 256 MB of weight copies, the share of the copy bandwidth measured in the same run, and each
 K-walk result's error against the dispatched kernel's (a check that the fast path is right, as
 well as fast). Prediction (BENCHMARKS.md, fifteenth session): the ablated K-walk near the read
-ceiling's 82-90% on the big matrices, the full one above gemv_h2's 42-57%.
+ceiling's 82-90% on the big matrices, the full one above gemv_h2's 42-57%. The ablated kernel
+loads x row 0's pairs only, so at M = 4 it understates what x's loads cost.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _warm_one(item) -> str:
     try:
         c = KW.KWConfig(*cfg)
         p = QL.make_prepared(fmt_name, K.ROW_PAD, k)
-        K.Workspace.get(torch.device("cuda")).reserve(*KW.workspace_need(p, c))
+        K.Workspace.get(torch.device("cuda", 0)).reserve(*KW.workspace_need(p, c))
         KW.launch(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), p, c, ablate=ablate)
         torch.cuda.synchronize()
         return ""

@@ -42,6 +42,8 @@ from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
 MAX_M = 4
+# tests only: the interpreter runs the fast path, with gemv_h2._dot_out replaced by an emulation
+EMULATED_DOT = False
 DECODES = H2.DECODES
 NVFP4 = H2.NVFP4
 WORDS = H2.WORDS  # 32-bit words of packed codes per K block of 128 elements
@@ -145,18 +147,27 @@ def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
     tl.store(INVM + m * NKB + kb, inv)
 
 
-def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
-    """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XP, INV, INVM) for _gemv_kw_kernel, in
-    scratch kept per (format, K) on the device (a CUDA graph reuses its pointers)."""
+def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...]:
+    """(XP, INV, INVM) kept per (device, format, K) for the life of the process (a CUDA graph
+    reuses the pointers); made on first use, which must not be inside a capture: reserve_workspace
+    asks for it at load."""
     kw = row_words(fmt, k)
     nkb = k // 128
 
     def make():
-        return (torch.zeros(MAX_M * 4 * kw, dtype=torch.int32, device=x2.device),
-                torch.zeros(kw, dtype=torch.float32, device=x2.device),
-                torch.zeros(MAX_M * nkb, dtype=torch.float32, device=x2.device))
+        return (torch.zeros(MAX_M * 4 * kw, dtype=torch.int32, device=device),
+                torch.zeros(kw, dtype=torch.float32, device=device),
+                torch.zeros(MAX_M * nkb, dtype=torch.float32, device=device))
 
-    xp, inv, invm = lasting("gemv_kw_x", x2.device, (fmt, k), make)
+    return lasting("gemv_kw_x", device, (fmt, k), make)
+
+
+def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
+    """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XP, INV, INVM) for _gemv_kw_kernel, in
+    x_scratch."""
+    kw = row_words(fmt, k)
+    nkb = k // 128
+    xp, inv, invm = x_scratch(x2.device, fmt, k)
     _xpairs_kernel[(block_m, nkb)](
         x2, xp, inv, invm, x2.shape[0], kw, nkb, x2.stride(0), k if gated else 0,
         FMT=fmt, HEAD=H2.HEAD[fmt], FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device),
@@ -237,8 +248,9 @@ def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4
     """One trip's words into the accumulator: fast, acc [BW, BLOCK_N] += each run's partials
     (lane m: x row m's) times 1/x's scale; plain (interpreter), acc [4, BLOCK_N] += the rows' sums."""
     if FAST and ABLATE == 1:
-        # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads and the
-        # accumulator with one xor a word in place of the decode and multiply-adds
+        # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads (row 0's only:
+        # at M = 4 it understates them) and the accumulator, one xor a word in place of the
+        # decode and multiply-adds
         xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
         fold = w ^ hl ^ hh ^ s.to(tl.int32) ^ xa0 ^ xb0 ^ xc0 ^ xd0
         acc += fold.to(tl.float32, bitcast=True) * tl.load(INV + cols)
@@ -388,8 +400,12 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     if m == 0:
         return y
     block_m = 1 if m == 1 else 2 if m == 2 else 4
-    fast = (p.fast if fast is None else fast) and not QK.interpreting()
-    xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast, gated)
+    fast = p.fast if fast is None else fast
+    interp = QK.interpreting()
+    xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
+    # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
+    # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
+    fast = fast and (not interp or EMULATED_DOT)
     kw = row_words(p.fmt, p.k)
     if cfg.splits > 1:
         ws = QK.Workspace.get(x2.device)

@@ -572,7 +572,9 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     from ninfer_plugins.quant_int import gemv_kw
 
     if p.fmt in gemv_kw.DECODES and (kw := gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)) is not None:
-        ws.reserve(*kw.workspace(p))  # NINFER_KW=1 may be switched on after load (an A/B in one process)
+        # NINFER_KW=1 may be switched on after load (an A/B in one process): its scratch now too
+        ws.reserve(*kw.workspace(p))
+        gemv_kw.x_scratch(p.device, p.fmt, p.k)
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)

@@ -13,6 +13,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 CUDA = torch.cuda.is_available()
 if not CUDA:
@@ -41,6 +43,7 @@ DEV = "cuda" if CUDA else "cpu"
         (1, 33, 1024, KW.KWConfig(16, 32, 4)),  # four splits, row tail
         (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2)),  # ping-pong, odd trip count (3; q8 6)
         (3, 48, 1024, KW.KWConfig(16, 32, 2, prefetch=2)),  # ping-pong, even trip count, two splits
+        (2, 40, 768, KW.KWConfig(32, 16, 2, prefetch=2)),  # ping-pong, odd trips in each of two splits
     ],
 )
 def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
@@ -57,6 +60,104 @@ def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
     h2 = H.H2Config(16, 2, 1)
     if H.supports(p, h2):
         assert rel_err(y, H.launch(x, p, h2).float()) < 6e-3
+    assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+
+
+# --- the fast path's plumbing on the CPU, the PTX emulated ---------------------------------------
+
+
+@triton.jit
+def _lead(v, C: tl.constexpr, N: tl.constexpr):
+    """Each run's first word's value, spread over the run's four words (the PTX reads a run's
+    scales and bit words from its first word only)."""
+    v3 = tl.reshape(v, (C // 4, 4, N))
+    lane = tl.arange(0, 4)[None, :, None]
+    r = tl.sum(tl.where(lane == 0, v3, tl.zeros_like(v3)), 1)
+    return tl.reshape(tl.broadcast_to(r[:, None, :], (C // 4, 4, N)), (C, N))
+
+
+@triton.jit
+def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, FMT: tl.constexpr):
+    """One x row's products a word, from the pairs as the PTX takes them (their factors undone)."""
+    if FMT == 5:
+        kb, kc, kd = 16.0, 2.0, 32.0
+    elif FMT == 4 or FMT == 6:
+        kb, kc, kd = 16.0, 1.0, 16.0
+    else:
+        kb, kc, kd = 1.0, 1.0, 1.0
+    xa, xb, xc, xd = H._bx(xa, w), H._bx(xb, w), H._bx(xc, w), H._bx(xd, w)
+    a0, b0 = H._plain_codes(w, 0, hl, hh, jj, FMT)
+    a1, b1 = H._plain_codes(w, 1, hl, hh, jj, FMT)
+    a2, b2 = H._plain_codes(w, 2, hl, hh, jj, FMT)
+    a3, b3 = H._plain_codes(w, 3, hl, hh, jj, FMT)
+    lo = a0 * KW._half(xa, False) + a1 * KW._half(xc, False) * kc + a2 * KW._half(xa, True) + a3 * KW._half(xc, True) * kc
+    v = lo * s_lo
+    if FMT != 8:
+        hi = (b0 * KW._half(xb, False) * kb + b1 * KW._half(xd, False) * kd + b2 * KW._half(xb, True) * kb
+              + b3 * KW._half(xd, True) * kd)
+        v = v + hi * s_hi
+    if FMT == 16:
+        v = v * 2.384185791015625e-07  # the PTX's NVFP4 sums carry 2^-22 (gemv_h2.NVFP4_UNDO)
+    return v
+
+
+@triton.jit
+def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
+                 FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr):
+    """gemv_h2._dot_out's contract in plain Triton: lane m of each run of four words holds x row
+    m's partial of the run (zero past BLOCK_M); scales and bit words from the run's first word."""
+    C: tl.constexpr = w.shape[0]
+    N: tl.constexpr = w.shape[1]
+    jj = (tl.arange(0, C) % 4)[:, None]
+    if FMT == 8:
+        s_lo = _lead(s.to(tl.float32), C, N)
+        s_hi = s_lo
+    elif FMT == 16:
+        sl = _lead(s.to(tl.int32) & 0xFFFF, C, N)
+        s_lo = H._e4m3((sl >> (8 * (jj // 2))) & 0xFF)
+        s_hi = s_lo
+    else:
+        sl = _lead(s, C, N)
+        s_lo = (sl & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s_hi = ((sl >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if FMT == 5 or FMT == 6:
+        sh = _lead(tl.broadcast_to(h_shift[:, None], w.shape), C, N)
+        hl = _lead(hl, C, N) >> sh
+        hh = _lead(hh, C, N) >> sh
+    lane = tl.arange(0, 4)[None, :, None]
+    out = tl.zeros((C // 4, 4, N), tl.float32)
+    r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, FMT), (C // 4, 4, N)), 1)
+    out = tl.where(lane == 0, tl.broadcast_to(r[:, None, :], out.shape), out)
+    if BLOCK_M > 1:
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, FMT), (C // 4, 4, N)), 1)
+        out = tl.where(lane == 1, tl.broadcast_to(r[:, None, :], out.shape), out)
+    if BLOCK_M > 2:
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, FMT), (C // 4, 4, N)), 1)
+        out = tl.where(lane == 2, tl.broadcast_to(r[:, None, :], out.shape), out)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, FMT), (C // 4, 4, N)), 1)
+        out = tl.where(lane == 3, tl.broadcast_to(r[:, None, :], out.shape), out)
+    return tl.reshape(out, (C, N))
+
+
+@interp
+@pytest.mark.parametrize("scheme", ["q5_g64", "nvfp4"])
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32)), (4, 40, 768, KW.KWConfig(32, 16, 2, prefetch=2)),
+                                       (3, 48, 1024, KW.KWConfig(16, 64, 2)), (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2))])
+def test_interpreted_fast_path_with_the_ptx_emulated(scheme, m, n, k, cfg, monkeypatch):
+    """The fast path as compiled for the GPU (x pair operands and INV a trip, the [BW, BLOCK_N]
+    accumulator and its one reduction, first-word-only scale and bit-word loads, the ping-pong
+    walk, the splits), with the PTX of gemv_h2._dot_out replaced by an emulation of its contract:
+    the plain path's result within rounding. An INV one word off gives errors near 1."""
+    monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
+    monkeypatch.setattr(KW, "EMULATED_DOT", True)
+    g = torch.Generator().manual_seed(m * 100 + n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
+    y = KW.launch(x, p, cfg)
+    assert rel_err(y, x.float() @ deq.T) < 6e-3
+    monkeypatch.setattr(KW, "EMULATED_DOT", False)
+    assert rel_err(y, KW.launch(x, p, cfg).float()) < 6e-3
     assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
 
 
@@ -175,28 +276,22 @@ GPU_SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("scheme,n,k", GPU_SHAPES)
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
-def test_kw_fast_path_on_the_gpu(scheme, n, k, m):
-    g = torch.Generator().manual_seed(n + k + m)
-    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
-    p = _to_cuda(p)
-    x = (torch.randn(m, k, generator=g) * 2).to(torch.bfloat16).cuda()
-    ref = x.float() @ deq.cuda().T
-    for cfg in (KW.KWConfig(16, 128), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4)):
-        if not KW.supports(p, cfg):
-            continue
-        K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
-        y = KW.launch(x, p, cfg)
-        assert rel_err(y, ref) < 6e-3, cfg.describe()
-        assert torch.equal(y, KW.launch(x, p, cfg))  # bit-equal repeats
-        assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
-
-
-def _to_cuda(p):
-    import dataclasses
-
-    moved = {f.name: getattr(p, f.name).cuda() for f in dataclasses.fields(p) if isinstance(getattr(p, f.name), torch.Tensor)}
-    return dataclasses.replace(p, **moved)
+def test_kw_fast_path_on_the_gpu(scheme, n, k):
+    """Every config kind (pf, ping-pong with odd trips at K = 17408, splits) at M = 1..4."""
+    torch.manual_seed(n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    deq = deq.float()
+    for m in (1, 2, 3, 4):
+        x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
+        ref = x.float() @ deq.T
+        for cfg in (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4)):
+            if not KW.supports(p, cfg):
+                continue
+            K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
+            y = KW.launch(x, p, cfg)
+            assert rel_err(y, ref) < 6e-3, (m, cfg.describe())
+            assert torch.equal(y, KW.launch(x, p, cfg))  # bit-equal repeats
+            assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
 
 
 @pytest.mark.gpu
