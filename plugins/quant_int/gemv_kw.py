@@ -25,7 +25,16 @@ summed by the last split to arrive as gemv_h2 does.
 
 Under TRITON_INTERPRET=1 the same tiles and prepared pairs run through gemv_h2's plain integer
 decode (x unpacked from the pairs, its factor and scale undone), so CI checks the walk, the
-columns, the splits and the preparation; the PTX is gemv_h2's, checked in its emulator tests.
+columns, the splits and the preparation; the PTX is gemv_h2's, checked in its emulator tests; and
+the fast path itself runs on the CPU with `_dot_out` replaced by an emulation of its contract
+(test_gemv_kw.py, EMULATED_DOT), so its operands, accumulator and reduction are checked too.
+
+Static counts (sm_90, Triton 3.6, bench/h2_sass.py --kw): 2.43 SASS instructions a weight for q4
+at M = 1 with the ping-pong walk (prefetch=2), 3.49 for q5, against gemv_h2's 3.08 and 4.21. Not
+yet timed on a GPU (BENCHMARKS.md, fifteenth run): off by default, NINFER_KW=1 dispatches it.
+Known costs: x's pairs are a launch of their own (~2 µs before the GEMV can read x; written by
+the kernels that produce x, they would not be), and each trip re-reads x's pairs from L1/L2
+(16 B a word and x row, against 64 B of weights a word column at BLOCK_N = 16).
 """
 
 from __future__ import annotations
