@@ -3,7 +3,7 @@
     python3 bench/kw_bench.py [--out DIR] [--first N] [--ms 1,4]
 
 Per shape and M: the dispatched kernel (gemv_h2 at M = 1 on every 27B/35B shape), each K-walk
-config that fits (its x-pairs launch included: two kernels a call), the first fitting config with
+config that fits (its x-pairs launch included: two kernels a call; one with `inline`), the first fitting config with
 its decode and FMAs ablated, and the x-pairs launch alone; µs a call in one CUDA graph cycling
 >= 256 MB of weight copies, the share of the copy bandwidth measured in the same run, and each
 K-walk result's error against the dispatched kernel's (a check that the fast path is right, as
@@ -31,8 +31,9 @@ SHAPES = [
     ("q5_g64", 5120, 6144), ("nvfp4", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
     ("q6_g64", 248320, 5120),
 ]
-CFGS = [(16, 128, 1, 4), (32, 128, 1, 8), (8, 128, 1, 2), (16, 64, 1, 4), (16, 128, 1, 4, 2), (16, 128, 2, 4), (32, 128, 2, 8),
-        (16, 128, 4, 4)]
+# block_n, bw, splits, num_warps[, prefetch[, inline]] (gemv_kw.KWConfig)
+CFGS = [(16, 128, 1, 4), (32, 128, 1, 8), (8, 128, 1, 2), (16, 64, 1, 4), (16, 128, 1, 4, 2), (16, 128, 1, 4, 1, True),
+        (16, 128, 1, 4, 2, True), (16, 128, 2, 4), (32, 128, 2, 8), (16, 128, 4, 4), (16, 128, 4, 4, 1, True)]
 
 
 def _warm_one(item) -> str:

@@ -93,7 +93,8 @@ def _opcode(text: str) -> str:
 
 
 def main_loop(sass: str) -> list[str]:
-    """Opcodes of the loop body holding the most MMA instructions (label .. backward branch)."""
+    """Opcodes of the loop body holding the most MMA instructions, else the most f16x2 FMAs, else
+    the first loop (label .. backward branch)."""
     labels: dict[str, int] = {}
     ins: list[tuple[int, str]] = []
     pending: list[str] = []
@@ -109,13 +110,17 @@ def main_loop(sass: str) -> list[str]:
                 labels[lab] = addr
             pending = []
             ins.append((addr, m.group(2)))
+    def rank(body: list[str]) -> tuple[int, int]:
+        # the MMAs first; without any, the loop holding the most f16x2 FMAs (the decode GEMVs'
+        # dot: a kernel's other loops, such as gemv_kw's inline x pairs, have none)
+        return (sum(o.startswith(("HGMMA", "HMMA")) for o in body), sum(o.startswith("HFMA2") for o in body))
+
     best: list[str] = []
     for addr, text in ins:
         m = re.search(r"BRA\s.*?(\.L_x_\d+)", text)
         if m and labels.get(m.group(1), addr + 1) <= addr:
             body = [_opcode(t) for a, t in ins if labels[m.group(1)] <= a <= addr]
-            mma = sum(o.startswith(("HGMMA", "HMMA")) for o in body)
-            if mma > sum(o.startswith(("HGMMA", "HMMA")) for o in best) or (mma == 0 and not best and len(body) > len(best)):
+            if not best or rank(body) > rank(best):
                 best = body
     return best
 

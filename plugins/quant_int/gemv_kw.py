@@ -65,9 +65,11 @@ class KWConfig:
     splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
     num_warps: int = 4
     prefetch: int = 1  # 1: the next trip's words load during this trip's math; 2: the same, two trips an iteration (ping-pong, no register copies)
+    inline: bool = False  # x's pairs made by the GEMV's first CTAs (the others wait on a count), not a launch of their own
 
     def describe(self) -> str:
-        return f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
+        return (f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
+                + (" inline" if self.inline else ""))
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
         return workspace_need(p, self)
@@ -128,15 +130,12 @@ def workspace_need(p: QK.Prepared, cfg: KWConfig) -> tuple[int, int]:
 
 
 @triton.jit
-def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
-                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (m, kb): row m of x over K block kb -> per word column c of the block, the f16x2
-    pairs A, B, C, D (XP [4 rows][4 parts][KW words]); INVM [4, NKB]: 1/scale of (m, kb); INV [KW]:
-    the 1/scale the fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's
-    2^22). Rows m >= M are zeros."""
-    m = tl.program_id(0)
-    kb = tl.program_id(1)
-    pdl_prologue(PDL)
+def _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
+                 FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr):
+    """Row m of x over K block kb -> per word column c of the block, the f16x2 pairs A, B, C, D
+    (XP [4 rows][4 parts][KW words]); INVM [4, NKB]: 1/scale of (m, kb); INV [KW]: the 1/scale the
+    fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's 2^22). Rows m >= M
+    are zeros. ASM_PAIRS: the fp32 -> f16x2 conversions in PTX (else plain Triton, same rounding)."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
     t = tl.arange(0, WPB)
     if FMT == 16:
@@ -148,12 +147,30 @@ def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
     inv_fast = H2._pow2(22 - e) if FMT == 16 else inv  # NVFP4: the decode's 2^-22 undone with the scaling
     col = kb * WPB + t
     xp = XP + m * 4 * KW + col
-    tl.store(xp, H2._pair(l0 * f, l2 * f, FAST))
-    tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, FAST))
-    tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, FAST))
-    tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, FAST))
+    tl.store(xp, H2._pair(l0 * f, l2 * f, ASM_PAIRS))
+    tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, ASM_PAIRS))
+    tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, ASM_PAIRS))
+    tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, ASM_PAIRS))
     tl.store(INV + col, tl.broadcast_to(inv_fast, t.shape), mask=(t % 4) == m)
     tl.store(INVM + m * NKB + kb, inv)
+
+
+@triton.jit
+def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
+                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (m, kb): _xpairs_item."""
+    m = tl.program_id(0)
+    kb = tl.program_id(1)
+    pdl_prologue(PDL)
+    _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb, FMT, HEAD, FAST, GATED)
+
+
+@triton.jit
+def _acquire(P):
+    """Load the int32 at P with acquire semantics at GPU scope (what a producer released before
+    it is then visible to this thread)."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [P], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -169,6 +186,12 @@ def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...
                 torch.zeros(MAX_M * nkb, dtype=torch.float32, device=device))
 
     return lasting("gemv_kw_x", device, (fmt, k), make)
+
+
+def ready_counters(device: torch.device) -> torch.Tensor:
+    """int32 [2] (pairs made, CTAs finished) of the inline x pairs, zero between launches (the
+    last CTA puts them back); one pair a device: launches run one at a time on one stream."""
+    return lasting("gemv_kw_ready", device, (), lambda: torch.zeros(2, dtype=torch.int32, device=device))
 
 
 def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
@@ -278,8 +301,8 @@ def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4
 
 @triton.jit(do_not_specialize=["M", "N", "ITERS"])
 def _gemv_kw_kernel(
-    XP, INV, INVM, W, H, S, Y, WS, CNT, G,
-    M, N, KW, NKB, ITERS,
+    XP, INV, INVM, W, H, S, Y, WS, CNT, G, X, RDY,
+    M, N, KW, NKB, ITERS, stride_xm, GOFF, PRODUCERS,
     stride_wn, stride_hn, stride_sn, stride_ym,
     FMT: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -292,6 +315,10 @@ def _gemv_kw_kernel(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = False,
     ABLATE: tl.constexpr = 0,
+    INLINE: tl.constexpr = False,
+    HEAD: tl.constexpr = 0,
+    GATED: tl.constexpr = False,
+    ASM_PAIRS: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -315,6 +342,29 @@ def _gemv_kw_kernel(
         # the first trip's words do not depend on the kernel before: requested before waiting on it
         w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     pdl_prologue(PDL)
+    if INLINE:
+        # x's pairs made by this launch (no launch of their own): the first PRODUCERS CTAs in
+        # launch order make BLOCK_M x NKB (row, K block) items between them and release a count;
+        # every CTA waits for the count before its first read of x. The producers never wait
+        # before producing and are dispatched first, so the wait ends. The last CTA to finish
+        # puts both counters back to 0 for the next launch (whose producers first wait, through
+        # PDL, for this grid to finish).
+        lin = pid_s * tl.num_programs(0) + pid_r
+        if lin < PRODUCERS:
+            for item in range(lin, BLOCK_M * NKB, PRODUCERS):
+                _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, item // NKB, item % NKB,
+                             FMT, HEAD, ASM_PAIRS, GATED)
+            tl.debug_barrier()
+            tl.atomic_add(RDY, 1, sem="release")
+        if ASM_PAIRS:
+            ready = _acquire(RDY)
+            while ready < PRODUCERS:
+                ready = _acquire(RDY)
+        else:
+            # the interpreter (one producer, run first): a plain atomic read
+            ready = tl.atomic_add(RDY, 0, sem="acquire")
+            while ready < PRODUCERS:
+                ready = tl.atomic_add(RDY, 0, sem="acquire")
     if FAST:
         acc = tl.zeros([BW, BLOCK_N], dtype=tl.float32)
     else:
@@ -384,6 +434,12 @@ def _gemv_kw_kernel(
                     y = y * tl.load(G + rows, mask=ok, other=0.0)
                 tl.store(Y + mm * stride_ym + rows, y.to(Y.dtype.element_ty), mask=ok & ((rows * 0 + mm) < M))
             tl.atomic_xchg(CNT + pid_r, 0)
+    if INLINE:
+        tl.debug_barrier()
+        done = tl.atomic_add(RDY + 1, 1, sem="acq_rel")
+        if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+            tl.atomic_xchg(RDY, 0)
+            tl.atomic_xchg(RDY + 1, 0)
 
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = None, gated: bool = False,
@@ -411,7 +467,10 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     block_m = 1 if m == 1 else 2 if m == 2 else 4
     fast = p.fast if fast is None else fast
     interp = QK.interpreting()
-    xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
+    if cfg.inline:
+        xp, inv, invm = x_scratch(x2.device, p.fmt, p.k)
+    else:
+        xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
     # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
     # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
     fast = fast and (not interp or EMULATED_DOT)
@@ -427,9 +486,13 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     s = H2.scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
     asm, constr = H2._asm(p.fmt, block_m)
-    _gemv_kw_kernel[(-(-p.n // cfg.block_n), cfg.splits)](
-        xp, inv, invm, w, h, s, y, partials, counters, g,
-        m, p.n, kw, p.k // 128, kw // (cfg.bw * cfg.splits),
+    grid = (-(-p.n // cfg.block_n), cfg.splits)
+    # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
+    # order); on the GPU up to one an item, at most one a CTA of the launch
+    producers = 1 if interp else min(block_m * (p.k // 128), grid[0] * grid[1])
+    _gemv_kw_kernel[grid](
+        xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
+        m, p.n, kw, p.k // 128, kw // (cfg.bw * cfg.splits), x2.stride(0), p.k if gated else 0, producers,
         w.stride(0), h.stride(0), s.stride(0), y.stride(0),
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,
@@ -441,6 +504,10 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         FAST=fast,
         PREFETCH=int(cfg.prefetch),
         ABLATE=ablate,
+        INLINE=bool(cfg.inline),
+        HEAD=H2.HEAD[p.fmt],
+        GATED=gated,
+        ASM_PAIRS=fast and not interp,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -575,6 +575,7 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         # NINFER_KW=1 may be switched on after load (an A/B in one process): its scratch now too
         ws.reserve(*kw.workspace(p))
         gemv_kw.x_scratch(p.device, p.fmt, p.k)
+        gemv_kw.ready_counters(p.device)
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)

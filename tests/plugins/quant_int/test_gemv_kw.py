@@ -9,6 +9,7 @@ GPU (`-m gpu`): the 27B/35B shapes at M = 1..4, fast path, against the reference
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -141,8 +142,9 @@ def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, 
 
 @interp
 @pytest.mark.parametrize("scheme", ["q5_g64", "nvfp4"])
-@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32)), (4, 40, 768, KW.KWConfig(32, 16, 2, prefetch=2)),
-                                       (3, 48, 1024, KW.KWConfig(16, 64, 2)), (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2))])
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32)), (4, 40, 384, KW.KWConfig(32, 16, 1, prefetch=2)),
+                                       (3, 48, 512, KW.KWConfig(16, 32, 2, inline=True)),
+                                       (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2))])
 def test_interpreted_fast_path_with_the_ptx_emulated(scheme, m, n, k, cfg, monkeypatch):
     """The fast path as compiled for the GPU (x pair operands and INV a trip, the [BW, BLOCK_N]
     accumulator and its one reduction, first-word-only scale and bit-word loads, the ping-pong
@@ -177,7 +179,27 @@ def test_interpreted_kw_gated_input_is_silu_mul_then_the_gemv(scheme):
     act = silu_mul(gu[:, :k], gu[:, k:])
     y = KW.launch(gu, p, KW.KWConfig(16, 32), gated=True)
     assert torch.equal(y, KW.launch(act, p, KW.KWConfig(16, 32)))
+    assert torch.equal(y, KW.launch(gu, p, KW.KWConfig(16, 32, inline=True), gated=True))
     assert rel_err(y, act.float() @ deq.T) < 6e-3
+
+
+@interp
+@pytest.mark.parametrize("scheme", ["q5_g64", "q8_g32"])
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32, inline=True)),
+                                       (3, 48, 512, KW.KWConfig(16, 32, 2, prefetch=2, inline=True))])
+def test_interpreted_inline_x_pairs(scheme, m, n, k, cfg):
+    """inline: x's pairs made by the GEMV's own first CTA (the interpreter runs programs in order)
+    instead of a launch of their own: the same pairs, so the same result bit for bit; both counters
+    back at 0 (a second launch relies on it)."""
+    g = torch.Generator().manual_seed(m + n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
+    want = KW.launch(x, p, dataclasses.replace(cfg, inline=False))
+    for _ in range(2):
+        assert torch.equal(KW.launch(x, p, cfg), want)
+        assert int(KW.ready_counters(torch.device("cpu")).abs().sum()) == 0
+    assert rel_err(want, x.float() @ deq.T) < 6e-3
 
 
 @interp
@@ -284,7 +306,8 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
     for m in (1, 2, 3, 4):
         x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
         ref = x.float() @ deq.T
-        for cfg in (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4)):
+        for cfg in (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4),
+                    KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(16, 128, 4, inline=True)):
             if not KW.supports(p, cfg):
                 continue
             K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
@@ -292,6 +315,7 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
             assert rel_err(y, ref) < 6e-3, (m, cfg.describe())
             assert torch.equal(y, KW.launch(x, p, cfg))  # bit-equal repeats
             assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
+            assert int(KW.ready_counters(x.device).abs().sum()) == 0
 
 
 @pytest.mark.gpu
