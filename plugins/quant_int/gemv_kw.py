@@ -488,8 +488,10 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     asm, constr = H2._asm(p.fmt, block_m)
     grid = (-(-p.n // cfg.block_n), cfg.splits)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
-    # order); on the GPU up to one an item, at most one a CTA of the launch
-    producers = 1 if interp else min(block_m * (p.k // 128), grid[0] * grid[1])
+    # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
+    # resident at once (they are the first CTAs dispatched, and an SM holds at least one), or
+    # consumers spinning in every slot would keep a producer from ever starting
+    producers = 1 if interp else min(block_m * (p.k // 128), grid[0] * grid[1], p.sm_count)
     _gemv_kw_kernel[grid](
         xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
         m, p.n, kw, p.k // 128, kw // (cfg.bw * cfg.splits), x2.stride(0), p.k if gated else 0, producers,
