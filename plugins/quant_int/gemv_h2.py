@@ -418,6 +418,23 @@ def _e4m3(b):
 
 
 @triton.jit
+def _plain_scales(s, jj, FMT: tl.constexpr):
+    """Interpreter path: a word tile's scales as loaded -> (low-group, high-group) fp32 values.
+    jj: each word's place in its run."""
+    if FMT == 8:
+        s_lo = s.to(tl.float32)
+        s_hi = s_lo
+    elif FMT == 16:
+        # a word's codes share its 16-element block's scale: byte (word in run) // 2 of the pair
+        s_lo = _e4m3((s.to(tl.int32) >> (8 * (jj // 2))) & 0xFF)
+        s_hi = s_lo
+    else:
+        s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return s_lo, s_hi
+
+
+@triton.jit
 def _plain_row(w, hl, hh, j, s_lo, s_hi, l0, l1, l2, l3, h0, h1, h2, h3, FMT: tl.constexpr):
     """Interpreter path: one activation row against a tile of words -> its [BLOCK_N] sums."""
     a0, b0 = _plain_codes(w, 0, hl, hh, j, FMT)
@@ -534,16 +551,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     else:
-        if FMT == 8:
-            s_lo = s.to(tl.float32)
-            s_hi = s_lo
-        elif FMT == 16:
-            # a word's codes share its 16-element block's scale: byte (word in run) // 2 of the pair
-            s_lo = _e4m3((s.to(tl.int32) >> (8 * (jj // 2))) & 0xFF)
-            s_hi = s_lo
-        else:
-            s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        s_lo, s_hi = _plain_scales(s, jj, FMT)
         r = _plain_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, p00, p01, p02, p03, FMT)
         part = tl.where(cols4 == 0, r[None, :], 0.0)
         if BLOCK_M > 1:

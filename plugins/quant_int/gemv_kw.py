@@ -227,15 +227,7 @@ def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
     from the prepared pairs with the decode's factors (gemv_h2.X_FACTORS) and the scaling undone."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
     cols = tl.max(cols, 1)
-    if FMT == 8:
-        s_lo = s.to(tl.float32)
-        s_hi = s_lo
-    elif FMT == 16:
-        s_lo = H2._e4m3((s.to(tl.int32) >> (8 * (jj // 2))) & 0xFF)
-        s_hi = s_lo
-    else:
-        s_lo = (s & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        s_hi = ((s >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    s_lo, s_hi = H2._plain_scales(s, jj, FMT)
     if FMT == 16 or FMT == 8:
         fb = 1.0
         fc = 1.0

@@ -40,8 +40,8 @@ def _dequant():
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
 
 
-def _decode_config(x2: torch.Tensor, prepared: K.Prepared, kind: type) -> Any:
-    """The dispatched decode config for these rows where it is of `kind` (bf16 on a GPU, unit
+def _decode_config(x2: torch.Tensor, prepared: K.Prepared, kind: type | tuple[type, ...]) -> Any:
+    """The dispatched decode config for these rows where it is of `kind` (a type or a tuple; bf16 on a GPU, unit
     last stride, 16-byte aligned, and the dispatch picks that kernel for this shape and row
     count); None otherwise. What the launches that fold extra work into a GEMV ask first."""
     if x2.dtype != torch.bfloat16 or x2.device.type != "cuda" or x2.stride(-1) != 1 or x2.data_ptr() % 16:
@@ -154,13 +154,12 @@ class TritonQuantLinear:
             return None
         from ninfer_plugins.quant_int import gemv_h2, gemv_kw
 
-        kw = _decode_config(g2, prepared, gemv_kw.KWConfig)
-        if kw is not None:  # the K-walk GEMV (NINFER_KW=1) prepares its x pairs gated the same way
-            return gemv_kw.launch(g2, prepared, kw, gated=True).reshape(*gu.shape[:-1], prepared.n)
-        cfg = _h2_decode_config(g2, prepared)
+        # the f16x2 GEMV, or the K-walk one (NINFER_KW=1), which prepares its x pairs gated the same way
+        cfg = _decode_config(g2, prepared, (gemv_h2.H2Config, gemv_kw.KWConfig))
         if cfg is None:
             return None
-        return gemv_h2.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
+        kernel = gemv_kw if isinstance(cfg, gemv_kw.KWConfig) else gemv_h2
+        return kernel.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
 
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:
         """dequant_min_m: rows from which to dequantize + cuBLAS (default dequant.DEQUANT_MIN_M)."""
