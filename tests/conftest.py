@@ -14,3 +14,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("NINFER_TEST_PLAIN_INTERPRETER") != "1":
+    # the interpreter without its per-helper-call re-patching (tests/interp_fast.py says why it
+    # changes nothing); NINFER_TEST_PLAIN_INTERPRETER=1 runs Triton's own, to compare
+    from interp_fast import install
+
+    install()
