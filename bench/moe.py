@@ -342,6 +342,20 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
             T * E * 2 if T > 1 else 0)  # past one token the logits round-trip memory
         calls.pop("layer")
         calls["layer"] = [lambda x=x, L=L: _pair_layer(x, L, scratch()) for x, L in zip(xs, layers)]
+        # the same layer in one launch (moe_block.py, NINFER_MOE_BLOCK=1): its error against the
+        # three launches first (eagerly, which also makes its scratch outside the graphs)
+        from ninfer_plugins.moe_triton import moe_block as MB
+
+        L0 = layers[0]
+        if MB.supports(L0.experts.gate_up, L0.experts.down, (L0.shared.gate, L0.shared.up, L0.shared.down), H, I, I):
+            blk = lambda x, L: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,  # noqa: E731
+                                            L.shared.up, L.experts.down, L.shared.down, I, E)[0]
+            ref, got = _pair_layer(xs[0], L0, scratch()).float(), blk(xs[0], L0).float()
+            err = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+            log(f"  T={T} block against the three launches: relative error {err:.2e}")
+            results.append({"T": T, "op": "block vs layer", "rel_err": err})
+            nbytes["block"] = nbytes["layer"]
+            calls["block"] = [lambda x=x, L=L: blk(x, L) for x, L in zip(xs, layers)]
     for name, fns in calls.items():
         try:
             ms = graph_ms_per_call(fns)
@@ -623,6 +637,8 @@ E2E_SWITCHES = {
     "moenorm": ("NINFER_MOE_NORM", "1"),  # the post-mixer residual add and norm inside route_gemv
     "gemvnorm": ("NINFER_GEMV_NORM", "1"),  # the residual add and norm inside the f16x2 GEMV before it
     "noh2": ("NINFER_H2", "0"),
+    "block": ("NINFER_MOE_BLOCK", "1"),  # the decode MoE layer in one launch (moe_block.py)
+    "kw": ("NINFER_KW", "1"),  # the K-walk GEMV at M <= 4 (gemv_kw.py)
 }
 
 
@@ -678,7 +694,10 @@ def summary(results: dict) -> str:
         lines.append(f"decode {recipe}, us per layer (share of copy bandwidth; {LAYERS} layers each replay):")
         by_t: dict[int, list[str]] = {}
         for r in rows:
-            cell = f"{r['op']} err" if "error" in r else f"{r['op']} {r['us']:.1f} ({r['share']:.0%})"
+            if "rel_err" in r:
+                cell = f"{r['op']} rel. error {r['rel_err']:.1e}"
+            else:
+                cell = f"{r['op']} err" if "error" in r else f"{r['op']} {r['us']:.1f} ({r['share']:.0%})"
             by_t.setdefault(r["T"], []).append(cell)
         for T, cells in by_t.items():
             lines.append(f"  T={T:<3d} " + ", ".join(cells))
@@ -727,7 +746,10 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU, interpreted: checks the script")
+    ap.add_argument("--decode-t", default=None, help="token counts of the decode timings (default 1,4,16)")
     args = ap.parse_args()
+    if args.decode_t:
+        DECODE_T = tuple(int(t) for t in args.decode_t.split(","))
     for name in [n for n in args.e2e.split(",") if n]:
         bad = [f for f in name.split("+")[1:] if f not in E2E_SWITCHES]
         if bad:
@@ -857,6 +879,8 @@ def kernel_tables(results: dict) -> str:
         for r in rows:
             if "error" in r:
                 lines.append(f"| {r['T']} | {r['op']} | error: {r['error'][:80]} | | | | |")
+            elif "rel_err" in r:
+                lines.append(f"| {r['T']} | {r['op']} | relative error {r['rel_err']:.1e} | | | | |")
             else:
                 lines.append(f"| {r['T']} | {r['op']} | {r['us']:.2f} | {r['bytes'] / 1e6:.2f} | {r['gbps']:.0f} | "
                              f"{r['share']:.1%} | {r.get('experts_used', '')} |")  # fmt: skip

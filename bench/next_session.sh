@@ -36,6 +36,8 @@
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
 #   bash bench/next_session.sh kwstep [27b|35b|round]  # the decode step (or the 27B MTP round) as committed against
 #                                      # NINFER_KW=1, alternated twice in one process (~5-8 min)
+#   bash bench/next_session.sh block   # the decode MoE layer in one launch (moe_block.py, written without a GPU): its
+#                                      # GPU tests, per-layer timings against the three launches, the 35B step (~8 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -215,6 +217,20 @@ case "${1:-}" in
     echo "kw tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
     timeout 400 python3 bench/kw_bench.py --out "$OUT" > "$OUT/kw.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/kw.txt" | cut -c1-150
+    ;;
+  block)
+    # the decode MoE layer in one launch (moe_block.py, written without a GPU): its GPU tests (a hang
+    # in its waits shows as the timeout), the per-layer timings at T = 1 and 4 (block against the
+    # three launches), then the 35B step as committed against NINFER_MOE_BLOCK=1 and again (~8 min)
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_block.py > "$OUT/t.txt" 2>&1
+    echo "block tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout 150 python3 bench/moe.py --out "$OUT/k" --no-tests --no-e2e --recipes int4 --decode-t 1,4 --budget-s 120 \
+      > "$OUT/k.txt" 2>&1
+    echo "kernels rc=$? $(( $(date +%s) - t0 )) s"; grep -E "T= ?[14] |block" "$OUT/k.txt" | cut -c1-150
+    timeout 240 python3 bench/moe.py --out "$OUT/e" --no-tests --recipes '' --e2e int4,int4+block,int4,int4+block \
+      --budget-s 230 > "$OUT/e.txt" 2>&1
+    echo "e2e rc=$? $(( $(date +%s) - t0 )) s"; grep -A9 "^ninfer bench  " "$OUT/e.txt"
     ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1

@@ -31,6 +31,7 @@ from ninfer.device import Requirements
 from ninfer.linear import DENSE, PackedWeight
 from ninfer_plugins.moe_triton import grouped_gemm as GM
 from ninfer_plugins.moe_triton import grouped_gemv as GV
+from ninfer_plugins.moe_triton import moe_block as MB
 from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, ROUTE_GEMV_FASTER_T, Routing, route, route_gemv
 from ninfer_plugins.quant_int import kernels as QK
@@ -266,18 +267,34 @@ class TritonMoe:
         (a prefill, or a graph's warm-up), never inside a capture; then a no-op."""
         if self.pairs and x.is_cuda and not QK.capturing(x) and self.takes_pairs(1, w, shared):
             PG.reserve(x.device, moe.top_k + 1, w.hidden, w.inner)
+            if MB.enabled() and self._block_fits(w, shared):
+                MB.scratch(x.device, x.dtype, w.num_experts, moe.top_k + 1, w.hidden, w.inner)
+
+    def _block_fits(self, w: ExpertWeights, shared: SharedWeights) -> bool:
+        return MB.supports(w.gate_up, w.down, (shared.gate, shared.up, shared.down), w.hidden, w.inner, shared.inner)
 
     def _run_routed_by_gemv(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights,
                             router: torch.Tensor, fold_norm: tuple | None = None, add_norm: Any = None) -> torch.Tensor:
         """One decode token: router GEMV and routing in one launch (route_gemv), then the two
         pair kernels. fold_norm = (residual, weight, eps): x is the mixer's output, and route_gemv
         also adds it to the residual and routes (and hands the experts) the norm of the sum."""
+        if fold_norm is None and MB.enabled() and not self._gemv_norm(add_norm, x, w) and self._block_fits(w, shared):
+            # router, experts and combine in one launch (moe_block.py; NINFER_MOE_BLOCK=1)
+            out, _, _ = MB.moe_block(x, router, shared.gate_weight, moe.top_k, w.gate_up, shared.gate, shared.up,
+                                     w.down, shared.down, w.inner, w.num_experts, fast=self.fast)
+            return out
         ws = QK.Workspace.get(x.device)
         ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
         xe = x if fold_norm is None else torch.empty_like(x)
         r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters),
                        add_norm=None if fold_norm is None else (*fold_norm, xe))
         return self.run(xe, r, w, shared, add_norm)
+
+    @staticmethod
+    def _gemv_norm(add_norm: Any, x: torch.Tensor, w: ExpertWeights) -> bool:
+        """Whether the pair down kernel takes the block's residual add and norm (NINFER_GEMV_NORM=1)."""
+        return (add_norm is not None and add_norm.out is None and os.environ.get("NINFER_GEMV_NORM", "0") == "1"
+                and add_norm.residual.shape == (x.shape[0], w.hidden) and add_norm.residual.dtype == x.dtype)
 
     def _weights(self, bank: Any) -> ExpertWeights:
         w = bank.moe_prepared
@@ -316,8 +333,7 @@ class TritonMoe:
         if r.slots > r.top_k and self.takes_pairs(r.num_tokens, w, shared):
             h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast)
             fold = None
-            if (add_norm is not None and add_norm.out is None and os.environ.get("NINFER_GEMV_NORM", "0") == "1"
-                    and add_norm.residual.shape == (r.num_tokens, w.hidden) and add_norm.residual.dtype == x.dtype):
+            if self._gemv_norm(add_norm, x, w):
                 fold = (add_norm.residual, add_norm.weight, add_norm.eps, torch.empty_like(add_norm.residual))
             y = PG.down(h, r.ids, r.weights, w.down, shared.down, w.hidden, w.num_experts, x.dtype, fast=self.fast,
                         add_norm=fold)

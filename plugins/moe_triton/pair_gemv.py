@@ -140,22 +140,17 @@ def _ws_sum(WS_p, rows, N_SLICES, SLICES_P2: tl.constexpr):
     return tl.sum(p, 0)
 
 
-@triton.jit(do_not_specialize=["N_SLICES", "CHUNKS"])
-def _pair_gate_up_kernel(
-    X, IDS, HOUT, WS, CNT,
-    W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
-    INNER, E, SLOTS, N_SLICES, CHUNKS,
-    sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
-    FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
-    SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
-    ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    pdl_prologue(PDL)
-    pid_c = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    p = tl.program_id(2)
-    e = tl.load(IDS + p)
+@triton.jit
+def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
+                  W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
+                  INNER, E, SLOTS, N_SLICES, CHUNKS,
+                  sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
+                  FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
+                  SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+                  ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
+                  FAST: tl.constexpr):
+    """One CTA of gate_up: pair p (expert e; e == E: the shared expert), row chunk pid_c, K slice
+    pid_s. Returns whether this CTA was the chunk's last to arrive (it wrote the chunk's h)."""
     tok = p // SLOTS
     x_row = X + tok.to(tl.int64) * sx
     row0 = pid_c * ROWS
@@ -177,7 +172,8 @@ def _pair_gate_up_kernel(
     tl.debug_barrier()
     cnt = CNT + p * CHUNKS + pid_c
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
-    if arrived == N_SLICES - 1:
+    last = arrived == N_SLICES - 1
+    if last:
         rn = tl.arange(0, BLOCK_N)
         for r0 in range(row0, row0 + ROWS, BLOCK_N):
             rr = r0 + rn
@@ -192,24 +188,40 @@ def _pair_gate_up_kernel(
             h = g * tl.sigmoid(g) * u
             tl.store(HOUT + p.to(tl.int64) * sh_out + rr, h.to(HOUT.dtype.element_ty))
         tl.atomic_xchg(cnt, 0)
+    return last
 
 
-@triton.jit(do_not_specialize=["N_SLICES", "N_PAIRS", "T", "N_CHUNKS"])
-def _pair_down_kernel(
-    HIN, IDS, WEIGHTS, OUT, WS, CNT,
-    W, WH, WS_, SW, SWH, SWS, WG, SWG, RES, NW, HOUT,
-    N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
-    shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
+@triton.jit(do_not_specialize=["N_SLICES", "CHUNKS"])
+def _pair_gate_up_kernel(
+    X, IDS, HOUT, WS, CNT,
+    W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
+    INNER, E, SLOTS, N_SLICES, CHUNKS,
+    sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
-    SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+    SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
-    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
-    pid_c = tl.program_id(0)
-    pid_s = tl.program_id(1)
     p = tl.program_id(2)
-    e = tl.load(IDS + p)
+    _gate_up_item(X, HOUT, WS, CNT, p, tl.load(IDS + p), tl.program_id(0), tl.program_id(1),
+                  W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
+                  INNER, E, SLOTS, N_SLICES, CHUNKS, sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
+                  FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST)
+
+
+@triton.jit
+def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
+               W, WH, WS_, SW, SWH, SWS, WG, SWG, RES, NW, HOUT,
+               N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
+               shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
+               FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
+               SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+               ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
+               FAST: tl.constexpr, ADD_NORM: tl.constexpr, FRESH: tl.constexpr):
+    """One CTA of down: pair p (expert e), row chunk pid_c, K slice pid_s; the chunk's last CTA
+    over every pair and slice combines (returns whether this CTA did). FRESH: ids and weights were written during this launch
+    (the fused block): the combine reads them past L1."""
     x_row = HIN + p.to(tl.int64) * shin
     row0 = pid_c * ROWS
     ws_p = WS + p.to(tl.int64) * N * N_SLICES * 4
@@ -225,7 +237,8 @@ def _pair_down_kernel(
                         1, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST)
     tl.debug_barrier()
     arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
-    if arrived == N_PAIRS * N_SLICES - 1:
+    combines = arrived == N_PAIRS * N_SLICES - 1
+    if combines:
         # every slot and slice of a token in one load ([slot x slice, the chunk's rows]), so the
         # tail this CTA adds is one round trip a token (offsets are small: int32)
         rr = row0 + tl.arange(0, ROWS)
@@ -235,11 +248,17 @@ def _pair_down_kernel(
         ok = (j < SLOTS) & (sl < N_SLICES)
         for t in range(0, T):
             q = t * SLOTS + j
-            wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0)
+            if FRESH:
+                wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0, cache_modifier=".cg")
+            else:
+                wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0)
             part = tl.load(WS + ((q * N)[:, None] + rr[None, :]) * (N_SLICES * 4) + (sl * 4)[:, None],
                            mask=ok[:, None], other=0.0, cache_modifier=".cg")
             if FMT == 16 or SFMT == 16:
-                eq = tl.load(IDS + q, mask=j < SLOTS, other=0)
+                if FRESH:
+                    eq = tl.load(IDS + q, mask=j < SLOTS, other=0, cache_modifier=".cg")
+                else:
+                    eq = tl.load(IDS + q, mask=j < SLOTS, other=0)
                 is_s = (eq == E)[:, None] & (rr[None, :] >= 0)
                 eq = tl.where(eq == E, 0, eq)  # the shared pair's routed address is never read
                 f = _row_gscale(WG + (eq.to(tl.int64) * N)[:, None] + rr[None, :], SWG + rr[None, :], is_s, FMT, SFMT)
@@ -254,6 +273,28 @@ def _pair_down_kernel(
             if done == N_CHUNKS - 1:
                 H2._add_norm_rows(OUT, RES, NW, HOUT, T, N, so, sres, shout, eps, 4)  # 4: PAIR_MAX
                 tl.atomic_xchg(CNT + N_CHUNKS, 0)
+    return combines
+
+
+@triton.jit(do_not_specialize=["N_SLICES", "N_PAIRS", "T", "N_CHUNKS"])
+def _pair_down_kernel(
+    HIN, IDS, WEIGHTS, OUT, WS, CNT,
+    W, WH, WS_, SW, SWH, SWS, WG, SWG, RES, NW, HOUT,
+    N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
+    shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
+    FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
+    SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+    ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
+    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
+):
+    pdl_prologue(PDL)
+    p = tl.program_id(2)
+    _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, tl.load(IDS + p), tl.program_id(0), tl.program_id(1),
+               W, WH, WS_, SW, SWH, SWS, WG, SWG, RES, NW, HOUT,
+               N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
+               shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
+               FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, SLOTS_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR,
+               FAST, ADD_NORM, False)
 
 
 # --- host side --------------------------------------------------------------------------------------

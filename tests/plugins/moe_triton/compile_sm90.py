@@ -133,6 +133,25 @@ def run_pairs(gu, dn, sh, fast, add_norm: bool = False) -> None:
             fast=fast, add_norm=an)
 
 
+def block_variants(quick: bool):
+    """The one-launch decode MoE layer (moe_block.py) at T = 1 and 4."""
+    for gu, dn, sh in ((4, 5, 8), (4, 6, 8), (16, 16, 8))[: 1 if quick else None]:
+        for T in (1, 4):
+            yield f"block {gu}/{dn}/{sh} T={T}", (lambda a=(gu, dn, sh, T): run_block(*a))
+    if not quick:
+        yield "block 4/5/8 T=1 plain", lambda: run_block(4, 5, 8, 1, fast=False)
+
+
+def run_block(gu, dn, sh, T, fast=True) -> None:
+    from ninfer_plugins.moe_triton import grouped_gemv as GV
+    from ninfer_plugins.moe_triton import moe_block as MB
+
+    bf = dict(dtype=torch.bfloat16)
+    MB.moe_block(torch.empty(T, H, **bf), torch.empty(E, H, **bf), torch.empty(1, H, **bf), TOP_K,
+                 _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H),
+                 _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), I, E, fast=fast)
+
+
 def route_variants():
     from ninfer_plugins.moe_triton.router import route, route_gemv
 
@@ -162,6 +181,7 @@ def main() -> int:
     install()
     jobs = [(name, lambda a=args: run_variant(*a)) for name, args in variants(quick)]
     jobs += list(pair_variants(quick))
+    jobs += list(block_variants(quick))
     jobs += list(route_variants())[: 2 if quick else None]
     if "--shard" in sys.argv:
         i, n = (int(v) for v in sys.argv[sys.argv.index("--shard") + 1].split("/"))

@@ -1,0 +1,303 @@
+"""A decode MoE layer in one launch: router, top-k, the shared and routed experts' gate_up and
+down, and the weighted combine (T <= 4 tokens on the pair kernels' formats).
+
+Why: at one token the layer was three dependent launches (route_gemv, pair gate_up, pair down;
+5.9 + 8.4 + 7.1 µs on the H200, BENCHMARKS.md "Fourth session") for ~19 MB that the copy
+bandwidth moves in ~4.5 µs. Each launch pays its ramp and its tail, and the routed experts'
+reads cannot start before the router's last program has picked them.
+
+How: one grid of work items, every CTA taking the next item from a ticket counter (so an item is
+only ever handed out after every lower item is already running, whatever order the hardware
+dispatches CTAs in; items wait only on lower items, so the waits end):
+1. router items: RB rows of [router; shared gate] . x each (fp32 logits to scratch); the last to
+   arrive runs the top-k (router.py's `_top_k`) and releases a "routed" flag;
+2. gate_up items (pair_gemv's `_gate_up_item`, unchanged): the shared expert's pairs first (they
+   need no routing, so they stream while the router works), then the routed pairs, which acquire
+   the flag and read their expert id; a chunk's last K slice writes h and counts the chunk into
+   the pair's "h ready" counter;
+3. down items (`_down_item`): pair by pair in the same order, each acquiring its pair's counter
+   (all of h written); a row chunk's last arriver over every pair and slice combines, as the
+   pair down kernel does.
+The last row chunk to combine puts the counters back to zero for the next launch. Bits equal the
+three launches' (same partials, same summation orders) where the router's dot sums in the same
+order (the interpreter; compiled, a router logit can differ in its last fp32 bit).
+
+Off by default (`NINFER_MOE_BLOCK=1` turns it on for one-token decode) until an H200 run has
+checked and timed it against the three launches.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
+import triton
+import triton.language as tl
+from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer_plugins.moe_triton import pair_gemv as PG
+from ninfer_plugins.moe_triton.grouped_gemv import Matrix
+from ninfer_plugins.moe_triton.router import _top_k
+from ninfer_plugins.quant_int import gemv_h2 as H2
+from ninfer_plugins.quant_int.gemv_kw import _acquire
+
+# router rows an item (4 rows of 2,048 bf16: 16 KB a CTA, 65 items for 256 experts + shared gate)
+ROUTER_ROWS = 4
+# counters: [ticket, router arrivals, routed flag, down chunks combined, h ready per pair...]
+_TICKET: tl.constexpr = tl.constexpr(0)
+_ROUTER: tl.constexpr = tl.constexpr(1)
+_ROUTED: tl.constexpr = tl.constexpr(2)
+_DONE: tl.constexpr = tl.constexpr(3)
+_H_READY: tl.constexpr = tl.constexpr(4)
+
+
+def enabled() -> bool:
+    return os.environ.get("NINFER_MOE_BLOCK", "0") == "1"
+
+
+@triton.jit
+def _wait_at_least(P, target, SPIN_ASM: tl.constexpr):
+    """Spin until the int32 at P is >= target, every thread reading with acquire semantics (so
+    what the releasing CTA wrote before is visible to all of this CTA's threads)."""
+    if SPIN_ASM:
+        v = _acquire(P)
+        while v < target:
+            v = _acquire(P)
+    else:
+        # the interpreter (items run in ticket order, so this never spins) and plain compiled code
+        v = tl.atomic_add(P, 0, sem="acquire")
+        while v < target:
+            v = tl.atomic_add(P, 0, sem="acquire")
+
+
+@triton.jit
+def _pair_of(q, T, TOP_K: tl.constexpr, SLOTS: tl.constexpr):
+    """Ordinal q of the pairs in item order -> (pair id, is the shared expert's): the T shared
+    pairs first, then token by token the routed ones."""
+    qq = q - T
+    p = tl.where(q < T, q * SLOTS + TOP_K, (qq // TOP_K) * SLOTS + qq % TOP_K)
+    return p, q < T
+
+
+@triton.jit
+def _router_item(X, RW, SG_W, LWS, CNT_R, IDS, WEIGHTS, item, T, E, H, N_R, sx, srw,
+                 TOP_K: tl.constexpr, SLOTS: tl.constexpr, RB: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr):
+    """Rows item * RB .. + RB of [router; shared gate] . x for every token into LWS, as
+    route_gemv's programs compute them; the last item to arrive routes. Returns whether this
+    CTA routed."""
+    h = tl.arange(0, BLOCK_H)
+    h_ok = h < H
+    for i in tl.static_range(RB):
+        r = item * RB + i
+        wp = tl.where(r < E, RW + r.to(tl.int64) * srw, SG_W)
+        # (masks are built as blocks: the interpreter types a block & scalar of int1 as int32)
+        w = tl.load(wp + h, mask=h_ok & ((h * 0 + r) <= E), other=0.0).to(tl.float32)
+        for tt in tl.static_range(BLOCK_T):
+            xt = tl.load(X + tt * sx + h, mask=h_ok & ((h * 0 + tt) < T), other=0.0).to(tl.float32)
+            lg = tl.sum(w * xt, 0)
+            # a router logit is rounded to the activations' dtype (the shared gate's stays fp32)
+            lg = tl.where(r < E, lg.to(X.dtype.element_ty).to(tl.float32), lg)
+            tl.store(LWS + tt * LSTRIDE + r, lg, mask=r <= tl.where(tt < T, E, -1))
+    tl.debug_barrier()
+    arrived = tl.atomic_add(CNT_R, 1, sem="acq_rel")
+    routes = arrived == N_R - 1
+    if routes:
+        t = tl.arange(0, BLOCK_T)
+        t_ok = t < T
+        e = tl.arange(0, BLOCK_E)
+        e_ok = e < E
+        logit = tl.load(LWS + t[:, None] * LSTRIDE + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0,
+                        cache_modifier=".cg")
+        logit = tl.where(e_ok[None, :], logit, float("-inf"))
+        _top_k(logit, t, t_ok, t.to(tl.int64), e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, sx, LSTRIDE,
+               TOP_K, SLOTS, 2, BLOCK_T, BLOCK_E, BLOCK_H)
+        tl.atomic_xchg(CNT_R, 0)
+    return routes
+
+
+@triton.jit(do_not_specialize=["T", "N_R", "GU_CHUNKS", "GU_SLICES", "DN_CHUNKS", "DN_SLICES"])
+def _moe_block_kernel(
+    X, RW, SG_W, LWS, IDS, WEIGHTS, HB, OUT, WSG, WSD, CNT, GCNT, DCNT,
+    W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
+    DW, DWH, DWS, SDW, SDWH, SDWS, DWG, SDWG,
+    T, E, HID, INNER, N_R, GU_CHUNKS, GU_SLICES, DN_CHUNKS, DN_SLICES,
+    sx, srw, shb, so, sw, swh, sws, sgw, sgwh, sgws, sdw, sdwh, sdws, ssdw, ssdwh, ssdws,
+    TOP_K: tl.constexpr, SLOTS: tl.constexpr, RB: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
+    FMT: tl.constexpr, SFMT: tl.constexpr, GBN: tl.constexpr, GKBS: tl.constexpr, GROWS: tl.constexpr,
+    GSP2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
+    ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
+    DFMT: tl.constexpr, DSFMT: tl.constexpr, DBN: tl.constexpr, DKBS: tl.constexpr, DROWS: tl.constexpr,
+    DSP2: tl.constexpr, SLOTS_P2: tl.constexpr, DHEAD: tl.constexpr, DSHEAD: tl.constexpr,
+    DASM: tl.constexpr, DCONSTR: tl.constexpr, DSASM: tl.constexpr, DSCONSTR: tl.constexpr,
+    FAST: tl.constexpr, PAIRS_P2: tl.constexpr, PDL: tl.constexpr = False,
+):
+    pdl_prologue(PDL)
+    # the ticket: items are handed out in the order CTAs start, never ahead of a lower item
+    item = tl.atomic_add(CNT + _TICKET, 1, sem="relaxed")
+    pairs = T * SLOTS
+    n_gu = pairs * GU_CHUNKS * GU_SLICES
+    if item < N_R:
+        routes = _router_item(X, RW, SG_W, LWS, CNT + _ROUTER, IDS, WEIGHTS, item, T, E, HID, N_R, sx, srw,
+                              TOP_K, SLOTS, RB, BLOCK_T, BLOCK_E, BLOCK_H, LSTRIDE)
+        if routes:
+            tl.debug_barrier()
+            tl.atomic_xchg(CNT + _ROUTED, 1, sem="release")
+    elif item < N_R + n_gu:
+        g = item - N_R
+        per = GU_CHUNKS * GU_SLICES
+        p, shared = _pair_of(g // per, T, TOP_K, SLOTS)
+        rem = g % per
+        if shared:
+            e = E
+        else:
+            _wait_at_least(CNT + _ROUTED, 1, FAST)
+            e = tl.load(IDS + p, cache_modifier=".cg")
+        last = PG._gate_up_item(X, HB, WSG, GCNT, p, e, rem // GU_SLICES, rem % GU_SLICES,
+                                W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
+                                INNER, E, SLOTS, GU_SLICES, GU_CHUNKS, sx, shb, sw, swh, sws, sgw, sgwh, sgws,
+                                FMT, SFMT, GBN, GKBS, GROWS, GSP2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST)
+        if last:
+            tl.debug_barrier()
+            tl.atomic_add(CNT + _H_READY + p, 1, sem="release")
+    else:
+        d = item - N_R - n_gu
+        per = DN_CHUNKS * DN_SLICES
+        p, shared = _pair_of(d // per, T, TOP_K, SLOTS)
+        rem = d % per
+        _wait_at_least(CNT + _H_READY + p, GU_CHUNKS, FAST)
+        if shared:
+            e = E
+        else:
+            e = tl.load(IDS + p, cache_modifier=".cg")
+        combined = PG._down_item(HB, IDS, WEIGHTS, OUT, WSD, DCNT, p, e, rem // DN_SLICES, rem % DN_SLICES,
+                      DW, DWH, DWS, SDW, SDWH, SDWS, DWG, SDWG, OUT, SDWG, OUT,
+                      HID, E, SLOTS, DN_SLICES, pairs, T, DN_CHUNKS,
+                      shb, so, sdw, sdwh, sdws, ssdw, ssdwh, ssdws, 0, 0, 0.0,
+                      DFMT, DSFMT, DBN, DKBS, DROWS, DSP2, SLOTS_P2, DHEAD, DSHEAD, DASM, DCONSTR, DSASM, DSCONSTR,
+                      FAST, False, True)
+        if combined:
+            # the last row chunk combined: every item was handed out, every router and gate_up
+            # CTA is past its last use of the counters and every down CTA past its wait, so the
+            # counters go back to zero for the next launch (one atomic a chunk, not one a CTA)
+            tl.debug_barrier()
+            done = tl.atomic_add(CNT + _DONE, 1, sem="acq_rel")
+            if done == DN_CHUNKS - 1:
+                c = tl.arange(0, PAIRS_P2)
+                tl.store(CNT + _H_READY + c, tl.zeros([PAIRS_P2], tl.int32), mask=c < pairs)
+                tl.atomic_xchg(CNT + _ROUTED, 0)
+                tl.atomic_xchg(CNT + _TICKET, 0)
+                tl.atomic_xchg(CNT + _DONE, 0)
+
+
+# --- host side --------------------------------------------------------------------------------------
+
+
+def _geometry(hidden: int, inner: int) -> tuple[PG.PairConfig, PG.PairConfig, int]:
+    cfgs = PG.configs_for(hidden, inner)
+    if cfgs is None:
+        raise ValueError(f"the fused MoE block does not fit hidden {hidden}, inner {inner}")
+    gu, dn = cfgs
+    return gu, dn, max(gu.num_warps, dn.num_warps)
+
+
+def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None,
+             hidden: int, inner: int, shared_inner: int) -> bool:
+    """Where the pair kernels run, with one warp count for both halves."""
+    if not PG.supports(routed_gu, routed_dn, shared, hidden, inner, shared_inner):
+        return False
+    gu, dn, warps = _geometry(hidden, inner)
+    gu = PG.PairConfig(gu.block_n, gu.kbs, gu.rows, warps)
+    dn = PG.PairConfig(dn.block_n, dn.kbs, dn.rows, warps)
+    sg, _, sd = shared
+    return (PG._fits(routed_gu, hidden, inner, gu) and PG._fits(sg, hidden, inner, gu)
+            and PG._fits(routed_dn, inner, hidden, dn) and PG._fits(sd, inner, hidden, dn))
+
+
+def scratch(device: torch.device, dtype: torch.dtype, num_experts: int, slots: int, hidden: int,
+            inner: int) -> dict[str, torch.Tensor]:
+    """The block's scratch for up to PAIR_MAX tokens, kept for the process (graphs hold the
+    pointers; counters start at zero and the kernel puts them back). Ask for it outside any
+    capture first (TritonMoe does at its first eager call)."""
+    gu, dn, _ = _geometry(hidden, inner)
+    pairs = PG.PAIR_MAX * slots
+
+    def make() -> dict[str, torch.Tensor]:
+        f32 = dict(dtype=torch.float32, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        return {
+            "lws": torch.zeros(triton.next_power_of_2(PG.PAIR_MAX) * (num_experts + 1), **f32),
+            "wsg": torch.zeros(pairs * 2 * inner * (hidden // (128 * gu.kbs)) * 4, **f32),
+            "wsd": torch.zeros(pairs * hidden * (inner // (128 * dn.kbs)) * 4, **f32),
+            "cnt": torch.zeros(_H_READY.value + pairs, **i32),
+            "gcnt": torch.zeros(pairs * (inner // gu.rows), **i32),
+            "dcnt": torch.zeros(hidden // dn.rows, **i32),
+            "h": torch.zeros(pairs, inner, dtype=dtype, device=device),
+        }
+
+    return lasting("moe_block", device, (dtype, num_experts, slots, hidden, inner), make)
+
+
+def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.Tensor, top_k: int,
+              routed_gu: Matrix, shared_gate: Matrix, shared_up: Matrix, routed_dn: Matrix, shared_dn: Matrix,
+              inner: int, num_experts: int, fast: bool | None = None,
+              rows_per_item: int = ROUTER_ROWS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole MoE layer for x [T, H] (T <= PAIR_MAX) in one launch -> (out [T, H] in x's
+    dtype, ids [T, slots] int32, weights [T, slots] fp32): what route_gemv then pair_gemv's
+    gate_up and down compute. router [E, H] and the shared gate [1, H] or [H] dense in x's dtype."""
+    T, hidden = x.shape
+    E = num_experts
+    if not 0 < T <= PG.PAIR_MAX:
+        raise ValueError(f"the fused MoE block serves 1..{PG.PAIR_MAX} tokens, got {T}")
+    if router.shape != (E, hidden) or router.stride(-1) != 1 or x.stride(-1) != 1:
+        raise ValueError(f"the fused MoE block needs a dense router [{E}, {hidden}] and x with unit last strides")
+    sgw = shared_gate_weight.reshape(-1)
+    if sgw.numel() != hidden or router.dtype != x.dtype or sgw.dtype != x.dtype:
+        raise ValueError("the fused MoE block's router and shared gate must be dense rows in x's dtype")
+    slots = top_k + 1
+    gu, dn, warps = _geometry(hidden, inner)
+    sc = scratch(x.device, x.dtype, E, slots, hidden, inner)
+    ids = torch.empty(T, slots, dtype=torch.int32, device=x.device)
+    weights = torch.empty(T, slots, dtype=torch.float32, device=x.device)
+    out = torch.empty(T, hidden, dtype=x.dtype, device=x.device)
+    fast = PG._fast(fast)
+    w, wh, wsc = PG._int_args(routed_gu)
+    gw, gwh, gws = PG._int_args(shared_gate)
+    uw, uwh, uws = PG._int_args(shared_up)
+    if (gw.stride(0), gwh.stride(0), gws.stride(0)) != (uw.stride(0), uwh.stride(0), uws.stride(0)):
+        raise ValueError("the shared expert's gate and up weights must share their row strides")
+    dw, dwh, dws = PG._int_args(routed_dn)
+    sdw, sdwh, sdws = PG._int_args(shared_dn)
+    asm, constr = H2._asm(routed_gu.fmt, 1)
+    sasm, sconstr = H2._asm(shared_gate.fmt, 1)
+    dasm, dconstr = H2._asm(routed_dn.fmt, 1)
+    dsasm, dsconstr = H2._asm(shared_dn.fmt, 1)
+    gu_slices, dn_slices = hidden // (128 * gu.kbs), inner // (128 * dn.kbs)
+    gu_chunks, dn_chunks = inner // gu.rows, hidden // dn.rows
+    n_r = triton.cdiv(E + 1, rows_per_item)
+    pairs = T * slots
+    grid = n_r + pairs * (gu_chunks * gu_slices + dn_chunks * dn_slices)
+    h = sc["h"]
+    _moe_block_kernel[(grid,)](
+        x, router, sgw, sc["lws"], ids, weights, h, out, sc["wsg"], sc["wsd"], sc["cnt"], sc["gcnt"], sc["dcnt"],
+        w, wh, wsc, gw, gwh, gws, uw, uwh, uws, routed_gu.gscale(), shared_gate.gscale(), shared_up.gscale(),
+        dw, dwh, dws, sdw, sdwh, sdws, routed_dn.gscale(), shared_dn.gscale(),
+        T, E, hidden, inner, n_r, gu_chunks, gu_slices, dn_chunks, dn_slices,
+        x.stride(0), router.stride(0), h.stride(0), out.stride(0),
+        w.stride(0), wh.stride(0), wsc.stride(0), gw.stride(0), gwh.stride(0), gws.stride(0),
+        dw.stride(0), dwh.stride(0), dws.stride(0), sdw.stride(0), sdwh.stride(0), sdws.stride(0),
+        TOP_K=top_k, SLOTS=slots, RB=rows_per_item,
+        BLOCK_T=triton.next_power_of_2(T), BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(hidden),
+        LSTRIDE=E + 1,
+        FMT=routed_gu.fmt, SFMT=shared_gate.fmt, GBN=gu.block_n, GKBS=gu.kbs, GROWS=gu.rows,
+        GSP2=triton.next_power_of_2(gu_slices), HEAD=H2.HEAD[routed_gu.fmt], SHEAD=H2.HEAD[shared_gate.fmt],
+        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr,
+        DFMT=routed_dn.fmt, DSFMT=shared_dn.fmt, DBN=dn.block_n, DKBS=dn.kbs, DROWS=dn.rows,
+        DSP2=triton.next_power_of_2(dn_slices), SLOTS_P2=triton.next_power_of_2(slots),
+        DHEAD=H2.HEAD[routed_dn.fmt], DSHEAD=H2.HEAD[shared_dn.fmt],
+        DASM=dasm, DCONSTR=dconstr, DSASM=dsasm, DSCONSTR=dsconstr,
+        FAST=fast, PAIRS_P2=triton.next_power_of_2(pairs), num_warps=warps, **pdl_kwargs(x.device),
+    )
+    return out, ids, weights
