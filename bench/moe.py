@@ -356,6 +356,16 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
             results.append({"T": T, "op": "block vs layer", "rel_err": err})
             nbytes["block"] = nbytes["layer"]
             calls["block"] = [lambda x=x, L=L: blk(x, L) for x, L in zip(xs, layers)]
+            if T == 1:
+                # with the post-mixer residual add and norm inside (NINFER_MOE_BLOCK_NORM=1), against
+                # "add+norm" then "block" above
+                xn1 = torch.empty(1, H, dtype=torch.bfloat16, device=DEV)
+                nbytes["block+add+norm"] = nbytes["block"] + nbytes["add+norm"]
+                calls["block+add+norm"] = [
+                    lambda x=x, L=L, r=r: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,
+                                                       L.shared.up, L.experts.down, L.shared.down, I, E,
+                                                       add_norm=(r, nw, 1e-6, xn1))[0]
+                    for x, L, r in zip(xs, layers, res)]
     for name, fns in calls.items():
         try:
             ms = graph_ms_per_call(fns)
@@ -638,6 +648,7 @@ E2E_SWITCHES = {
     "gemvnorm": ("NINFER_GEMV_NORM", "1"),  # the residual add and norm inside the f16x2 GEMV before it
     "noh2": ("NINFER_H2", "0"),
     "block": ("NINFER_MOE_BLOCK", "1"),  # the decode MoE layer in one launch (moe_block.py)
+    "blocknorm": ("NINFER_MOE_BLOCK_NORM", "1"),  # with the post-mixer residual add and norm in it (with +block)
     "kw": ("NINFER_KW", "1"),  # the K-walk GEMV at M <= 4 (gemv_kw.py)
 }
 

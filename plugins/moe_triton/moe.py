@@ -247,8 +247,9 @@ class TritonMoe:
         """The layer with the post-mixer step folded into its first launch: residual += delta,
         x = (1 + w) RMSNorm(residual), then the layer on x, where route_gemv serves this call
         (one token on the pair kernels; NINFER_MOE_NORM=1, off until an H200 run has checked and
-        timed it). None where it does not: the caller then runs the norm and `forward_layer`."""
-        if os.environ.get("NINFER_MOE_NORM", "0") != "1":
+        timed it; or the one-launch block, NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1). None where it
+        does not: the caller then runs the norm and `forward_layer`."""
+        if os.environ.get("NINFER_MOE_NORM", "0") != "1" and not MB.folds_norm():
             return None
         w = self._weights(moe.experts)
         shared = shared_weights(moe)
@@ -278,10 +279,13 @@ class TritonMoe:
         """One decode token: router GEMV and routing in one launch (route_gemv), then the two
         pair kernels. fold_norm = (residual, weight, eps): x is the mixer's output, and route_gemv
         also adds it to the residual and routes (and hands the experts) the norm of the sum."""
-        if fold_norm is None and MB.enabled() and not self._gemv_norm(add_norm, x, w) and self._block_fits(w, shared):
-            # router, experts and combine in one launch (moe_block.py; NINFER_MOE_BLOCK=1)
+        if (MB.enabled() and (fold_norm is None or MB.folds_norm()) and not self._gemv_norm(add_norm, x, w)
+                and self._block_fits(w, shared)):
+            # router, experts and combine in one launch (moe_block.py; NINFER_MOE_BLOCK=1), with
+            # the post-mixer residual add and norm (NINFER_MOE_BLOCK_NORM=1)
+            fold = None if fold_norm is None else (*fold_norm, torch.empty_like(x))
             out, _, _ = MB.moe_block(x, router, shared.gate_weight, moe.top_k, w.gate_up, shared.gate, shared.up,
-                                     w.down, shared.down, w.inner, w.num_experts, fast=self.fast)
+                                     w.down, shared.down, w.inner, w.num_experts, fast=self.fast, add_norm=fold)
             return out
         ws = QK.Workspace.get(x.device)
         ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))

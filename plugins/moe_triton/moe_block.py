@@ -38,22 +38,30 @@ import triton.language as tl
 from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
 from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
-from ninfer_plugins.moe_triton.router import _top_k
+from ninfer_plugins.moe_triton.router import _add_norm_row, _top_k
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int.gemv_kw import _acquire
 
 # router rows an item (4 rows of 2,048 bf16: 16 KB a CTA, 65 items for 256 experts + shared gate)
 ROUTER_ROWS = 4
-# counters: [ticket, router arrivals, routed flag, down chunks combined, h ready per pair...]
+# counters: [ticket, router arrivals, routed flag, down chunks combined, normed x written,
+# h ready per pair...]
 _TICKET: tl.constexpr = tl.constexpr(0)
 _ROUTER: tl.constexpr = tl.constexpr(1)
 _ROUTED: tl.constexpr = tl.constexpr(2)
 _DONE: tl.constexpr = tl.constexpr(3)
-_H_READY: tl.constexpr = tl.constexpr(4)
+_X_READY: tl.constexpr = tl.constexpr(4)
+_H_READY: tl.constexpr = tl.constexpr(5)
 
 
 def enabled() -> bool:
     return os.environ.get("NINFER_MOE_BLOCK", "0") == "1"
+
+
+def folds_norm() -> bool:
+    """The block also takes the layer's post-mixer residual add and norm (NINFER_MOE_BLOCK_NORM=1,
+    with NINFER_MOE_BLOCK=1)."""
+    return enabled() and os.environ.get("NINFER_MOE_BLOCK_NORM", "0") == "1"
 
 
 @triton.jit
@@ -81,27 +89,47 @@ def _pair_of(q, T, TOP_K: tl.constexpr, SLOTS: tl.constexpr):
 
 
 @triton.jit
-def _router_item(X, RW, SG_W, LWS, CNT_R, IDS, WEIGHTS, item, T, E, H, N_R, sx, srw,
+def _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, H, N_R, sx, srw, sres, sxn, eps,
                  TOP_K: tl.constexpr, SLOTS: tl.constexpr, RB: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr):
+                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
+                 ADD_NORM: tl.constexpr):
     """Rows item * RB .. + RB of [router; shared gate] . x for every token into LWS, as
     route_gemv's programs compute them; the last item to arrive routes. Returns whether this
-    CTA routed."""
+    CTA routed.
+
+    ADD_NORM: X is the mixer's output d and x = (1 + w) RMSNorm(RES + d), which every router item
+    computes for itself (4 KB rows from the L2), as route_gemv's programs do. Item 0 first writes
+    x to XN (what the experts read) and releases it; the routing item, after every router item
+    has read RES, writes RES + d back to RES."""
     h = tl.arange(0, BLOCK_H)
     h_ok = h < H
-    for i in tl.static_range(RB):
-        r = item * RB + i
-        wp = tl.where(r < E, RW + r.to(tl.int64) * srw, SG_W)
+    if ADD_NORM:
+        if item == 0:
+            # first thing: the shared expert's gate_up items wait for this x
+            for tt in tl.static_range(BLOCK_T):
+                t_in = h_ok & ((h * 0 + tt) < T)
+                _, xn = _add_norm_row(X, RES, NW, tt, sx, sres, h, t_in, H, eps)
+                tl.store(XN + tt * sxn + h, xn, mask=t_in)
+            tl.debug_barrier()
+            tl.atomic_xchg(CNT + _X_READY, 1, sem="release")
+    for tt in tl.static_range(BLOCK_T):
         # (masks are built as blocks: the interpreter types a block & scalar of int1 as int32)
-        w = tl.load(wp + h, mask=h_ok & ((h * 0 + r) <= E), other=0.0).to(tl.float32)
-        for tt in tl.static_range(BLOCK_T):
-            xt = tl.load(X + tt * sx + h, mask=h_ok & ((h * 0 + tt) < T), other=0.0).to(tl.float32)
+        t_in = h_ok & ((h * 0 + tt) < T)
+        if ADD_NORM:
+            _, xn = _add_norm_row(X, RES, NW, tt, sx, sres, h, t_in, H, eps)
+            xt = xn.to(tl.float32)
+        else:
+            xt = tl.load(X + tt * sx + h, mask=t_in, other=0.0).to(tl.float32)
+        for i in tl.static_range(RB):
+            r = item * RB + i
+            wp = tl.where(r < E, RW + r.to(tl.int64) * srw, SG_W)
+            w = tl.load(wp + h, mask=h_ok & ((h * 0 + r) <= E), other=0.0).to(tl.float32)
             lg = tl.sum(w * xt, 0)
             # a router logit is rounded to the activations' dtype (the shared gate's stays fp32)
             lg = tl.where(r < E, lg.to(X.dtype.element_ty).to(tl.float32), lg)
             tl.store(LWS + tt * LSTRIDE + r, lg, mask=r <= tl.where(tt < T, E, -1))
     tl.debug_barrier()
-    arrived = tl.atomic_add(CNT_R, 1, sem="acq_rel")
+    arrived = tl.atomic_add(CNT + _ROUTER, 1, sem="acq_rel")
     routes = arrived == N_R - 1
     if routes:
         t = tl.arange(0, BLOCK_T)
@@ -113,17 +141,22 @@ def _router_item(X, RW, SG_W, LWS, CNT_R, IDS, WEIGHTS, item, T, E, H, N_R, sx, 
         logit = tl.where(e_ok[None, :], logit, float("-inf"))
         _top_k(logit, t, t_ok, t.to(tl.int64), e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, sx, LSTRIDE,
                TOP_K, SLOTS, 2, BLOCK_T, BLOCK_E, BLOCK_H)
-        tl.atomic_xchg(CNT_R, 0)
+        if ADD_NORM:
+            for tt in tl.static_range(BLOCK_T):
+                t_in = h_ok & ((h * 0 + tt) < T)
+                s_row, _ = _add_norm_row(X, RES, NW, tt, sx, sres, h, t_in, H, eps)
+                tl.store(RES + tt * sres + h, s_row, mask=t_in)
+        tl.atomic_xchg(CNT + _ROUTER, 0)
     return routes
 
 
 @triton.jit(do_not_specialize=["T", "N_R", "GU_CHUNKS", "GU_SLICES", "DN_CHUNKS", "DN_SLICES"])
 def _moe_block_kernel(
-    X, RW, SG_W, LWS, IDS, WEIGHTS, HB, OUT, WSG, WSD, CNT, GCNT, DCNT,
+    X, RW, SG_W, LWS, IDS, WEIGHTS, HB, OUT, WSG, WSD, CNT, GCNT, DCNT, RES, NW, XN,
     W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
     DW, DWH, DWS, SDW, SDWH, SDWS, DWG, SDWG,
     T, E, HID, INNER, N_R, GU_CHUNKS, GU_SLICES, DN_CHUNKS, DN_SLICES,
-    sx, srw, shb, so, sw, swh, sws, sgw, sgwh, sgws, sdw, sdwh, sdws, ssdw, ssdwh, ssdws,
+    sx, srw, shb, so, sw, swh, sws, sgw, sgwh, sgws, sdw, sdwh, sdws, ssdw, ssdwh, ssdws, sres, sxn, eps,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, RB: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
     FMT: tl.constexpr, SFMT: tl.constexpr, GBN: tl.constexpr, GKBS: tl.constexpr, GROWS: tl.constexpr,
@@ -132,16 +165,23 @@ def _moe_block_kernel(
     DFMT: tl.constexpr, DSFMT: tl.constexpr, DBN: tl.constexpr, DKBS: tl.constexpr, DROWS: tl.constexpr,
     DSP2: tl.constexpr, SLOTS_P2: tl.constexpr, DHEAD: tl.constexpr, DSHEAD: tl.constexpr,
     DASM: tl.constexpr, DCONSTR: tl.constexpr, DSASM: tl.constexpr, DSCONSTR: tl.constexpr,
-    FAST: tl.constexpr, PAIRS_P2: tl.constexpr, PDL: tl.constexpr = False,
+    FAST: tl.constexpr, PAIRS_P2: tl.constexpr, ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     # the ticket: items are handed out in the order CTAs start, never ahead of a lower item
     item = tl.atomic_add(CNT + _TICKET, 1, sem="relaxed")
     pairs = T * SLOTS
     n_gu = pairs * GU_CHUNKS * GU_SLICES
+    # what the experts read: x, or with ADD_NORM the normed sum that router item 0 writes
+    if ADD_NORM:
+        XE = XN
+        sxe = sxn
+    else:
+        XE = X
+        sxe = sx
     if item < N_R:
-        routes = _router_item(X, RW, SG_W, LWS, CNT + _ROUTER, IDS, WEIGHTS, item, T, E, HID, N_R, sx, srw,
-                              TOP_K, SLOTS, RB, BLOCK_T, BLOCK_E, BLOCK_H, LSTRIDE)
+        routes = _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, HID, N_R, sx, srw,
+                              sres, sxn, eps, TOP_K, SLOTS, RB, BLOCK_T, BLOCK_E, BLOCK_H, LSTRIDE, ADD_NORM)
         if routes:
             tl.debug_barrier()
             tl.atomic_xchg(CNT + _ROUTED, 1, sem="release")
@@ -151,13 +191,16 @@ def _moe_block_kernel(
         p, shared = _pair_of(g // per, T, TOP_K, SLOTS)
         rem = g % per
         if shared:
+            if ADD_NORM:
+                _wait_at_least(CNT + _X_READY, 1, FAST)
             e = E
         else:
+            # (the routing item acquired every router item's arrival, item 0's x included)
             _wait_at_least(CNT + _ROUTED, 1, FAST)
             e = tl.load(IDS + p, cache_modifier=".cg")
-        last = PG._gate_up_item(X, HB, WSG, GCNT, p, e, rem // GU_SLICES, rem % GU_SLICES,
+        last = PG._gate_up_item(XE, HB, WSG, GCNT, p, e, rem // GU_SLICES, rem % GU_SLICES,
                                 W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
-                                INNER, E, SLOTS, GU_SLICES, GU_CHUNKS, sx, shb, sw, swh, sws, sgw, sgwh, sgws,
+                                INNER, E, SLOTS, GU_SLICES, GU_CHUNKS, sxe, shb, sw, swh, sws, sgw, sgwh, sgws,
                                 FMT, SFMT, GBN, GKBS, GROWS, GSP2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST)
         if last:
             tl.debug_barrier()
@@ -188,6 +231,7 @@ def _moe_block_kernel(
                 c = tl.arange(0, PAIRS_P2)
                 tl.store(CNT + _H_READY + c, tl.zeros([PAIRS_P2], tl.int32), mask=c < pairs)
                 tl.atomic_xchg(CNT + _ROUTED, 0)
+                tl.atomic_xchg(CNT + _X_READY, 0)
                 tl.atomic_xchg(CNT + _TICKET, 0)
                 tl.atomic_xchg(CNT + _DONE, 0)
 
@@ -242,11 +286,17 @@ def scratch(device: torch.device, dtype: torch.dtype, num_experts: int, slots: i
 
 def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.Tensor, top_k: int,
               routed_gu: Matrix, shared_gate: Matrix, shared_up: Matrix, routed_dn: Matrix, shared_dn: Matrix,
-              inner: int, num_experts: int, fast: bool | None = None,
-              rows_per_item: int = ROUTER_ROWS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              inner: int, num_experts: int, fast: bool | None = None, rows_per_item: int = ROUTER_ROWS,
+              add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole MoE layer for x [T, H] (T <= PAIR_MAX) in one launch -> (out [T, H] in x's
     dtype, ids [T, slots] int32, weights [T, slots] fp32): what route_gemv then pair_gemv's
-    gate_up and down compute. router [E, H] and the shared gate [1, H] or [H] dense in x's dtype."""
+    gate_up and down compute. router [E, H] and the shared gate [1, H] or [H] dense in x's dtype.
+
+    add_norm = (residual [T, H], norm weight [H], eps, out [T, H]): x is the mixer's output and
+    the layer's post-mixer step happens in the same launch, as route_gemv's add_norm: residual
+    += x (rounded to its dtype), out = (1 + w) RMSNorm(residual), which is routed and which the
+    experts take."""
     T, hidden = x.shape
     E = num_experts
     if not 0 < T <= PG.PAIR_MAX:
@@ -256,6 +306,9 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     sgw = shared_gate_weight.reshape(-1)
     if sgw.numel() != hidden or router.dtype != x.dtype or sgw.dtype != x.dtype:
         raise ValueError("the fused MoE block's router and shared gate must be dense rows in x's dtype")
+    res, nw, eps, xn = H2.add_norm_args(add_norm, T, hidden, x, "moe_block")
+    if add_norm is not None and xn.dtype != x.dtype:
+        raise ValueError(f"moe_block add_norm: out must be x's dtype ({xn.dtype}, {x.dtype})")
     slots = top_k + 1
     gu, dn, warps = _geometry(hidden, inner)
     sc = scratch(x.device, x.dtype, E, slots, hidden, inner)
@@ -282,12 +335,14 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     h = sc["h"]
     _moe_block_kernel[(grid,)](
         x, router, sgw, sc["lws"], ids, weights, h, out, sc["wsg"], sc["wsd"], sc["cnt"], sc["gcnt"], sc["dcnt"],
+        res, nw, xn,
         w, wh, wsc, gw, gwh, gws, uw, uwh, uws, routed_gu.gscale(), shared_gate.gscale(), shared_up.gscale(),
         dw, dwh, dws, sdw, sdwh, sdws, routed_dn.gscale(), shared_dn.gscale(),
         T, E, hidden, inner, n_r, gu_chunks, gu_slices, dn_chunks, dn_slices,
         x.stride(0), router.stride(0), h.stride(0), out.stride(0),
         w.stride(0), wh.stride(0), wsc.stride(0), gw.stride(0), gwh.stride(0), gws.stride(0),
         dw.stride(0), dwh.stride(0), dws.stride(0), sdw.stride(0), sdwh.stride(0), sdws.stride(0),
+        res.stride(0), xn.stride(0), eps,
         TOP_K=top_k, SLOTS=slots, RB=rows_per_item,
         BLOCK_T=triton.next_power_of_2(T), BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(hidden),
         LSTRIDE=E + 1,
@@ -298,6 +353,7 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
         DSP2=triton.next_power_of_2(dn_slices), SLOTS_P2=triton.next_power_of_2(slots),
         DHEAD=H2.HEAD[routed_dn.fmt], DSHEAD=H2.HEAD[shared_dn.fmt],
         DASM=dasm, DCONSTR=dconstr, DSASM=dsasm, DSCONSTR=dsconstr,
-        FAST=fast, PAIRS_P2=triton.next_power_of_2(pairs), num_warps=warps, **pdl_kwargs(x.device),
+        FAST=fast, PAIRS_P2=triton.next_power_of_2(pairs), ADD_NORM=add_norm is not None, num_warps=warps,
+        **pdl_kwargs(x.device),
     )
     return out, ids, weights

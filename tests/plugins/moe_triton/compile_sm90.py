@@ -140,16 +140,18 @@ def block_variants(quick: bool):
             yield f"block {gu}/{dn}/{sh} T={T}", (lambda a=(gu, dn, sh, T): run_block(*a))
     if not quick:
         yield "block 4/5/8 T=1 plain", lambda: run_block(4, 5, 8, 1, fast=False)
+    yield "block 4/5/8 T=1 + residual add and norm", lambda: run_block(4, 5, 8, 1, add_norm=True)
 
 
-def run_block(gu, dn, sh, T, fast=True) -> None:
+def run_block(gu, dn, sh, T, fast=True, add_norm=False) -> None:
     from ninfer_plugins.moe_triton import grouped_gemv as GV
     from ninfer_plugins.moe_triton import moe_block as MB
 
     bf = dict(dtype=torch.bfloat16)
+    an = (torch.empty(T, H, **bf), torch.empty(H, **bf), 1e-6, torch.empty(T, H, **bf)) if add_norm else None
     MB.moe_block(torch.empty(T, H, **bf), torch.empty(E, H, **bf), torch.empty(1, H, **bf), TOP_K,
                  _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H),
-                 _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), I, E, fast=fast)
+                 _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), I, E, fast=fast, add_norm=an)
 
 
 def route_variants():
