@@ -22,6 +22,10 @@ The last row chunk to combine puts the counters back to zero for the next launch
 three launches' (same partials, same summation orders) where the router's dot sums in the same
 order (the interpreter; compiled, a router logit can differ in its last fp32 bit).
 
+The waits poll with relaxed loads and a short sleep, then acquire once; a wait that lasts past
+2^24 polls traps rather than hang. The scratch is one per (device, shapes): launches must run one
+at a time on one stream (the engine's), as every decode kernel here assumes.
+
 Off by default (`NINFER_MOE_BLOCK=1` turns it on for one-token decode) until an H200 run has
 checked and timed it against the three launches.
 """
@@ -42,16 +46,25 @@ from ninfer_plugins.moe_triton.router import _add_norm_row, _top_k
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int.gemv_kw import _acquire
 
+# a router item holds a whole hidden row per token in registers: past this the kernel's register
+# count (every item type's occupancy) grows (189 at 7,168 against 128 at 2,048)
+MAX_HIDDEN = 4096
 # router rows an item (4 rows of 2,048 bf16: 16 KB a CTA, 65 items for 256 experts + shared gate)
 ROUTER_ROWS = 4
 # counters: [ticket, router arrivals, routed flag, down chunks combined, normed x written,
 # h ready per pair...]
+# Each counter on its own 128-byte line (32 int32): the ticket, the arrivals and the releases are
+# not queued at one L2 slice behind the CTAs polling a flag.
+_LINE: tl.constexpr = tl.constexpr(32)
 _TICKET: tl.constexpr = tl.constexpr(0)
-_ROUTER: tl.constexpr = tl.constexpr(1)
-_ROUTED: tl.constexpr = tl.constexpr(2)
-_DONE: tl.constexpr = tl.constexpr(3)
-_X_READY: tl.constexpr = tl.constexpr(4)
-_H_READY: tl.constexpr = tl.constexpr(5)
+_ROUTER: tl.constexpr = tl.constexpr(32)
+_ROUTED: tl.constexpr = tl.constexpr(64)
+_DONE: tl.constexpr = tl.constexpr(96)
+_X_READY: tl.constexpr = tl.constexpr(128)
+_H_READY: tl.constexpr = tl.constexpr(160)  # + pair * _LINE
+# A wait that polls 2^24 times traps (`_pause`; a CUDA error instead of a silent hang, e.g. after
+# a launch was aborted and left a counter set): 2^24 polls of >= 64 ns is over a second of waiting
+# for what takes microseconds.
 
 
 def enabled() -> bool:
@@ -65,13 +78,32 @@ def folds_norm() -> bool:
 
 
 @triton.jit
+def _poll(P):
+    """A strong relaxed load at GPU scope: sees other CTAs' releases, without the L1 invalidation
+    an acquire load brings (which would evict the co-resident CTAs' lines at every poll)."""
+    return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [P], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _pause(polls):
+    """Back off between polls (nanosleep, 64 ns); traps once `polls` passes 2^24."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $1, 16777216; @p trap; nanosleep.u32 64; add.s32 $0, $1, 1; }",
+        "=r,r", [polls], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _wait_at_least(P, target, SPIN_ASM: tl.constexpr):
-    """Spin until the int32 at P is >= target, every thread reading with acquire semantics (so
-    what the releasing CTA wrote before is visible to all of this CTA's threads)."""
+    """Spin until the int32 at P is >= target, then read it once more with acquire semantics in
+    every thread (so what the releasing CTA wrote before is visible to all of this CTA's threads)."""
     if SPIN_ASM:
-        v = _acquire(P)
+        v = _poll(P)
+        polls = v * 0
         while v < target:
-            v = _acquire(P)
+            polls = _pause(polls)
+            v = _poll(P)
+        _acquire(P)
     else:
         # the interpreter (items run in ticket order, so this never spins) and plain compiled code
         v = tl.atomic_add(P, 0, sem="acquire")
@@ -204,13 +236,13 @@ def _moe_block_kernel(
                                 FMT, SFMT, GBN, GKBS, GROWS, GSP2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST)
         if last:
             tl.debug_barrier()
-            tl.atomic_add(CNT + _H_READY + p, 1, sem="release")
+            tl.atomic_add(CNT + _H_READY + p * _LINE, 1, sem="release")
     else:
         d = item - N_R - n_gu
         per = DN_CHUNKS * DN_SLICES
         p, shared = _pair_of(d // per, T, TOP_K, SLOTS)
         rem = d % per
-        _wait_at_least(CNT + _H_READY + p, GU_CHUNKS, FAST)
+        _wait_at_least(CNT + _H_READY + p * _LINE, GU_CHUNKS, FAST)
         if shared:
             e = E
         else:
@@ -229,7 +261,7 @@ def _moe_block_kernel(
             done = tl.atomic_add(CNT + _DONE, 1, sem="acq_rel")
             if done == DN_CHUNKS - 1:
                 c = tl.arange(0, PAIRS_P2)
-                tl.store(CNT + _H_READY + c, tl.zeros([PAIRS_P2], tl.int32), mask=c < pairs)
+                tl.store(CNT + _H_READY + c * _LINE, tl.zeros([PAIRS_P2], tl.int32), mask=c < pairs)
                 tl.atomic_xchg(CNT + _ROUTED, 0)
                 tl.atomic_xchg(CNT + _X_READY, 0)
                 tl.atomic_xchg(CNT + _TICKET, 0)
@@ -250,7 +282,7 @@ def _geometry(hidden: int, inner: int) -> tuple[PG.PairConfig, PG.PairConfig, in
 def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None,
              hidden: int, inner: int, shared_inner: int) -> bool:
     """Where the pair kernels run, with one warp count for both halves."""
-    if not PG.supports(routed_gu, routed_dn, shared, hidden, inner, shared_inner):
+    if not PG.supports(routed_gu, routed_dn, shared, hidden, inner, shared_inner) or hidden > MAX_HIDDEN:
         return False
     gu, dn, warps = _geometry(hidden, inner)
     gu = PG.PairConfig(gu.block_n, gu.kbs, gu.rows, warps)
@@ -275,7 +307,7 @@ def scratch(device: torch.device, dtype: torch.dtype, num_experts: int, slots: i
             "lws": torch.zeros(triton.next_power_of_2(PG.PAIR_MAX) * (num_experts + 1), **f32),
             "wsg": torch.zeros(pairs * 2 * inner * (hidden // (128 * gu.kbs)) * 4, **f32),
             "wsd": torch.zeros(pairs * hidden * (inner // (128 * dn.kbs)) * 4, **f32),
-            "cnt": torch.zeros(_H_READY.value + pairs, **i32),
+            "cnt": torch.zeros(_H_READY.value + pairs * _LINE.value, **i32),
             "gcnt": torch.zeros(pairs * (inner // gu.rows), **i32),
             "dcnt": torch.zeros(hidden // dn.rows, **i32),
             "h": torch.zeros(pairs, inner, dtype=dtype, device=device),
@@ -301,6 +333,8 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     E = num_experts
     if not 0 < T <= PG.PAIR_MAX:
         raise ValueError(f"the fused MoE block serves 1..{PG.PAIR_MAX} tokens, got {T}")
+    if not 1 <= rows_per_item <= 16:
+        raise ValueError(f"the fused MoE block takes 1..16 router rows an item, got {rows_per_item}")
     if router.shape != (E, hidden) or router.stride(-1) != 1 or x.stride(-1) != 1:
         raise ValueError(f"the fused MoE block needs a dense router [{E}, {hidden}] and x with unit last strides")
     sgw = shared_gate_weight.reshape(-1)

@@ -90,6 +90,7 @@ def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, 
     for k in tl.static_range(TOP_K):
         best = tl.max(left, 1)
         idx = tl.min(tl.where(left == best[:, None], e[None, :], BLOCK_E), 1)
+        idx = tl.minimum(idx, E - 1)  # NaN logits match nothing: stay in bounds (the output is NaN)
         hit = (e[None, :] == idx[:, None]) & t_ok[:, None]
         sel = tl.where(hit, 1, sel)
         kth = tl.where(hit, k, kth)

@@ -125,6 +125,9 @@ def test_block_refuses_what_it_cannot_serve():
         _block(x[:1], w, sw, router[:, :128], sg, 3)
     with pytest.raises(ValueError, match="x's dtype"):
         _block(x[:1], w, sw, router, sg.double(), 3)
+    for rb in (0, 17):
+        with pytest.raises(ValueError, match="router rows"):
+            _block(x[:1], w, sw, router, sg, 3, rows_per_item=rb)
     with pytest.raises(ValueError, match="add_norm"):
         _block(x[:1], w, sw, router, sg, 3, add_norm=(x[:2], x[0], 1e-6, x[:1]))
 
@@ -172,13 +175,13 @@ def test_triton_moe_takes_the_block_only_when_switched_on(monkeypatch):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("T", [1, 2, 4])
-def test_gpu_block_real_shapes(T):
+@pytest.mark.parametrize("T,fast", [(1, True), (2, True), (3, True), (4, True), (1, False)])
+def test_gpu_block_real_shapes(T, fast):
     top_k = 8
     w, sw, router, sg, (dgu, ddn, sdec) = _layer(256, 2048, 512, "q4_g64", "q5_g64", "q8_g32", seed=T,
                                                  dtype=torch.bfloat16)
     x = torch.randn(T, 2048, generator=torch.Generator(device=DEV).manual_seed(T), device=DEV).to(torch.bfloat16)
-    out, ids, weights = _block(x, w, sw, router, sg, top_k)
+    out, ids, weights = _block(x, w, sw, router, sg, top_k, fast=fast)
     torch.cuda.synchronize()
     assert _counters_zero(x, w, top_k)
     ref, r = _three_launches(x, w, sw, router, sg, top_k)
@@ -190,7 +193,7 @@ def test_gpu_block_real_shapes(T):
     assert float(err.norm() / oracle.double().norm()) <= RTOL
     assert float((ids == r.ids).float().mean()) >= 0.75
     for _ in range(3):
-        again, ids2, _ = _block(x, w, sw, router, sg, top_k)
+        again, ids2, _ = _block(x, w, sw, router, sg, top_k, fast=fast)
         assert torch.equal(again, out) and torch.equal(ids2, ids)
 
 
@@ -226,4 +229,9 @@ def test_gpu_block_in_a_cuda_graph():
         eager, ids, _ = _block(x, w, sw, router, sg, top_k)
         for out, gids, _ in outs:
             assert torch.equal(out, eager) and torch.equal(gids, ids)
+    # many replays back to back (each four launches on one scratch), then the counters
+    for _ in range(500):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[-1][0], _block(x, w, sw, router, sg, top_k)[0])
     assert _counters_zero(x, w, top_k)

@@ -85,6 +85,19 @@ def test_interpreted_prefill_route_bf16_logits(T):
     _check(logits, 4, False, "dot", x, torch.randn(1, 40) / 6)
 
 
+@interp
+@pytest.mark.parametrize("plan", [False, True])
+def test_interpreted_nan_logits_route_in_bounds(plan):
+    # a NaN row matches no maximum: its ids must still name experts (E = 20 is not a power of
+    # two, so an unclamped pick would be 32, past the expert arrays), the other row is untouched
+    logits = logits_hitting(2, 20, seed=3)
+    logits[0, 5] = float("nan")
+    r = route(logits, 4, plan=plan)
+    assert int(r.ids.min()) >= 0 and int(r.ids.max()) < 20
+    ids, _ = route_reference(logits[1:], 4)
+    assert torch.equal(r.ids[1].long(), ids[0].long())
+
+
 def test_tile_bound_holds_for_adversarial_routings():
     # max_tiles must cover any routing: spread evenly, all on one expert, one pair short of a tile
     for T, E, k, bm in ((64, 8, 2, 16), (100, 256, 8, 64), (33, 4, 4, 16)):
