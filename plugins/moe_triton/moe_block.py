@@ -22,8 +22,8 @@ The last row chunk to combine puts the counters back to zero for the next launch
 three launches' (same partials, same summation orders) where the router's dot sums in the same
 order (the interpreter; compiled, a router logit can differ in its last fp32 bit).
 
-The waits poll with relaxed loads and a short sleep, then acquire once; a wait that lasts past
-2^24 polls traps rather than hang. The scratch is one per (device, shapes): launches must run one
+The waits are ninfer.kernels.triton.sync's (relaxed polls with a short sleep, one acquire, a trap
+rather than a hang). The scratch is one per (device, shapes): launches must run one
 at a time on one stream (the engine's), as every decode kernel here assumes.
 
 Off by default (`NINFER_MOE_BLOCK=1` turns it on for one-token decode) until an H200 run has
@@ -40,11 +40,11 @@ import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUD
 import triton
 import triton.language as tl
 from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.sync import wait_at_least
 from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 from ninfer_plugins.moe_triton.router import _add_norm_row, _top_k
 from ninfer_plugins.quant_int import gemv_h2 as H2
-from ninfer_plugins.quant_int.gemv_kw import _acquire
 
 # a router item holds a whole hidden row per token in registers: past this the kernel's register
 # count (every item type's occupancy) grows (189 at 7,168 against 128 at 2,048)
@@ -62,9 +62,6 @@ _ROUTED: tl.constexpr = tl.constexpr(64)
 _DONE: tl.constexpr = tl.constexpr(96)
 _X_READY: tl.constexpr = tl.constexpr(128)
 _H_READY: tl.constexpr = tl.constexpr(160)  # + pair * _LINE
-# A wait that polls 2^24 times traps (`_pause`; a CUDA error instead of a silent hang, e.g. after
-# a launch was aborted and left a counter set): 2^24 polls of >= 64 ns is over a second of waiting
-# for what takes microseconds.
 
 
 def enabled() -> bool:
@@ -75,40 +72,6 @@ def folds_norm() -> bool:
     """The block also takes the layer's post-mixer residual add and norm (NINFER_MOE_BLOCK_NORM=1,
     with NINFER_MOE_BLOCK=1)."""
     return enabled() and os.environ.get("NINFER_MOE_BLOCK_NORM", "0") == "1"
-
-
-@triton.jit
-def _poll(P):
-    """A strong relaxed load at GPU scope: sees other CTAs' releases, without the L1 invalidation
-    an acquire load brings (which would evict the co-resident CTAs' lines at every poll)."""
-    return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [P], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _pause(polls):
-    """Back off between polls (nanosleep, 64 ns); traps once `polls` passes 2^24."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $1, 16777216; @p trap; nanosleep.u32 64; add.s32 $0, $1, 1; }",
-        "=r,r", [polls], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_at_least(P, target, SPIN_ASM: tl.constexpr):
-    """Spin until the int32 at P is >= target, then read it once more with acquire semantics in
-    every thread (so what the releasing CTA wrote before is visible to all of this CTA's threads)."""
-    if SPIN_ASM:
-        v = _poll(P)
-        polls = v * 0
-        while v < target:
-            polls = _pause(polls)
-            v = _poll(P)
-        _acquire(P)
-    else:
-        # the interpreter (items run in ticket order, so this never spins) and plain compiled code
-        v = tl.atomic_add(P, 0, sem="acquire")
-        while v < target:
-            v = tl.atomic_add(P, 0, sem="acquire")
 
 
 @triton.jit
@@ -224,11 +187,11 @@ def _moe_block_kernel(
         rem = g % per
         if shared:
             if ADD_NORM:
-                _wait_at_least(CNT + _X_READY, 1, FAST)
+                wait_at_least(CNT + _X_READY, 1, FAST)
             e = E
         else:
             # (the routing item acquired every router item's arrival, item 0's x included)
-            _wait_at_least(CNT + _ROUTED, 1, FAST)
+            wait_at_least(CNT + _ROUTED, 1, FAST)
             e = tl.load(IDS + p, cache_modifier=".cg")
         last = PG._gate_up_item(XE, HB, WSG, GCNT, p, e, rem // GU_SLICES, rem % GU_SLICES,
                                 W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
@@ -242,7 +205,7 @@ def _moe_block_kernel(
         per = DN_CHUNKS * DN_SLICES
         p, shared = _pair_of(d // per, T, TOP_K, SLOTS)
         rem = d % per
-        _wait_at_least(CNT + _H_READY + p * _LINE, GU_CHUNKS, FAST)
+        wait_at_least(CNT + _H_READY + p * _LINE, GU_CHUNKS, FAST)
         if shared:
             e = E
         else:

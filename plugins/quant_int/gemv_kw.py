@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.sync import wait_at_least
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
@@ -163,14 +164,6 @@ def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
     kb = tl.program_id(1)
     pdl_prologue(PDL)
     _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb, FMT, HEAD, FAST, GATED)
-
-
-@triton.jit
-def _acquire(P):
-    """Load the int32 at P with acquire semantics at GPU scope (what a producer released before
-    it is then visible to this thread)."""
-    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [P], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -348,15 +341,8 @@ def _gemv_kw_kernel(
                              FMT, HEAD, ASM_PAIRS, GATED)
             tl.debug_barrier()
             tl.atomic_add(RDY, 1, sem="release")
-        if ASM_PAIRS:
-            ready = _acquire(RDY)
-            while ready < PRODUCERS:
-                ready = _acquire(RDY)
-        else:
-            # the interpreter (one producer, run first): a plain atomic read
-            ready = tl.atomic_add(RDY, 0, sem="acquire")
-            while ready < PRODUCERS:
-                ready = tl.atomic_add(RDY, 0, sem="acquire")
+        # (without ASM_PAIRS, the interpreter: one producer, run first)
+        wait_at_least(RDY, PRODUCERS, ASM_PAIRS)
     if FAST:
         acc = tl.zeros([BW, BLOCK_N], dtype=tl.float32)
     else:

@@ -1,0 +1,60 @@
+"""Waits between the CTAs of one launch (device side), for kernels whose later CTAs consume what
+earlier ones produce: the K-walk GEMV's inline x pairs (quant_int/gemv_kw.py) and the one-launch
+MoE layer (moe_triton/moe_block.py).
+
+A producer writes, `tl.debug_barrier()`, then releases a counter with one atomic (`sem="release"`
+or `"acq_rel"`); a consumer calls `wait_at_least(counter, n, ASM)` before reading. With ASM (a
+compiled kernel) every thread polls with relaxed loads and a short sleep, then reads the counter
+once with acquire semantics: an acquire at every poll would invalidate the SM's whole L1 each
+time (the co-resident CTAs' lines with it), and polls without a pause crowd the L2 slice that
+holds the counter. A wait past 2^24 polls traps: a CUDA error instead of a silent hang, e.g.
+when an aborted launch left a counter set. Without ASM (the interpreter, which runs CTAs one
+after another, producers first) the poll is a plain atomic read.
+"""
+
+from __future__ import annotations
+
+import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def acquire(P):
+    """Load the int32 at P with acquire semantics at GPU scope (what a producer released before
+    it is then visible to this thread)."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [P], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def poll(P):
+    """A strong relaxed load at GPU scope: sees other CTAs' releases, without the L1 invalidation
+    an acquire load brings."""
+    return tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [P], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def pause(polls):
+    """Back off between polls (nanosleep, 64 ns) and count them; trap past 2^24."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $1, 16777216; @p trap; nanosleep.u32 64; add.s32 $0, $1, 1; }",
+        "=r,r", [polls], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_at_least(P, target, ASM: tl.constexpr):
+    """Spin until the int32 at P is >= target; then what was released before it is visible to
+    every thread of this CTA."""
+    if ASM:
+        v = poll(P)
+        polls = v * 0
+        while v < target:
+            polls = pause(polls)
+            v = poll(P)
+        acquire(P)
+    else:
+        v = tl.atomic_add(P, 0, sem="acquire")
+        while v < target:
+            v = tl.atomic_add(P, 0, sem="acquire")
