@@ -43,7 +43,7 @@ from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
 from ninfer.kernels.triton.sync import wait_at_least
 from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
-from ninfer_plugins.moe_triton.router import _add_norm_row, _top_k
+from ninfer_plugins.moe_triton.router import _add_norm_row, _router_input, _top_k
 from ninfer_plugins.quant_int import gemv_h2 as H2
 
 # a router item holds a whole hidden row per token in registers: past this the kernel's register
@@ -108,16 +108,11 @@ def _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, H
             tl.debug_barrier()
             tl.atomic_xchg(CNT + _X_READY, 1, sem="release")
     for tt in tl.static_range(BLOCK_T):
-        # (masks are built as blocks: the interpreter types a block & scalar of int1 as int32)
-        t_in = h_ok & ((h * 0 + tt) < T)
-        if ADD_NORM:
-            _, xn = _add_norm_row(X, RES, NW, tt, sx, sres, h, t_in, H, eps)
-            xt = xn.to(tl.float32)
-        else:
-            xt = tl.load(X + tt * sx + h, mask=t_in, other=0.0).to(tl.float32)
+        xt = _router_input(X, RES, NW, tt, sx, sres, h, h_ok, T, H, eps, ADD_NORM)
         for i in tl.static_range(RB):
             r = item * RB + i
             wp = tl.where(r < E, RW + r.to(tl.int64) * srw, SG_W)
+            # (masks are built as blocks: the interpreter types a block & scalar of int1 as int32)
             w = tl.load(wp + h, mask=h_ok & ((h * 0 + r) <= E), other=0.0).to(tl.float32)
             lg = tl.sum(w * xt, 0)
             # a router logit is rounded to the activations' dtype (the shared gate's stays fp32)

@@ -180,6 +180,19 @@ def _add_norm_row(D, RES, NW, tt, stride_d, stride_res, h, ok, H, eps):
     return s, (sf * tl.rsqrt(tl.sum(sf * sf, 0) / H + eps) * nw).to(D.dtype.element_ty)
 
 
+@triton.jit
+def _router_input(X, RES, NW, tt, stride_x, stride_res, h, h_ok, T, H, eps, ADD_NORM: tl.constexpr):
+    """Token tt's row as the router's dots take it, fp32: x's row, or with ADD_NORM the
+    (1 + w) RMSNorm of RES + x (_add_norm_row); zeros past T."""
+    t_in = h_ok & ((h * 0 + tt) < T)
+    if ADD_NORM:
+        _, xn = _add_norm_row(X, RES, NW, tt, stride_x, stride_res, h, t_in, H, eps)
+        xt = xn.to(tl.float32)
+    else:
+        xt = tl.load(X + tt * stride_x + h, mask=t_in, other=0.0).to(tl.float32)
+    return xt
+
+
 @triton.jit(do_not_specialize=["T"])
 def _route_gemv_kernel(
     X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, HOUT,
@@ -204,12 +217,7 @@ def _route_gemv_kernel(
     else:
         w = tl.load(SG_W + h, mask=h_ok, other=0.0).to(tl.float32)
     for tt in tl.static_range(BLOCK_T):
-        t_in = h_ok & ((h * 0 + tt) < T)
-        if ADD_NORM:
-            _, xn = _add_norm_row(X, RES, NW, tt, stride_x, stride_res, h, t_in, H, eps)
-            xt = xn.to(tl.float32)
-        else:
-            xt = tl.load(X + tt * stride_x + h, mask=t_in, other=0.0).to(tl.float32)
+        xt = _router_input(X, RES, NW, tt, stride_x, stride_res, h, h_ok, T, H, eps, ADD_NORM)
         lg = tl.sum(w * xt, 0)
         # a router logit is rounded to the activations' dtype, as the router linear's output is
         # (the shared gate's stays fp32, as the route kernel's own dot)
