@@ -95,3 +95,26 @@ def captured(step, warmups: int = 1):
     with torch.cuda.graph(graph):
         out = step()
     return graph, out
+
+
+def tiny_pair_checkpoint(out_dir, vocab: int = 512, layers: int = 4):
+    """A tiny Qwen3.6-35B-A3B checkpoint at widths the pair kernels and the one-launch block take
+    (hidden 256, expert and shared-expert width 128; make_tiny's own 64 / 32 are below their
+    128-wide K blocks): make_tiny's files, then its config and weights written again wider."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from ninfer.testing import make_tiny
+    from ninfer_plugins.qwen_hybrid import tiny as TT
+
+    path = Path(make_tiny("qwen3.6-35b-a3b", out_dir, vocab=vocab, layers=layers))
+    cfg = json.loads((path / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text.update(hidden_size=256, moe_intermediate_size=128, shared_expert_intermediate_size=128)
+    if isinstance(cfg.get("vision_config"), dict):
+        cfg["vision_config"]["out_hidden_size"] = 256
+    (path / "config.json").write_text(json.dumps(cfg, indent=4))
+    save_file(TT.tiny_tensors(cfg, 0, "fused"), str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path

@@ -123,3 +123,55 @@ def test_graph_and_eager_give_the_same_tokens(tiny):
         del engine
         torch.cuda.empty_cache()
     assert outputs[True] == outputs[False]
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs(tmp_path_factory):
+    from moe_cases import tiny_pair_checkpoint
+
+    return tiny_pair_checkpoint(tmp_path_factory.mktemp("tiny_moe_pairs"), vocab=VOCAB)
+
+
+def test_one_launch_block_in_the_model(tiny_pairs, monkeypatch):
+    """NINFER_MOE_BLOCK=1 (moe_block.py) in an int4 model at widths the block takes: one-token
+    decode logits against the three launches, and greedy tokens equal between CUDA-graph and
+    eager decode with the block (and with the post-mixer norm inside it)."""
+    from ninfer.startup import build_engine
+    from ninfer_plugins.moe_triton import moe_block as MB
+
+    calls = []
+    real = MB.moe_block
+    monkeypatch.setattr(MB, "moe_block", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = load_model(tiny_pairs, "cuda", quant="int4")
+    prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1))
+    logits = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("NINFER_MOE_BLOCK", flag)
+        cache = model.allocate_cache(1, 64, "bf16")
+        model.forward(prompt.to("cuda"), cache, 0, 0)
+        hidden = model.decode(torch.tensor([5], device="cuda"), cache, torch.tensor([0], device="cuda"),
+                              torch.tensor([len(prompt)], device="cuda"))
+        logits[flag] = model.compute_logits(hidden).float().cpu()
+    assert calls, "the block never ran: the model's MoE did not take it"
+    err = float((logits["1"] - logits["0"]).norm() / logits["0"].norm())
+    assert err < 2e-2, err
+    del model
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+    for norm in ("0", "1"):
+        monkeypatch.setenv("NINFER_MOE_BLOCK", "1")
+        monkeypatch.setenv("NINFER_MOE_BLOCK_NORM", norm)
+        outputs = {}
+        for graph in (True, False):
+            cfg = EngineConfig(model=str(tiny_pairs), device="cuda", quant="int4", max_context=128, max_batch=1,
+                               cuda_graph=graph)
+            engine = build_engine(cfg)
+            rid = engine.add_request(prompt.tolist(), params)
+            tokens = []
+            while engine.has_unfinished():
+                for out in engine.step():
+                    if out.request_id == rid:
+                        tokens += out.new_token_ids
+            outputs[graph] = tokens
+            del engine
+            torch.cuda.empty_cache()
+        assert len(outputs[True]) == 24 and outputs[True] == outputs[False], norm
