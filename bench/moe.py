@@ -359,6 +359,14 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
                 log(f"  T={T} block: {type(e).__name__}: {str(e)[:200]}")
             nbytes["block"] = nbytes["layer"]
             calls["block"] = [lambda x=x, L=L: blk(x, L) for x, L in zip(xs, layers)]
+            # router rows an item (the router's part is the block's first critical path: fewer,
+            # larger items take fewer tickets, more, smaller ones finish sooner)
+            for rb in (2, 8):
+                nbytes[f"block rb{rb}"] = nbytes["layer"]
+                calls[f"block rb{rb}"] = [
+                    lambda x=x, L=L, rb=rb: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,
+                                                         L.shared.up, L.experts.down, L.shared.down, I, E, rows_per_item=rb)[0]
+                    for x, L in zip(xs, layers)]
             if T == 1:
                 # with the post-mixer residual add and norm inside (NINFER_MOE_BLOCK_NORM=1), against
                 # "add+norm" then "block" above
