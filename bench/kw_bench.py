@@ -15,6 +15,8 @@ loads x row 0's pairs only, so at M = 4 it understates what x's loads cost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,6 +82,8 @@ def main() -> int:
     from ninfer_plugins.quant_int import gemv_kw as KW
     from ninfer_plugins.quant_int import kernels as K
 
+    # the baseline is the dispatch without the K-walk (tuned.TUNED_KW's winners off)
+    os.environ["NINFER_KW"] = "0"
     ms = [int(v) for v in args.ms.split(",")]
     shapes = SHAPES[: args.first]
     bits = {name: (16 if name == "nvfp4" else IF.FORMATS[name].bits) for name, _, _ in shapes}
@@ -115,7 +119,8 @@ def main() -> int:
                 K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
                 err = float((KW.launch(x, p, cfg).float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
                 t = QL.graph_ms_per_call([lambda q=q, c=cfg: KW.launch(x, q, c) for q in copies])
-                row["kw"].append(dict(config=cfg.describe(), us=round(t * 1e3, 2), share=round(share(t), 3), err=err))
+                row["kw"].append(dict(config=cfg.describe(), fields=list(dataclasses.astuple(cfg)), us=round(t * 1e3, 2),
+                                      share=round(share(t), 3), err=err))
                 print(f"    {cfg.describe():24s} {t * 1e3:8.2f} us {share(t):6.1%}  err vs dispatched {err:.1e}", flush=True)
             if fits:
                 t = QL.graph_ms_per_call([lambda q=q: KW.launch(x, q, fits[0], ablate=1) for q in copies])
@@ -128,7 +133,37 @@ def main() -> int:
         del copies, p
         torch.cuda.empty_cache()
     QL.write_result(args.out, "kw_bench.json", dict(copy_tbs=copy_tbs, rows=rows))
+    table = tuned_table(rows, bits)
+    print(table, flush=True)
+    if args.out:
+        Path(args.out, "tuned_kw.py").write_text(table + "\n")
     return 0
+
+
+# a winner must beat the dispatched kernel by this much alone (the step then decides: tuned.py)
+WIN = 0.97
+# and agree with it: both round to bf16 once, so they differ by a few ulps of the output
+MAX_ERR = 1e-2
+
+
+def tuned_table(rows: list, bits: dict) -> str:
+    """tuned.TUNED_KW entries from the rows: the fastest K-walk config that agrees with the
+    dispatched kernel where it beats it by WIN, else () (it lost there); M = 1 -> "m1",
+    M = 4 -> "m4" (other M are not buckets)."""
+    lines = ["# bench/kw_bench.py: paste into quant_int/tuned.py's TUNED_KW after the step has confirmed them"]
+    for r in rows:
+        bucket = {1: "m1", 4: "m4"}.get(r["m"])
+        if bucket is None:
+            continue
+        ok = [c for c in r["kw"] if c["err"] <= MAX_ERR]
+        best = min(ok, key=lambda c: c["us"], default=None)
+        key = f"({bits[r['fmt']]}, {r['n']}, {r['k']}, '{bucket}')"
+        if best is not None and best["us"] < WIN * r["dispatched_us"]:
+            lines.append(f"    {key}: {tuple(best['fields'])},  # {best['us']} vs {r['dispatched_us']} us ({r['dispatched']})")
+        else:
+            why = f"best {best['us']} us" if best else "no config agreed with the dispatch"
+            lines.append(f"    {key}: (),  # {why} vs {r['dispatched_us']} us ({r['dispatched']})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

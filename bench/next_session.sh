@@ -198,15 +198,16 @@ case "${1:-}" in
     echo "read_ceiling rc=$? $(( $(date +%s) - t0 )) s"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
     ;;
   kwstep)
-    # the K-walk GEMV in the engine: every M <= 4 decode GEMV on it (NINFER_KW=1) against the tree
-    # as committed, alternated twice in one process; `kwstep 27b` (default), `kwstep 35b`, `kwstep round`
+    # the K-walk GEMV in the engine, alternated twice in one process: without it (NINFER_KW=0), as
+    # committed (tuned.TUNED_KW's winners, once kw_bench's tuned_kw.py is pasted there), and on every
+    # M <= 4 decode GEMV it fits (NINFER_KW=1); `kwstep 27b` (default), `kwstep 35b`, `kwstep round`
     t0=$(date +%s)
     case "${2:-27b}" in
-      round) rounds 560 "X=1" "NINFER_KW=1" "X=1" "NINFER_KW=1" ;;
+      round) rounds 560 "NINFER_KW=0" "X=1" "NINFER_KW=1" "NINFER_KW=0" "X=1" "NINFER_KW=1" ;;
       *)
         case "${2:-27b}" in 35b) model=qwen3.6-35b-a3b ;; *) model=qwen3.6-27b ;; esac
         timeout 560 python3 bench/dense_27b.py --skip-tests --model $model --only int4_8k --budget-s 480 \
-          --variants "X=1|NINFER_KW=1|X=1|NINFER_KW=1" > "$OUT/b.txt" 2>&1
+          --variants "NINFER_KW=0|X=1|NINFER_KW=1|NINFER_KW=0|X=1|NINFER_KW=1" > "$OUT/b.txt" 2>&1
         echo "$model KW A/B rc=$? $(( $(date +%s) - t0 )) s"
         grep -E "^int4_8k|^skipped|ERROR" "$OUT/b.txt" | cut -c1-150 ;;
     esac
@@ -215,6 +216,7 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 150 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_kw.py > "$OUT/t.txt" 2>&1
     echo "kw tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    # (its last lines: TUNED_KW entries for quant_int/tuned.py, also in OUT/tuned_kw.py)
     timeout 400 python3 bench/kw_bench.py --out "$OUT" > "$OUT/kw.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/kw.txt" | cut -c1-150
     ;;

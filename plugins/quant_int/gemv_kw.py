@@ -97,10 +97,15 @@ def _fits(fmt: int, k: int, cfg: KWConfig) -> bool:
 
 
 def enabled() -> bool:
-    """NINFER_KW=1 sends every M <= 4 decode launch it fits to this kernel (kernels.pick_gemv);
-    off by default until the H200 has timed it against gemv_h2 (read at each launch, so an A/B
-    may switch it between runs of one process)."""
-    return os.environ.get("NINFER_KW", "0") == "1"
+    """NINFER_KW=1 sends every M <= 4 decode launch it fits to this kernel (kernels.pick_gemv),
+    its measured winner (tuned.TUNED_KW) where there is one, else default_config (read at each
+    launch, so an A/B may switch it between runs of one process)."""
+    return os.environ.get("NINFER_KW", "") == "1"
+
+
+def tuned_allowed() -> bool:
+    """The measured winners of tuned.TUNED_KW are dispatched unless NINFER_KW=0."""
+    return os.environ.get("NINFER_KW", "") != "0"
 
 
 def default_config(fmt: int, n: int, k: int, sm_count: int) -> KWConfig | None:

@@ -608,8 +608,9 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch
     with `.workspace(p)`.
 
-    Order: with NINFER_KW=1 (an experiment), the K-walk GEMV (gemv_kw.py) wherever it fits at
-    M <= 4; a measured tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
+    Order: at M <= 4 a measured K-walk winner (tuned.TUNED_KW, unless NINFER_KW=0), and with
+    NINFER_KW=1 (an experiment) the K-walk GEMV (gemv_kw.py) wherever it fits; a measured
+    tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
     then for M <= 4 (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
     (tuned.TUNED_H2); at M = 1 with no TUNED_H2 entry, the f16x2 GEMV's default for q4/q5/q6/q8
     and NVFP4 (it beat everything else on every 27B/35B shape measured, BENCHMARKS.md "f16x2
@@ -619,14 +620,18 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     if m > 8:
         return None
     from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc
-    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_TC
+    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_TC
 
-    if m <= 4 and gemv_kw.enabled() and fmt in gemv_kw.DECODES:
-        # experiment switch (NINFER_KW=1): the K-walk GEMV wherever it fits, ahead of every
-        # measured winner, until the H200 has timed it
-        cfg = gemv_kw.default_config(fmt, n, k, sm_count)
-        if cfg is not None:
-            return cfg
+    if m <= 4 and fmt in gemv_kw.DECODES:
+        # the K-walk GEMV: its measured winner (unless NINFER_KW=0); with NINFER_KW=1 (an
+        # experiment) also its default config wherever it fits, ahead of every other winner
+        hit = TUNED_KW.get((fmt, n, k, "m1" if m == 1 else "m4")) if gemv_kw.tuned_allowed() else None
+        if hit:
+            return gemv_kw.KWConfig(*hit)
+        if gemv_kw.enabled():
+            cfg = gemv_kw.default_config(fmt, n, k, sm_count)
+            if cfg is not None:
+                return cfg
     tc_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
     if gemv_tc.enabled() and os.environ.get("NINFER_TCD") == "1" and fmt in gemv_tc.FORMATS:
         # experiment switch (set before the model loads: workspace is reserved then): the direct

@@ -415,3 +415,12 @@ TUNED_TC: dict[tuple[int, int, int, str], tuple] = {
     (5, 16384, 5120, 'm4'): (8, 0, 4, 6, 2),
     (5, 16384, 5120, 'm8'): (8, 0, 4, 6, 2),
 }
+
+
+# The K-walk GEMV (gemv_kw.py) for M <= 4: (fmt id, n, k, "m1" | "m4") -> KWConfig fields
+# (block_n, bw, splits, num_warps, prefetch, inline), or () where it lost to the kernel dispatched
+# without it. Written from `bench/kw_bench.py`'s tuned_kw.py (a winner must beat the dispatched
+# kernel alone), then kept only if the decode step with the table beats it without
+# (`NINFER_KW=0` turns the table off: `bash bench/next_session.sh kwstep`). Empty until the H200
+# has timed the kernel.
+TUNED_KW: dict[tuple[int, int, int, str], tuple] = {}

@@ -289,6 +289,34 @@ def test_kw_dispatch_only_when_switched_on(monkeypatch):
     assert KW.default_config(4, 256, 384, 132) is None
 
 
+def test_tuned_kw_winners_dispatch_unless_switched_off(monkeypatch):
+    """A TUNED_KW entry is dispatched at its M bucket (m1: M = 1, m4: M = 2..4) without NINFER_KW;
+    () means the K-walk lost there (the dispatch goes on as before); NINFER_KW=0 turns the table
+    off."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.delenv("NINFER_KW", raising=False)
+    before = {m: K.pick_gemv(5, m, 5120, 17408, 132) for m in (1, 2, 4)}
+    monkeypatch.setitem(tuned.TUNED_KW, (5, 5120, 17408, "m1"), (16, 128, 1, 4, 2))
+    monkeypatch.setitem(tuned.TUNED_KW, (5, 5120, 17408, "m4"), ())
+    assert K.pick_gemv(5, 1, 5120, 17408, 132) == KW.KWConfig(16, 128, 1, 4, 2)
+    assert K.pick_gemv(5, 2, 5120, 17408, 132) == before[2] and K.pick_gemv(5, 4, 5120, 17408, 132) == before[4]
+    monkeypatch.setenv("NINFER_KW", "0")
+    assert K.pick_gemv(5, 1, 5120, 17408, 132) == before[1]
+    monkeypatch.setenv("NINFER_KW", "1")
+    # the experiment switch: the default config where the table says () too
+    assert K.pick_gemv(5, 4, 5120, 17408, 132) == KW.KWConfig(16, 128, 1)
+
+
+def test_tuned_kw_table_entries_fit():
+    from ninfer_plugins.quant_int.tuned import TUNED_KW
+
+    for (fmt, n, k, bucket), cfg in TUNED_KW.items():
+        assert bucket in ("m1", "m4")
+        if cfg:
+            assert KW._fits(fmt, k, KW.KWConfig(*cfg)), (fmt, n, k, cfg)
+
+
 # --- GPU -------------------------------------------------------------------------------------------
 
 GPU_SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 5120, 6144),
