@@ -571,9 +571,13 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
             ws.reserve(*gcfg.workspace(p))
     from ninfer_plugins.quant_int import gemv_kw
 
-    if p.fmt in gemv_kw.DECODES and (kw := gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)) is not None:
+    from ninfer_plugins.quant_int.tuned import TUNED_KW
+
+    tuned_kw = [c for b in ("m1", "m4") if (c := TUNED_KW.get((p.fmt, p.n, p.k, b)))]
+    if p.fmt in gemv_kw.DECODES and ((kw := gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)) is not None or tuned_kw):
         # NINFER_KW=1 may be switched on after load (an A/B in one process): its scratch now too
-        ws.reserve(*kw.workspace(p))
+        if kw is not None:
+            ws.reserve(*kw.workspace(p))
         gemv_kw.x_scratch(p.device, p.fmt, p.k)
         gemv_kw.ready_counters(p.device)
     for m in sorted({1, 8, min(16, max_m), max_m}):
