@@ -139,6 +139,8 @@ def test_triton_moe_takes_the_block_only_when_switched_on(monkeypatch):
     from ninfer_plugins.moe_triton import moe as M
     from ninfer_plugins.moe_triton.moe import TritonMoe
 
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM"):
+        monkeypatch.delenv(name, raising=False)
     w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=3)
     moe = TritonMoe(fused_dtypes=(ACT,))
     layer = types.SimpleNamespace(top_k=3, experts=None)

@@ -176,6 +176,8 @@ def _fold_case(T, seed, monkeypatch, dtype=ACT):
     from ninfer.kernels.triton.norms import rmsnorm
     from ninfer_plugins.moe_triton import moe as M
 
+    for name in ("NINFER_MOE_NORM", "NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM"):
+        monkeypatch.delenv(name, raising=False)
     H, I, E = (256, 128, 8) if not CUDA else (2048, 512, 256)
     (w, _, _), (sw, _, _) = expert_bank(E, H, I, "q4_g64", "q5_g64", seed=seed), shared_expert(H, I, "q8_g32", seed=seed + 1)
     g = torch.Generator(device=DEV).manual_seed(seed)
