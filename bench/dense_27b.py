@@ -56,7 +56,7 @@ PER_RUN_SWITCHES = {
     "X",  # a no-op name: the tree as committed
     "NINFER_GDN_COMMIT", "NINFER_ROUND_IO", "NINFER_GDN_VERIFY_BV", "NINFER_GDN_AHEAD", "NINFER_STEP_TAIL",
     "NINFER_GDN_PAIRED", "NINFER_GDN_SPLIT_NORM", "NINFER_GDN_AB_EARLY", "NINFER_SPEC_AHEAD", "NINFER_TC_LATE",
-    "NINFER_MTP_SEED_ROWS", "NINFER_KW",
+    "NINFER_MTP_SEED_ROWS", "NINFER_KW", "NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM",
 }  # not NINFER_TCD (the GEMV workspace is reserved at model load) nor anything merged or packed then
 
 

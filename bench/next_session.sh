@@ -223,17 +223,19 @@ case "${1:-}" in
   block)
     # the decode MoE layer in one launch (moe_block.py, written without a GPU): its GPU tests (a hang
     # in its waits shows as the timeout), the per-layer timings at T = 1 and 4 (block against the
-    # three launches), then the 35B step as committed, with NINFER_MOE_BLOCK=1, with the post-mixer norm
-    # in the block too (NINFER_MOE_BLOCK_NORM=1), and as committed again (~9 min)
+    # three launches), then the 35B step in one process (bench/dense_27b.py --variants): as committed,
+    # with NINFER_MOE_BLOCK=1, with the post-mixer norm in the block too (NINFER_MOE_BLOCK_NORM=1),
+    # alternated twice (~9 min)
     t0=$(date +%s)
     timeout 150 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_block.py > "$OUT/t.txt" 2>&1
     echo "block tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
     timeout 150 python3 bench/moe.py --out "$OUT/k" --no-tests --no-e2e --recipes int4 --decode-t 1,4 --budget-s 120 \
       > "$OUT/k.txt" 2>&1
     echo "kernels rc=$? $(( $(date +%s) - t0 )) s"; grep -E "T= ?[14] |block" "$OUT/k.txt" | cut -c1-150
-    timeout 250 python3 bench/moe.py --out "$OUT/e" --no-tests --recipes '' --e2e int4,int4+block,int4+block+blocknorm,int4 \
-      --budget-s 230 > "$OUT/e.txt" 2>&1
-    echo "e2e rc=$? $(( $(date +%s) - t0 )) s"; grep -A9 "^ninfer bench  " "$OUT/e.txt"
+    timeout 300 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 240 \
+      --variants "X=1|NINFER_MOE_BLOCK=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1|X=1|NINFER_MOE_BLOCK=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1" \
+      > "$OUT/e.txt" 2>&1
+    echo "35B step A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e.txt" | cut -c1-150
     ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
