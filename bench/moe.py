@@ -361,6 +361,11 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
             calls["block"] = [lambda x=x, L=L: blk(x, L) for x, L in zip(xs, layers)]
             # router rows an item (the router's part is the block's first critical path: fewer,
             # larger items take fewer tickets, more, smaller ones finish sooner)
+            nbytes["block keys"] = nbytes["layer"]  # router.py's _top_k_keys in the routing item
+            calls["block keys"] = [
+                lambda x=x, L=L: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,
+                                              L.shared.up, L.experts.down, L.shared.down, I, E, topk_keys=True)[0]
+                for x, L in zip(xs, layers)]
             for rb in (2, 8):
                 nbytes[f"block rb{rb}"] = nbytes["layer"]
                 calls[f"block rb{rb}"] = [

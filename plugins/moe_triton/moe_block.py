@@ -43,7 +43,7 @@ from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
 from ninfer.kernels.triton.sync import wait_at_least
 from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
-from ninfer_plugins.moe_triton.router import _add_norm_row, _router_input, _top_k
+from ninfer_plugins.moe_triton.router import _add_norm_row, _router_input, _top_k, _top_k_keys
 from ninfer_plugins.quant_int import gemv_h2 as H2
 
 # a router item holds a whole hidden row per token in registers: past this the kernel's register
@@ -87,7 +87,7 @@ def _pair_of(q, T, TOP_K: tl.constexpr, SLOTS: tl.constexpr):
 def _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, H, N_R, sx, srw, sres, sxn, eps,
                  TOP_K: tl.constexpr, SLOTS: tl.constexpr, RB: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
-                 ADD_NORM: tl.constexpr):
+                 ADD_NORM: tl.constexpr, TOPK_KEYS: tl.constexpr):
     """Rows item * RB .. + RB of [router; shared gate] . x for every token into LWS, as
     route_gemv's programs compute them; the last item to arrive routes. Returns whether this
     CTA routed.
@@ -129,8 +129,12 @@ def _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, H
         logit = tl.load(LWS + t[:, None] * LSTRIDE + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0,
                         cache_modifier=".cg")
         logit = tl.where(e_ok[None, :], logit, float("-inf"))
-        _top_k(logit, t, t_ok, t.to(tl.int64), e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, sx, LSTRIDE,
-               TOP_K, SLOTS, 2, BLOCK_T, BLOCK_E, BLOCK_H)
+        if TOPK_KEYS:
+            _top_k_keys(logit, t, t_ok, t.to(tl.int64), e, E, IDS, WEIGHTS, LWS + E, LSTRIDE,
+                        TOP_K, SLOTS, BLOCK_T, BLOCK_E)
+        else:
+            _top_k(logit, t, t_ok, t.to(tl.int64), e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, sx, LSTRIDE,
+                   TOP_K, SLOTS, 2, BLOCK_T, BLOCK_E, BLOCK_H)
         if ADD_NORM:
             for tt in tl.static_range(BLOCK_T):
                 t_in = h_ok & ((h * 0 + tt) < T)
@@ -155,7 +159,8 @@ def _moe_block_kernel(
     DFMT: tl.constexpr, DSFMT: tl.constexpr, DBN: tl.constexpr, DKBS: tl.constexpr, DROWS: tl.constexpr,
     DSP2: tl.constexpr, SLOTS_P2: tl.constexpr, DHEAD: tl.constexpr, DSHEAD: tl.constexpr,
     DASM: tl.constexpr, DCONSTR: tl.constexpr, DSASM: tl.constexpr, DSCONSTR: tl.constexpr,
-    FAST: tl.constexpr, PAIRS_P2: tl.constexpr, ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
+    FAST: tl.constexpr, PAIRS_P2: tl.constexpr, ADD_NORM: tl.constexpr = False, TOPK_KEYS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     # the ticket: items are handed out in the order CTAs start, never ahead of a lower item
@@ -171,7 +176,8 @@ def _moe_block_kernel(
         sxe = sx
     if item < N_R:
         routes = _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, HID, N_R, sx, srw,
-                              sres, sxn, eps, TOP_K, SLOTS, RB, BLOCK_T, BLOCK_E, BLOCK_H, LSTRIDE, ADD_NORM)
+                              sres, sxn, eps, TOP_K, SLOTS, RB, BLOCK_T, BLOCK_E, BLOCK_H, LSTRIDE, ADD_NORM,
+                              TOPK_KEYS)
         if routes:
             tl.debug_barrier()
             tl.atomic_xchg(CNT + _ROUTED, 1, sem="release")
@@ -278,7 +284,7 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
               routed_gu: Matrix, shared_gate: Matrix, shared_up: Matrix, routed_dn: Matrix, shared_dn: Matrix,
               inner: int, num_experts: int, fast: bool | None = None, rows_per_item: int = ROUTER_ROWS,
               add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              topk_keys: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole MoE layer for x [T, H] (T <= PAIR_MAX) in one launch -> (out [T, H] in x's
     dtype, ids [T, slots] int32, weights [T, slots] fp32): what route_gemv then pair_gemv's
     gate_up and down compute. router [E, H] and the shared gate [1, H] or [H] dense in x's dtype.
@@ -286,8 +292,13 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     add_norm = (residual [T, H], norm weight [H], eps, out [T, H]): x is the mixer's output and
     the layer's post-mixer step happens in the same launch, as route_gemv's add_norm: residual
     += x (rounded to its dtype), out = (1 + w) RMSNorm(residual), which is routed and which the
-    experts take."""
+    experts take.
+
+    topk_keys (default: NINFER_MOE_BLOCK_TOPK=keys): the routing item picks with router.py's
+    _top_k_keys (10 reductions on the critical path instead of 18; weights equal to a few ulps)."""
     T, hidden = x.shape
+    if topk_keys is None:
+        topk_keys = os.environ.get("NINFER_MOE_BLOCK_TOPK", "") == "keys"
     E = num_experts
     if not 0 < T <= PG.PAIR_MAX:
         raise ValueError(f"the fused MoE block serves 1..{PG.PAIR_MAX} tokens, got {T}")
@@ -345,7 +356,8 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
         DSP2=triton.next_power_of_2(dn_slices), SLOTS_P2=triton.next_power_of_2(slots),
         DHEAD=H2.HEAD[routed_dn.fmt], DSHEAD=H2.HEAD[shared_dn.fmt],
         DASM=dasm, DCONSTR=dconstr, DSASM=dsasm, DSCONSTR=dsconstr,
-        FAST=fast, PAIRS_P2=triton.next_power_of_2(pairs), ADD_NORM=add_norm is not None, num_warps=warps,
+        FAST=fast, PAIRS_P2=triton.next_power_of_2(pairs), ADD_NORM=add_norm is not None, TOPK_KEYS=bool(topk_keys),
+        num_warps=warps,
         **pdl_kwargs(x.device),
     )
     return out, ids, weights

@@ -117,6 +117,42 @@ def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, 
     return sel, kth
 
 
+@triton.jit
+def _top_k_keys(logit, t, t_ok, t64, e, E, IDS, WEIGHTS, SG_LOGIT, stride_sg,
+                TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    """_top_k's routing (shared gate from SG_LOGIT, as SHARED = 2) in fewer reductions: one max a
+    pick over int64 keys (the logit's order-preserving bits above, BLOCK_E - 1 - expert below:
+    the largest logit, the lowest expert among equal ones), then the chosen logits' softmax
+    (the full softmax's denominator cancels in the renormalisation): TOP_K + 2 reductions
+    against _top_k's 2 * TOP_K + 2. The weights may differ from _top_k's in their last bits, and
+    two logits that differ by less than exp's rounding may be ordered differently."""
+    bits = logit.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = (ordered.to(tl.int64) << 32) | (BLOCK_E - 1 - e)[None, :].to(tl.int64)
+    sel = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int32)
+    kth = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int32)
+    floor = tl.full((BLOCK_T, BLOCK_E), -9223372036854775807 - 1, tl.int64)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(key, 1)
+        idx = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        idx = tl.minimum(idx, E - 1)
+        hit = (e[None, :] == idx[:, None]) & t_ok[:, None]
+        sel = tl.where(hit, 1, sel)
+        kth = tl.where(hit, k, kth)
+        key = tl.where(hit, floor, key)
+        tl.store(IDS + t64 * SLOTS + k, idx, mask=t_ok)
+    chosen = sel > 0
+    top = tl.max(tl.where(chosen, logit, float("-inf")), 1)
+    top = tl.where(top == float("-inf"), 0.0, top)  # rows past T chose nothing
+    ex = tl.where(chosen, tl.exp(logit - top[:, None]), 0.0)
+    total = tl.sum(ex, 1)
+    total = tl.where(total > 0, total, 1.0)
+    tl.store(WEIGHTS + t64[:, None] * SLOTS + kth, ex / total[:, None], mask=chosen)
+    g = tl.load(SG_LOGIT + t64 * stride_sg, mask=t_ok, other=0.0).to(tl.float32)
+    tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(g), mask=t_ok)
+    tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
+
+
 @triton.jit(do_not_specialize=["T", "n_tiles"])
 def _route_kernel(
     LOGITS, X, SG_W, SG_LOGIT, IDS, WEIGHTS, TILE_EXPERT, TILE_ROWS,

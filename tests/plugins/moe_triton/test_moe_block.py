@@ -75,6 +75,21 @@ def test_interpreted_block_equals_the_three_launches(gu, dn, sh, T):
 
 
 @interp
+@pytest.mark.parametrize("T", [1, 3])
+def test_interpreted_block_with_the_key_top_k(T):
+    # router.py's _top_k_keys in the routing item: the same experts, weights to a few ulps
+    top_k = 3
+    w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=20 + T)
+    x = torch.randn(T, 256, generator=torch.Generator(device=DEV).manual_seed(T), device=DEV).to(ACT)
+    out, ids, weights = _block(x, w, sw, router, sg, top_k, topk_keys=True)
+    ref, r = _three_launches(x, w, sw, router, sg, top_k)
+    assert torch.equal(ids, r.ids)
+    torch.testing.assert_close(weights, r.weights, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert _counters_zero(x, w, top_k)
+
+
+@interp
 def test_interpreted_block_with_more_router_rows_an_item():
     # 9 rows (8 experts + the shared gate) over items of 1, 2 and 16 rows: a last item that is
     # partly past the rows, and one item holding them all

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from moe_cases import DEV, captured, logits_hitting
 
 from ninfer.kernels.triton.launch import interpreting
 from ninfer_plugins.moe_triton.grouped_gemm import plan_tiles
-from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, max_tiles, route, route_reference
+from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, _top_k_keys, max_tiles, route, route_reference
 
 CUDA = torch.cuda.is_available()
 interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where there is no GPU (CI)")
@@ -96,6 +98,37 @@ def test_interpreted_nan_logits_route_in_bounds(plan):
     assert int(r.ids.min()) >= 0 and int(r.ids.max()) < 20
     ids, _ = route_reference(logits[1:], 4)
     assert torch.equal(r.ids[1].long(), ids[0].long())
+
+
+@triton.jit
+def _key_top_k_probe(L, SG, IDS, W, T, E, TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr,
+                     BLOCK_E: tl.constexpr):
+    t = tl.arange(0, BLOCK_T)
+    e = tl.arange(0, BLOCK_E)
+    ok = (t < T)[:, None] & (e < E)[None, :]
+    lg = tl.load(L + t[:, None] * E + e[None, :], mask=ok, other=0.0)
+    lg = tl.where((e < E)[None, :], lg, float("-inf"))
+    _top_k_keys(lg, t, t < T, t.to(tl.int64), e, E, IDS, W, SG, 1, TOP_K, SLOTS, BLOCK_T, BLOCK_E)
+
+
+@interp
+def test_interpreted_key_top_k_picks_as_the_reference():
+    """router._top_k_keys (the MoE block's fewer-reduction top-k) on logits with exact ties (the
+    lower expert id first), negative values, -inf and a row past T: the experts route()'s top-k
+    picks, weights equal to a few ulps, the shared gate's sigmoid in the last slot."""
+    T, E, top_k = 3, 20, 4
+    logits = torch.randn(T, E, generator=torch.Generator().manual_seed(5)) * 3
+    logits[0, 3] = logits[0, 11] = logits[0, 17] = 9.0  # a three-way tie at the top: ids 3, 11, 17
+    logits[1] = -logits[1].abs() - 1  # every logit negative
+    logits[2, :10] = float("-inf")
+    sg = torch.tensor([0.5, -1.0, 2.0, 7.0])
+    ids = torch.full((4, top_k + 1), -7, dtype=torch.int32)
+    w = torch.zeros(4, top_k + 1)
+    _key_top_k_probe[(1,)](logits, sg, ids, w, T, E, TOP_K=top_k, SLOTS=top_k + 1, BLOCK_T=4, BLOCK_E=32)
+    r = route(logits, top_k, shared_gate_logit=sg[:T, None])
+    assert torch.equal(ids[:T], r.ids) and ids[0, :3].tolist() == [3, 11, 17]
+    torch.testing.assert_close(w[:T], r.weights, rtol=1e-6, atol=1e-7)
+    assert bool((ids[T] == -7).all()) and bool((w[T] == 0).all())  # the row past T is untouched
 
 
 def test_tile_bound_holds_for_adversarial_routings():
