@@ -376,3 +376,26 @@ def test_kw_through_the_engine_entry_in_a_graph(scheme, n, k, monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, want) and torch.equal(y2, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_kw_inline_pairs_over_many_graph_replays():
+    """The inline x pairs (the GEMV's first CTAs produce, the others wait through
+    ninfer.kernels.triton.sync): 300 replays of four launches back to back in one graph, the same
+    bits every time and the ready counters back at zero."""
+    torch.manual_seed(9)
+    p, _ = packed_and_ref(torch.randn(5120, 17408, device="cuda", dtype=torch.bfloat16), "q5_g64")
+    K.reserve_workspace(p)
+    cfg = KW.KWConfig(16, 128, 1, 4, 2, inline=True)
+    K.Workspace.get(p.device).reserve(*KW.workspace_need(p, cfg))
+    x = torch.randn(1, 17408, device="cuda").bfloat16()
+    want = KW.launch(x, p, cfg)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ys = [KW.launch(x, p, cfg) for _ in range(4)]
+    for _ in range(300):
+        g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(y, want) for y in ys)
+    assert int(KW.ready_counters(x.device).abs().sum()) == 0
