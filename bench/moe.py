@@ -382,6 +382,7 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
                                                        L.shared.up, L.experts.down, L.shared.down, I, E,
                                                        add_norm=(r, nw, 1e-6, xn1))[0]
                     for x, L, r in zip(xs, layers, res)]
+    block_traced = "block" in calls
     for name, fns in calls.items():
         try:
             ms = graph_ms_per_call(fns)
@@ -393,6 +394,36 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
         results.append({"T": T, "op": name, "us": ms * 1e3, "bytes": nbytes[name], "gbps": gbs, "share": gbs / 1e3 / bw,
                         "experts_used": used})
         log(f"  T={T:2d} {name:13s} {ms * 1e3:8.2f} us  {nbytes[name] / 1e6:8.2f} MB  {gbs:8.0f} GB/s  {gbs / 1e3 / bw:6.1%}")
+    if block_traced:
+        _trace_block(xs, layers, T, results)
+
+
+def _trace_block(xs, layers, T, results) -> None:
+    """Where the one-launch block's time goes: every item's start, end of its wait and end from
+    the GPU's timer (moe_block's trace), in the same CUDA-graph replay of all layers as the
+    timings; per phase the median over the layers, µs from the block's first item."""
+    import statistics
+
+    import torch
+
+    from ninfer_plugins.moe_triton import moe_block as MB
+
+    try:
+        counts = MB.item_count(T, TOP_K, H, I, E)
+        traces = [torch.zeros(sum(counts), 4, dtype=torch.int64, device=DEV) for _ in layers]
+        graph_ms_per_call([
+            lambda x=x, L=L, tr=tr: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,
+                                                 L.shared.up, L.experts.down, L.shared.down, I, E, trace=tr)
+            for x, L, tr in zip(xs, layers, traces)], reps=2)
+        sums = [MB.summarize_trace(tr, counts, T, TOP_K) for tr in traces]
+    except Exception as e:  # a measurement aid: its failure ends nothing
+        log(f"  T={T} block trace: {type(e).__name__}: {str(e)[:200]}")
+        return
+    med = {k: statistics.median(s[k] for s in sums) for k in sums[0]}
+    results.append({"T": T, "op": "block trace", "items": list(counts), "phases_us": med})
+    log(f"  T={T} block trace (items {counts}; median over {len(sums)} layers, us from the first item):")
+    for k, v in med.items():
+        log(f"      {k:40s} {v:7.2f}")
 
 
 def _pair_layer(x, L, scratch):
@@ -721,7 +752,9 @@ def summary(results: dict) -> str:
         lines.append(f"decode {recipe}, us per layer (share of copy bandwidth; {LAYERS} layers each replay):")
         by_t: dict[int, list[str]] = {}
         for r in rows:
-            if "rel_err" in r:
+            if "phases_us" in r:
+                cell = f"{r['op']}: kernel {r['phases_us'].get('kernel: last end', 0):.1f} us"
+            elif "rel_err" in r:
                 cell = f"{r['op']} rel. error {r['rel_err']:.1e}"
             else:
                 cell = f"{r['op']} err" if "error" in r else f"{r['op']} {r['us']:.1f} ({r['share']:.0%})"
@@ -908,6 +941,9 @@ def kernel_tables(results: dict) -> str:
                 lines.append(f"| {r['T']} | {r['op']} | error: {r['error'][:80]} | | | | |")
             elif "rel_err" in r:
                 lines.append(f"| {r['T']} | {r['op']} | relative error {r['rel_err']:.1e} | | | | |")
+            elif "phases_us" in r:
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases_us"].items())
+                lines.append(f"| {r['T']} | {r['op']} | {phases} | | | | |")
             else:
                 lines.append(f"| {r['T']} | {r['op']} | {r['us']:.2f} | {r['bytes'] / 1e6:.2f} | {r['gbps']:.0f} | "
                              f"{r['share']:.1%} | {r.get('experts_used', '')} |")  # fmt: skip

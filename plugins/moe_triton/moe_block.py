@@ -75,6 +75,16 @@ def folds_norm() -> bool:
 
 
 @triton.jit
+def _now(ASM: tl.constexpr):
+    """The GPU's global nanosecond timer (a trace's clock); 0 under the interpreter."""
+    if ASM:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        t = tl.full([], 0, tl.int64)
+    return t
+
+
+@triton.jit
 def _pair_of(q, T, TOP_K: tl.constexpr, SLOTS: tl.constexpr):
     """Ordinal q of the pairs in item order -> (pair id, is the shared expert's): the T shared
     pairs first, then token by token the routed ones."""
@@ -146,7 +156,7 @@ def _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, H
 
 @triton.jit(do_not_specialize=["T", "N_R", "GU_CHUNKS", "GU_SLICES", "DN_CHUNKS", "DN_SLICES"])
 def _moe_block_kernel(
-    X, RW, SG_W, LWS, IDS, WEIGHTS, HB, OUT, WSG, WSD, CNT, GCNT, DCNT, RES, NW, XN,
+    X, RW, SG_W, LWS, IDS, WEIGHTS, HB, OUT, WSG, WSD, CNT, GCNT, DCNT, RES, NW, XN, TR,
     W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
     DW, DWH, DWS, SDW, SDWH, SDWS, DWG, SDWG,
     T, E, HID, INNER, N_R, GU_CHUNKS, GU_SLICES, DN_CHUNKS, DN_SLICES,
@@ -160,11 +170,14 @@ def _moe_block_kernel(
     DSP2: tl.constexpr, SLOTS_P2: tl.constexpr, DHEAD: tl.constexpr, DSHEAD: tl.constexpr,
     DASM: tl.constexpr, DCONSTR: tl.constexpr, DSASM: tl.constexpr, DSCONSTR: tl.constexpr,
     FAST: tl.constexpr, PAIRS_P2: tl.constexpr, ADD_NORM: tl.constexpr = False, TOPK_KEYS: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    TRACE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     # the ticket: items are handed out in the order CTAs start, never ahead of a lower item
     item = tl.atomic_add(CNT + _TICKET, 1, sem="relaxed")
+    if TRACE:
+        t_start = _now(FAST)
+        t_go = t_start
     pairs = T * SLOTS
     n_gu = pairs * GU_CHUNKS * GU_SLICES
     # what the experts read: x, or with ADD_NORM the normed sum that router item 0 writes
@@ -189,10 +202,14 @@ def _moe_block_kernel(
         if shared:
             if ADD_NORM:
                 wait_at_least(CNT + _X_READY, 1, FAST)
+                if TRACE:
+                    t_go = _now(FAST)
             e = E
         else:
             # (the routing item acquired every router item's arrival, item 0's x included)
             wait_at_least(CNT + _ROUTED, 1, FAST)
+            if TRACE:
+                t_go = _now(FAST)
             e = tl.load(IDS + p, cache_modifier=".cg")
         last = PG._gate_up_item(XE, HB, WSG, GCNT, p, e, rem // GU_SLICES, rem % GU_SLICES,
                                 W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
@@ -207,6 +224,8 @@ def _moe_block_kernel(
         p, shared = _pair_of(d // per, T, TOP_K, SLOTS)
         rem = d % per
         wait_at_least(CNT + _H_READY + p * _LINE, GU_CHUNKS, FAST)
+        if TRACE:
+            t_go = _now(FAST)
         if shared:
             e = E
         else:
@@ -230,6 +249,12 @@ def _moe_block_kernel(
                 tl.atomic_xchg(CNT + _X_READY, 0)
                 tl.atomic_xchg(CNT + _TICKET, 0)
                 tl.atomic_xchg(CNT + _DONE, 0)
+    if TRACE:
+        # [item, start, end of its wait (= start where it waited for nothing), end] in ns
+        c4 = tl.arange(0, 4)
+        t_end = _now(FAST)
+        row = tl.where(c4 == 0, item.to(tl.int64), tl.where(c4 == 1, t_start, tl.where(c4 == 2, t_go, t_end)))
+        tl.store(TR + item.to(tl.int64) * 4 + c4, row)
 
 
 # --- host side --------------------------------------------------------------------------------------
@@ -284,7 +309,8 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
               routed_gu: Matrix, shared_gate: Matrix, shared_up: Matrix, routed_dn: Matrix, shared_dn: Matrix,
               inner: int, num_experts: int, fast: bool | None = None, rows_per_item: int = ROUTER_ROWS,
               add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
-              topk_keys: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              topk_keys: bool | None = None, trace: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole MoE layer for x [T, H] (T <= PAIR_MAX) in one launch -> (out [T, H] in x's
     dtype, ids [T, slots] int32, weights [T, slots] fp32): what route_gemv then pair_gemv's
     gate_up and down compute. router [E, H] and the shared gate [1, H] or [H] dense in x's dtype.
@@ -295,7 +321,11 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     experts take.
 
     topk_keys (default: NINFER_MOE_BLOCK_TOPK=keys): the routing item picks with router.py's
-    _top_k_keys (10 reductions on the critical path instead of 18; weights equal to a few ulps)."""
+    _top_k_keys (10 reductions on the critical path instead of 18; weights equal to a few ulps).
+
+    trace: int64 [>= items, 4] (items: `item_count`): each item's row [item, start, end of its
+    wait, end], from the GPU's nanosecond timer (zeros under the interpreter): where the block's
+    time goes (`summarize_trace`). A measurement aid: the clock reads cost a little."""
     T, hidden = x.shape
     if topk_keys is None:
         topk_keys = os.environ.get("NINFER_MOE_BLOCK_TOPK", "") == "keys"
@@ -336,9 +366,12 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     pairs = T * slots
     grid = n_r + pairs * (gu_chunks * gu_slices + dn_chunks * dn_slices)
     h = sc["h"]
+    if trace is not None and (trace.dtype != torch.int64 or trace.dim() != 2 or trace.shape[0] < grid
+                              or trace.shape[1] != 4 or not trace.is_contiguous()):
+        raise ValueError(f"moe_block trace: a contiguous int64 [>= {grid}, 4] tensor, got {tuple(trace.shape)} {trace.dtype}")
     _moe_block_kernel[(grid,)](
         x, router, sgw, sc["lws"], ids, weights, h, out, sc["wsg"], sc["wsd"], sc["cnt"], sc["gcnt"], sc["dcnt"],
-        res, nw, xn,
+        res, nw, xn, trace if trace is not None else sc["cnt"],
         w, wh, wsc, gw, gwh, gws, uw, uwh, uws, routed_gu.gscale(), shared_gate.gscale(), shared_up.gscale(),
         dw, dwh, dws, sdw, sdwh, sdws, routed_dn.gscale(), shared_dn.gscale(),
         T, E, hidden, inner, n_r, gu_chunks, gu_slices, dn_chunks, dn_slices,
@@ -357,7 +390,45 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
         DHEAD=H2.HEAD[routed_dn.fmt], DSHEAD=H2.HEAD[shared_dn.fmt],
         DASM=dasm, DCONSTR=dconstr, DSASM=dsasm, DSCONSTR=dsconstr,
         FAST=fast, PAIRS_P2=triton.next_power_of_2(pairs), ADD_NORM=add_norm is not None, TOPK_KEYS=bool(topk_keys),
-        num_warps=warps,
+        TRACE=trace is not None, num_warps=warps,
         **pdl_kwargs(x.device),
     )
     return out, ids, weights
+
+
+def item_count(T: int, top_k: int, hidden: int, inner: int, num_experts: int, rows_per_item: int = ROUTER_ROWS) -> tuple[int, ...]:
+    """(router items, gate_up items, down items) of one launch, in ticket order."""
+    gu, dn, _ = _geometry(hidden, inner)
+    pairs = T * (top_k + 1)
+    return (triton.cdiv(num_experts + 1, rows_per_item), pairs * (inner // gu.rows) * (hidden // (128 * gu.kbs)),
+            pairs * (hidden // dn.rows) * (inner // (128 * dn.kbs)))
+
+
+def summarize_trace(trace: torch.Tensor, counts: tuple[int, ...], T: int, top_k: int) -> dict[str, float]:
+    """µs from the first item's start: when each phase's items started, got past their waits and
+    ended (the router's last end is the routing's; gate_up and down split into the shared
+    expert's items, which come first, and the routed ones)."""
+    n_r, n_gu, n_dn = counts
+    n = n_r + n_gu + n_dn
+    tr = trace[:n].cpu().double()
+    us = (tr - tr[:, 1].min()) / 1e3
+    gu_shared = n_gu // (T * (top_k + 1)) * T
+    dn_shared = n_dn // (T * (top_k + 1)) * T
+    spans = {
+        "router": (0, n_r),
+        "gate_up shared": (n_r, n_r + gu_shared),
+        "gate_up routed": (n_r + gu_shared, n_r + n_gu),
+        "down shared": (n_r + n_gu, n_r + n_gu + dn_shared),
+        "down routed": (n_r + n_gu + dn_shared, n),
+    }
+    out: dict[str, float] = {}
+    for name, (a, b) in spans.items():
+        rows = us[a:b]
+        if rows.shape[0] == 0:
+            continue
+        out[f"{name}: first start"] = float(rows[:, 1].min())
+        out[f"{name}: median past its wait"] = float(rows[:, 2].median())
+        out[f"{name}: last past its wait"] = float(rows[:, 2].max())
+        out[f"{name}: last end"] = float(rows[:, 3].max())
+    out["kernel: last end"] = float(us[:, 3].max())
+    return out

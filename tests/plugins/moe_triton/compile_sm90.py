@@ -142,9 +142,10 @@ def block_variants(quick: bool):
         yield "block 4/5/8 T=1 plain", lambda: run_block(4, 5, 8, 1, fast=False)
     yield "block 4/5/8 T=1 + residual add and norm", lambda: run_block(4, 5, 8, 1, add_norm=True)
     yield "block 4/5/8 T=1 key top-k", lambda: run_block(4, 5, 8, 1, topk_keys=True)
+    yield "block 4/5/8 T=1 traced", lambda: run_block(4, 5, 8, 1, traced=True)
 
 
-def run_block(gu, dn, sh, T, fast=True, add_norm=False, topk_keys=False) -> None:
+def run_block(gu, dn, sh, T, fast=True, add_norm=False, topk_keys=False, traced=False) -> None:
     from ninfer_plugins.moe_triton import grouped_gemv as GV
     from ninfer_plugins.moe_triton import moe_block as MB
 
@@ -152,7 +153,8 @@ def run_block(gu, dn, sh, T, fast=True, add_norm=False, topk_keys=False) -> None
     an = (torch.empty(T, H, **bf), torch.empty(H, **bf), 1e-6, torch.empty(T, H, **bf)) if add_norm else None
     MB.moe_block(torch.empty(T, H, **bf), torch.empty(E, H, **bf), torch.empty(1, H, **bf), TOP_K,
                  _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H),
-                 _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), I, E, fast=fast, add_norm=an, topk_keys=topk_keys)
+                 _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), I, E, fast=fast, add_norm=an, topk_keys=topk_keys,
+                 trace=torch.empty(sum(MB.item_count(T, TOP_K, H, I, E)), 4, dtype=torch.int64) if traced else None)
 
 
 def route_variants():

@@ -129,6 +129,24 @@ def test_interpreted_block_with_the_residual_add_and_norm(T):
 
 
 @interp
+def test_interpreted_block_trace_rows():
+    # a trace row per item, at the item's own index (times are zeros under the interpreter); the
+    # output is the untraced one's
+    w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=6)
+    x = torch.randn(2, 256, generator=torch.Generator(device=DEV).manual_seed(6), device=DEV).to(ACT)
+    counts = MB.item_count(2, 3, 256, 128, 8)
+    n = sum(counts)
+    trace = torch.full((n + 3, 4), -1, dtype=torch.int64, device=DEV)
+    out, _, _ = _block(x, w, sw, router, sg, 3, trace=trace)
+    assert torch.equal(out, _block(x, w, sw, router, sg, 3)[0])
+    assert torch.equal(trace[:n, 0].cpu(), torch.arange(n)) and bool((trace[n:] == -1).all())
+    summary = MB.summarize_trace(trace, counts, 2, 3)
+    assert summary["kernel: last end"] == 0.0 and "gate_up routed: last past its wait" in summary
+    with pytest.raises(ValueError, match="trace"):
+        _block(x, w, sw, router, sg, 3, trace=trace[: n - 1])
+
+
+@interp
 def test_block_refuses_what_it_cannot_serve():
     w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=0)
     x = torch.zeros(5, 256, dtype=ACT, device=DEV)
