@@ -313,10 +313,12 @@ class TritonMoe:
         return GM.plan(route(logits, top_k, **shared), num_experts, self.configs["prefill_gate_up"].block_m)
 
     def _fused_router(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights | None) -> torch.Tensor | None:
-        """The dense router weight [E, H] when this call routes with route_gemv (the pair path at
-        T = 1, where it was measured faster, with a dense router and shared gate in x's dtype),
+        """The dense router weight [E, H] when this call routes inside its first launch: route_gemv
+        (the pair path at T = 1, where it was measured faster) or the one-launch block (up to
+        moe_block.max_tokens() when it is on), with a dense router and shared gate in x's dtype;
         else None."""
-        if x.shape[0] > ROUTE_GEMV_FASTER_T or not self.takes_pairs(x.shape[0], w, shared) or shared.gate_weight is None:
+        most = max(ROUTE_GEMV_FASTER_T, MB.max_tokens() if MB.enabled() else 0)
+        if x.shape[0] > most or not self.takes_pairs(x.shape[0], w, shared) or shared.gate_weight is None:
             return None
         rw = moe.gate.prepared
         if not (isinstance(rw, torch.Tensor) and rw.dim() == 2 and rw.shape == (w.num_experts, w.hidden)

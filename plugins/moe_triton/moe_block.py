@@ -68,6 +68,17 @@ def enabled() -> bool:
     return os.environ.get("NINFER_MOE_BLOCK", "0") == "1"
 
 
+def max_tokens() -> int:
+    """The most tokens a model call sends to the block (NINFER_MOE_BLOCK_MAX_T, 1..4; default 1:
+    plain decode). Past one token the router's linear and `route` served so far (route_gemv lost
+    at 4 tokens), so the verify of a speculative round keeps them unless this says otherwise."""
+    try:
+        n = int(os.environ.get("NINFER_MOE_BLOCK_MAX_T", "1"))
+    except ValueError:
+        n = 1
+    return max(1, min(PG.PAIR_MAX, n))
+
+
 def folds_norm() -> bool:
     """The block also takes the layer's post-mixer residual add and norm (NINFER_MOE_BLOCK_NORM=1,
     with NINFER_MOE_BLOCK=1)."""

@@ -205,6 +205,47 @@ def test_triton_moe_takes_the_block_only_when_switched_on(monkeypatch):
     assert torch.equal(res_b, res_r) and torch.equal(out_b, out_r)
 
 
+@interp
+def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
+    """NINFER_MOE_BLOCK_MAX_T=3: a 3-token call (a speculative verify) goes to the block too,
+    against the router linear + route + pair kernels it takes otherwise (the logits of a torch
+    linear and of the block's dots may differ in their last bits: close, not equal)."""
+    import types
+
+    from ninfer_plugins.moe_triton import moe as M
+    from ninfer_plugins.moe_triton.moe import TritonMoe
+
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T"):
+        monkeypatch.delenv(name, raising=False)
+    w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=8)
+    def gate(x):  # the router linear of the path without the block
+        return torch.nn.functional.linear(x, router)
+
+    gate.prepared = router  # what _fused_router reads
+    layer = types.SimpleNamespace(top_k=3, experts=None, gate=gate)
+    moe = TritonMoe(fused_dtypes=(ACT,))
+    monkeypatch.setattr(moe, "_weights", lambda bank: w)
+    monkeypatch.setattr(M, "shared_weights", lambda m: sw)
+    calls = []
+    real = MB.moe_block
+    monkeypatch.setattr(MB, "moe_block", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(4), device=DEV).to(ACT)
+    plain = moe.forward_layer(layer, x)
+    monkeypatch.setenv("NINFER_MOE_BLOCK", "1")
+    assert torch.equal(moe.forward_layer(layer, x), plain) and not calls  # one token only by default
+    monkeypatch.setenv("NINFER_MOE_BLOCK_MAX_T", "3")
+    fused = moe.forward_layer(layer, x)
+    assert calls == [3]
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv("NINFER_MOE_BLOCK_MAX_T", "2")
+    calls.clear()
+    moe.forward_layer(layer, x)
+    assert not calls
+    assert MB.max_tokens() == 2
+    monkeypatch.setenv("NINFER_MOE_BLOCK_MAX_T", "99")
+    assert MB.max_tokens() == 4
+
+
 # --- GPU -------------------------------------------------------------------------------------------
 
 
