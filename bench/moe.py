@@ -366,6 +366,22 @@ def bench_decode(layers: list[Layer], T: int, bw: float, moe, results: list) -> 
                 lambda x=x, L=L: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,
                                               L.shared.up, L.experts.down, L.shared.down, I, E, topk_keys=True)[0]
                 for x, L in zip(xs, layers)]
+            # other pair configs inside the block (pair_gemv's were tuned as launches of their own):
+            # fewer, larger gate_up / down items take fewer tickets and partial sums
+            from ninfer_plugins.moe_triton import pair_gemv as PG
+
+            gu0, dn0 = PG.configs_for(H, I)
+            for label, cfgs in (("gu KBS4", (PG.PairConfig(gu0.block_n, 2 * gu0.kbs, gu0.rows, gu0.num_warps), dn0)),
+                                ("gu R64", (PG.PairConfig(gu0.block_n, gu0.kbs, 2 * gu0.rows, gu0.num_warps), dn0)),
+                                ("dn R64", (gu0, PG.PairConfig(dn0.block_n, dn0.kbs, 2 * dn0.rows, dn0.num_warps))),
+                                ("w4", (PG.PairConfig(gu0.block_n, gu0.kbs, gu0.rows, 4), PG.PairConfig(dn0.block_n, dn0.kbs, dn0.rows, 4)))):
+                if H % (128 * cfgs[0].kbs) or I % cfgs[0].rows or H % cfgs[1].rows:
+                    continue
+                nbytes[f"block {label}"] = nbytes["layer"]
+                calls[f"block {label}"] = [
+                    lambda x=x, L=L, c=cfgs: MB.moe_block(x, L.router, L.shared_gate, TOP_K, L.experts.gate_up, L.shared.gate,
+                                                          L.shared.up, L.experts.down, L.shared.down, I, E, configs=c)[0]
+                    for x, L in zip(xs, layers)]
             for rb in (2, 8):
                 nbytes[f"block rb{rb}"] = nbytes["layer"]
                 calls[f"block rb{rb}"] = [

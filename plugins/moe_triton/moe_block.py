@@ -321,6 +321,7 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
               inner: int, num_experts: int, fast: bool | None = None, rows_per_item: int = ROUTER_ROWS,
               add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
               topk_keys: bool | None = None, trace: torch.Tensor | None = None,
+              configs: tuple[PG.PairConfig, PG.PairConfig] | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole MoE layer for x [T, H] (T <= PAIR_MAX) in one launch -> (out [T, H] in x's
     dtype, ids [T, slots] int32, weights [T, slots] fp32): what route_gemv then pair_gemv's
@@ -336,7 +337,10 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
 
     trace: int64 [>= items, 4] (items: `item_count`): each item's row [item, start, end of its
     wait, end], from the GPU's nanosecond timer (zeros under the interpreter): where the block's
-    time goes (`summarize_trace`). A measurement aid: the clock reads cost a little."""
+    time goes (`summarize_trace`). A measurement aid: the clock reads cost a little.
+
+    configs: (gate_up, down) PairConfigs in place of pair_gemv's (tuned for two launches of their
+    own); no more K slices or row chunks than those (the scratch is sized for them)."""
     T, hidden = x.shape
     if topk_keys is None:
         topk_keys = os.environ.get("NINFER_MOE_BLOCK_TOPK", "") == "keys"
@@ -355,6 +359,16 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
         raise ValueError(f"moe_block add_norm: out must be x's dtype ({xn.dtype}, {x.dtype})")
     slots = top_k + 1
     gu, dn, warps = _geometry(hidden, inner)
+    if configs is not None:
+        cgu, cdn = configs
+        warps = max(cgu.num_warps, cdn.num_warps)
+        fit = (PG.PairConfig(cgu.block_n, cgu.kbs, cgu.rows, warps), PG.PairConfig(cdn.block_n, cdn.kbs, cdn.rows, warps))
+        if not (PG._fits(routed_gu, hidden, inner, fit[0]) and PG._fits(shared_gate, hidden, inner, fit[0])
+                and PG._fits(routed_dn, inner, hidden, fit[1]) and PG._fits(shared_dn, inner, hidden, fit[1])
+                and cgu.kbs >= gu.kbs and cgu.rows >= gu.rows and cdn.kbs >= dn.kbs and cdn.rows >= dn.rows):
+            raise ValueError(f"moe_block configs {cgu.describe()} / {cdn.describe()} do not fit these weights "
+                             f"or need more scratch than {gu.describe()} / {dn.describe()}")
+        gu, dn = cgu, cdn
     sc = scratch(x.device, x.dtype, E, slots, hidden, inner)
     ids = torch.empty(T, slots, dtype=torch.int32, device=x.device)
     weights = torch.empty(T, slots, dtype=torch.float32, device=x.device)

@@ -147,6 +147,25 @@ def test_interpreted_block_trace_rows():
 
 
 @interp
+def test_interpreted_block_with_other_pair_configs():
+    # larger gate_up / down items (more rows a chunk, 4 warps): the same routing and the output
+    # to rounding
+    top_k = 3
+    w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=12)
+    x = torch.randn(1, 256, generator=torch.Generator(device=DEV).manual_seed(12), device=DEV).to(ACT)
+    base, ids, _ = _block(x, w, sw, router, sg, top_k)
+    gu, dn = PG.configs_for(256, 128)
+    for cfgs in ((PG.PairConfig(gu.block_n, gu.kbs, 2 * gu.rows, 4), PG.PairConfig(dn.block_n, dn.kbs, 2 * dn.rows, 4)),
+                 (PG.PairConfig(gu.block_n, gu.kbs, 4 * gu.rows, 2), dn)):
+        out, ids2, _ = _block(x, w, sw, router, sg, top_k, configs=cfgs)
+        assert torch.equal(ids2, ids)
+        torch.testing.assert_close(out, base, rtol=1e-5, atol=1e-6)
+        assert _counters_zero(x, w, top_k)
+    with pytest.raises(ValueError, match="more scratch"):  # more K slices than the scratch holds
+        _block(x, w, sw, router, sg, top_k, configs=(PG.PairConfig(gu.block_n, 1, gu.rows, 2), dn))
+
+
+@interp
 def test_block_refuses_what_it_cannot_serve():
     w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=0)
     x = torch.zeros(5, 256, dtype=ACT, device=DEV)
