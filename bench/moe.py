@@ -898,12 +898,23 @@ def main() -> int:
                 save()
             if recipe == "bf16" and time.time() < kernels_deadline:
                 bench_reference_bf16(layers, bw, rows)
-            if time.time() < kernels_deadline:
+            # the tile kernels, then (int recipes) every expert decoded to bf16 + grouped GEMMs
+            # (prefill_grouped.py, NINFER_MOE_PREFILL=grouped), at the longest prefill size
+            for label, grouped in ((recipe, False), (f"{recipe}+grouped", True)):
+                if time.time() >= kernels_deadline or (grouped and recipe == "bf16"):
+                    continue
+                old_env = os.environ.get("NINFER_MOE_PREFILL")
+                os.environ["NINFER_MOE_PREFILL"] = "grouped" if grouped else ""
                 try:
-                    bench_prefill(layers[0], PREFILL_T[-1], moe, results["prefill"], recipe)
+                    bench_prefill(layers[0], PREFILL_T[-1], moe, results["prefill"], label)
                 except Exception as e:  # noqa: BLE001 - one failing section must not end the campaign
-                    results["prefill"].append({"recipe": recipe, "T": PREFILL_T[-1], "error": f"{type(e).__name__}: {str(e)[:200]}"})
-                    log(f"  prefill {recipe}: {type(e).__name__}: {str(e)[:300]}")
+                    results["prefill"].append({"recipe": label, "T": PREFILL_T[-1], "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                    log(f"  prefill {label}: {type(e).__name__}: {str(e)[:300]}")
+                finally:
+                    if old_env is None:
+                        os.environ.pop("NINFER_MOE_PREFILL", None)
+                    else:
+                        os.environ["NINFER_MOE_PREFILL"] = old_env
             if args.pair_sweep and recipe == "int4":
                 pair_sweep(layers, bw, results["sweep"], kernels_deadline)
             if args.sweep and recipe == "int4":

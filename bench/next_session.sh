@@ -38,6 +38,8 @@
 #                                      # NINFER_KW=1, alternated twice in one process (~5-8 min)
 #   bash bench/next_session.sh block   # the decode MoE layer in one launch (moe_block.py, written without a GPU): its
 #                                      # GPU tests, per-layer timings against the three launches, the 35B step (~8 min)
+#   bash bench/next_session.sh prefill35 # the 35B MoE prefill as bf16-decoded experts + grouped GEMMs against the
+#                                      # tile kernels (prefill_grouped.py, written without a GPU): tests, 8K A/B (~6 min)
 #   bash bench/next_session.sh head4   # the q6 head (27B) and the q8 drafter shapes ranked at M = 4 over every
 #                                      # f16x2 candidate (its M = 4 entry came from M = 1's best three; 255 registers)
 #
@@ -236,6 +238,17 @@ case "${1:-}" in
       --variants "X=1|NINFER_MOE_BLOCK=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1|X=1|NINFER_MOE_BLOCK=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1" \
       > "$OUT/e.txt" 2>&1
     echo "35B step A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e.txt" | cut -c1-150
+    ;;
+  prefill35)
+    # the 35B's MoE prefill: the tile kernels against every expert decoded to bf16 + grouped GEMMs
+    # (prefill_grouped.py, NINFER_MOE_PREFILL=grouped, written without a GPU): its GPU tests, then
+    # the 35B int4 8K prefill and step in one process, alternated twice (~6 min)
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_prefill_grouped.py > "$OUT/t.txt" 2>&1
+    echo "grouped prefill tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout 300 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 240 \
+      --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/e.txt" 2>&1
+    echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e.txt" | cut -c1-150
     ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1

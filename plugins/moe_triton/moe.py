@@ -33,6 +33,7 @@ from ninfer_plugins.moe_triton import grouped_gemm as GM
 from ninfer_plugins.moe_triton import grouped_gemv as GV
 from ninfer_plugins.moe_triton import moe_block as MB
 from ninfer_plugins.moe_triton import pair_gemv as PG
+from ninfer_plugins.moe_triton import prefill_grouped as PF
 from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, ROUTE_GEMV_FASTER_T, Routing, route, route_gemv
 from ninfer_plugins.quant_int import kernels as QK
 from ninfer_plugins.quant_int.formats import FORMATS
@@ -347,6 +348,10 @@ class TritonMoe:
                 add_norm.out = fold[3]
             return y
         decode = r.num_tokens <= self.decode_max
+        smats = None if shared is None else (shared.gate, shared.up, shared.down)
+        if not decode and x.dtype == torch.bfloat16 and PF.takes(r.num_tokens, w.gate_up, w.down, smats):
+            # a long prefill: decode every expert to bf16, then grouped GEMMs (NINFER_MOE_PREFILL=grouped)
+            return PF.run(x, r.ids, r.weights, r.top_k, w.gate_up, w.down, w.num_experts, w.inner, shared)
         cu, cd = (self.configs["decode_gate_up"], self.configs["decode_down"]) if decode else (
             self.configs["prefill_gate_up"], self.configs["prefill_down"])
         if r.tile_expert is None:
