@@ -36,6 +36,7 @@ def _layer(E, H, I, gu, dn, sh, seed, dtype=ACT):
 
 
 def _block(x, w, sw, router, sg, top_k, **kw):
+    kw.setdefault("topk_keys", False)  # _top_k unless a test asks (NINFER_MOE_BLOCK_TOPK may be set)
     return MB.moe_block(x, router, sg, top_k, w.gate_up, sw.gate, sw.up, w.down, sw.down, w.inner, w.num_experts, **kw)
 
 
@@ -191,7 +192,8 @@ def test_triton_moe_takes_the_block_only_when_switched_on(monkeypatch):
     from ninfer_plugins.moe_triton import moe as M
     from ninfer_plugins.moe_triton.moe import TritonMoe
 
-    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM"):
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_TOPK",
+                 "NINFER_MOE_BLOCK_MAX_T"):
         monkeypatch.delenv(name, raising=False)
     w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=3)
     moe = TritonMoe(fused_dtypes=(ACT,))
@@ -234,7 +236,8 @@ def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
     from ninfer_plugins.moe_triton import moe as M
     from ninfer_plugins.moe_triton.moe import TritonMoe
 
-    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T"):
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T",
+                 "NINFER_MOE_BLOCK_TOPK"):
         monkeypatch.delenv(name, raising=False)
     w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=8)
     def gate(x):  # the router linear of the path without the block

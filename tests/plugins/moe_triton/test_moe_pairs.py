@@ -211,6 +211,8 @@ def test_interpreted_fold_declines_where_route_gemv_does_not_serve(monkeypatch):
     import types
 
     monkeypatch.setenv("NINFER_MOE_NORM", "1")
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_BLOCK_MAX_T"):
+        monkeypatch.delenv(name, raising=False)
     moe = TritonMoe(fused_dtypes=(ACT,))
     (w, _, _), (sw, _, _) = expert_bank(8, 256, 128, "q4_g64", "q5_g64", seed=0), shared_expert(256, 128, "q8_g32", seed=1)
     from ninfer_plugins.moe_triton import moe as M
