@@ -47,12 +47,8 @@ def _memo_np_dtype(original, tl):
                 pass
 
     def np_dtype(tt_dtype):
-        if isinstance(tt_dtype, tl.block_type) and not isinstance(tt_dtype.element_ty, tl.pointer_type):
-            found = table.get(tt_dtype.element_ty)
-        elif isinstance(tt_dtype, tl.pointer_type):
-            found = None
-        else:
-            found = table.get(tt_dtype)
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        found = None if isinstance(scalar, tl.pointer_type) else table.get(scalar)
         return found if found is not None else original(tt_dtype)
 
     return np_dtype

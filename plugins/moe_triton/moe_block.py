@@ -279,6 +279,11 @@ def _geometry(hidden: int, inner: int) -> tuple[PG.PairConfig, PG.PairConfig, in
     return gu, dn, max(gu.num_warps, dn.num_warps)
 
 
+def _splits(hidden: int, inner: int, gu: PG.PairConfig, dn: PG.PairConfig) -> tuple[int, int, int, int]:
+    """(gate_up K slices, gate_up row chunks, down K slices, down row chunks) a pair."""
+    return hidden // (128 * gu.kbs), inner // gu.rows, inner // (128 * dn.kbs), hidden // dn.rows
+
+
 def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None,
              hidden: int, inner: int, shared_inner: int) -> bool:
     """Where the pair kernels run, with one warp count for both halves."""
@@ -298,6 +303,7 @@ def scratch(device: torch.device, dtype: torch.dtype, num_experts: int, slots: i
     pointers; counters start at zero and the kernel puts them back). Ask for it outside any
     capture first (TritonMoe does at its first eager call)."""
     gu, dn, _ = _geometry(hidden, inner)
+    gu_slices, gu_chunks, dn_slices, dn_chunks = _splits(hidden, inner, gu, dn)
     pairs = PG.PAIR_MAX * slots
 
     def make() -> dict[str, torch.Tensor]:
@@ -305,11 +311,11 @@ def scratch(device: torch.device, dtype: torch.dtype, num_experts: int, slots: i
         i32 = dict(dtype=torch.int32, device=device)
         return {
             "lws": torch.zeros(triton.next_power_of_2(PG.PAIR_MAX) * (num_experts + 1), **f32),
-            "wsg": torch.zeros(pairs * 2 * inner * (hidden // (128 * gu.kbs)) * 4, **f32),
-            "wsd": torch.zeros(pairs * hidden * (inner // (128 * dn.kbs)) * 4, **f32),
+            "wsg": torch.zeros(pairs * 2 * inner * gu_slices * 4, **f32),
+            "wsd": torch.zeros(pairs * hidden * dn_slices * 4, **f32),
             "cnt": torch.zeros(_H_READY.value + pairs * _LINE.value, **i32),
-            "gcnt": torch.zeros(pairs * (inner // gu.rows), **i32),
-            "dcnt": torch.zeros(hidden // dn.rows, **i32),
+            "gcnt": torch.zeros(pairs * gu_chunks, **i32),
+            "dcnt": torch.zeros(dn_chunks, **i32),
             "h": torch.zeros(pairs, inner, dtype=dtype, device=device),
         }
 
@@ -385,8 +391,7 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
     sasm, sconstr = H2._asm(shared_gate.fmt, 1)
     dasm, dconstr = H2._asm(routed_dn.fmt, 1)
     dsasm, dsconstr = H2._asm(shared_dn.fmt, 1)
-    gu_slices, dn_slices = hidden // (128 * gu.kbs), inner // (128 * dn.kbs)
-    gu_chunks, dn_chunks = inner // gu.rows, hidden // dn.rows
+    gu_slices, gu_chunks, dn_slices, dn_chunks = _splits(hidden, inner, gu, dn)
     n_r = triton.cdiv(E + 1, rows_per_item)
     pairs = T * slots
     grid = n_r + pairs * (gu_chunks * gu_slices + dn_chunks * dn_slices)
@@ -424,9 +429,9 @@ def moe_block(x: torch.Tensor, router: torch.Tensor, shared_gate_weight: torch.T
 def item_count(T: int, top_k: int, hidden: int, inner: int, num_experts: int, rows_per_item: int = ROUTER_ROWS) -> tuple[int, ...]:
     """(router items, gate_up items, down items) of one launch, in ticket order."""
     gu, dn, _ = _geometry(hidden, inner)
+    gu_slices, gu_chunks, dn_slices, dn_chunks = _splits(hidden, inner, gu, dn)
     pairs = T * (top_k + 1)
-    return (triton.cdiv(num_experts + 1, rows_per_item), pairs * (inner // gu.rows) * (hidden // (128 * gu.kbs)),
-            pairs * (hidden // dn.rows) * (inner // (128 * dn.kbs)))
+    return triton.cdiv(num_experts + 1, rows_per_item), pairs * gu_chunks * gu_slices, pairs * dn_chunks * dn_slices
 
 
 def summarize_trace(trace: torch.Tensor, counts: tuple[int, ...], T: int, top_k: int) -> dict[str, float]:

@@ -45,9 +45,9 @@ def takes(tokens: int, routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matri
     return enabled() and tokens >= GROUPED_MIN_T and supports(routed_gu, routed_dn, shared)
 
 
-def _decoded(m: Matrix, rows_per_expert: int, out: torch.Tensor) -> torch.Tensor:
-    """m's rows decoded to bf16 into out [E, rows_per_expert, k] (quant_int's dequant kernel: a
-    stacked Matrix holds quant_int's stored layout)."""
+def _decoded(m: Matrix, out: torch.Tensor) -> torch.Tensor:
+    """m's rows decoded to bf16 into out ([rows, k], or [E, rows an expert, k]; quant_int's
+    dequant kernel: a stacked Matrix holds quant_int's stored layout)."""
     from ninfer_plugins.quant_int import dequant as D
     from ninfer_plugins.quant_int import kernels as K
 
@@ -74,8 +74,8 @@ def run(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, top_k: int, r
     E = num_experts
     xb = x.to(torch.bfloat16)
     wgu, wdn = _scratch(x.device, E, inner, hidden)
-    _decoded(routed_gu, 2 * inner, wgu)
-    _decoded(routed_dn, hidden, wdn)
+    _decoded(routed_gu, wgu)
+    _decoded(routed_dn, wdn)
     # the (token, slot) pairs sorted by expert; the groups' ends for the grouped GEMM
     e_flat = ids[:, :top_k].reshape(-1).long()
     order = torch.argsort(e_flat, stable=True)
@@ -90,9 +90,7 @@ def run(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, top_k: int, r
     y[order] = ys  # back to (token, slot) order
     out = (y.view(T, top_k, hidden).float() * weights[:, :top_k].float()[:, :, None]).sum(1)
     if shared is not None:
-        sg = _dense(shared.gate).to(torch.bfloat16)
-        su = _dense(shared.up).to(torch.bfloat16)
-        sd = _dense(shared.down).to(torch.bfloat16)
+        sg, su, sd = (_dense(m) for m in (shared.gate, shared.up, shared.down))
         hs = (F.silu((xb @ sg.T).float()) * (xb @ su.T).float()).to(torch.bfloat16)
         out += weights[:, top_k].float()[:, None] * (hs @ sd.T).float()
     return out.to(x.dtype)
@@ -100,5 +98,4 @@ def run(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, top_k: int, r
 
 def _dense(m: Matrix) -> torch.Tensor:
     """A small matrix (the shared expert's) decoded to bf16 [rows, k]."""
-    out = torch.empty(1, m.q.shape[0], m.k, dtype=torch.bfloat16, device=m.q.device)
-    return _decoded(m, m.q.shape[0], out)[0]
+    return _decoded(m, torch.empty(m.q.shape[0], m.k, dtype=torch.bfloat16, device=m.q.device))

@@ -573,7 +573,7 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
 
     from ninfer_plugins.quant_int.tuned import TUNED_KW
 
-    tuned_kw = [c for b in ("m1", "m4") if (c := TUNED_KW.get((p.fmt, p.n, p.k, b)))]
+    tuned_kw = any(TUNED_KW.get((p.fmt, p.n, p.k, b)) for b in ("m1", "m4"))
     if p.fmt in gemv_kw.DECODES and ((kw := gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)) is not None or tuned_kw):
         # NINFER_KW=1 may be switched on after load (an A/B in one process): its scratch now too
         if kw is not None:
