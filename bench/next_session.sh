@@ -250,6 +250,31 @@ case "${1:-}" in
       --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/e.txt" 2>&1
     echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e.txt" | cut -c1-150
     ;;
+  go1)
+    # one call for a short lease: the K-walk and block GPU tests, kw_bench at M = 1 and 4, the block's
+    # per-layer timings at T = 1 and 4 (each step time-boxed; ~9.5 min worst case)
+    t0=$(date +%s)
+    timeout 130 python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/quant_int/test_gemv_kw.py \
+      tests/plugins/moe_triton/test_moe_block.py > "$OUT/t.txt" 2>&1
+    echo "kw + block tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    timeout 150 python3 bench/moe.py --out "$OUT/k" --no-tests --no-e2e --recipes int4 --decode-t 1,4 --budget-s 110 \
+      > "$OUT/k.txt" 2>&1
+    echo "block kernels rc=$? $(( $(date +%s) - t0 )) s"; grep -E "T= ?[14] |block" "$OUT/k.txt" | cut -c1-150
+    timeout $(( 570 - ($(date +%s) - t0) )) python3 bench/kw_bench.py --out "$OUT" > "$OUT/kw.txt" 2>&1
+    echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-150 "$OUT/kw.txt"
+    ;;
+  go2)
+    # the decode step A/Bs in one call: the 35B with the block (and its folded norm) and NINFER_KW=1,
+    # then the 27B with NINFER_KW=0 / as committed / NINFER_KW=1 (~9.5 min worst case)
+    t0=$(date +%s)
+    timeout 300 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 240 \
+      --variants "X=1|NINFER_MOE_BLOCK=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1|NINFER_KW=1|NINFER_KW=1 NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1|X=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1" \
+      > "$OUT/e35.txt" 2>&1
+    echo "35B step A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
+    timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 200 \
+      --variants "NINFER_KW=0|X=1|NINFER_KW=1|NINFER_KW=0|NINFER_KW=1" > "$OUT/e27.txt" 2>&1
+    echo "27B KW A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
     echo "read_ceiling rc=$?"; sed -n '/best per shape/,$p' "$OUT/ceiling.txt"
