@@ -144,6 +144,20 @@ def ninfer_speculators() -> list[Any]:
     """Drafting strategies (name such as "mtp" or "dflash", requirements, factory)."""
 
 
+# --- memory -------------------------------------------------------------------------------------
+
+
+@hookspec
+def ninfer_workspace_bytes(shape: Any, config: EngineConfig, device: DeviceInfo, recipe: Any) -> int | None:
+    """Device bytes this plugin's kernels keep for this configuration beyond the memory plan's own
+    estimate (activations, the library allowance, the prefill's dequant scratch): scratch made on
+    first use and held, which would otherwise surface as an out-of-memory error mid-request.
+
+    `recipe` is the QuantRecipe (None for bf16). Return None or 0 when none. The plan adds every
+    plugin's answer before any weight loads (ninfer.memory.plan_memory).
+    """
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 

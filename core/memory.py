@@ -7,7 +7,8 @@
     workspace  the activations of one --prefill-chunk, the decode step's logits and sampler rows,
                the CUDA-graph history counts, a fixed allowance for the CUDA context and
                library workspaces (cuBLAS, Triton), and with a quantized recipe the bf16 scratch
-               of the prefill's dequantize + GEMM
+               of the prefill's dequantize + GEMM, and what plugins declare through
+               `ninfer_workspace_bytes` (scratch their kernels make on first use and keep)
 
 Everything is read from the shape's contract (`param_count`, `kv_bytes_per_token`,
 `state_bytes_per_sequence`, and `linear_shapes` where the family offers it) and the plugins'
@@ -132,11 +133,15 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
         weights += int(shape.mtp_param_count() * (1.0625 if recipe is not None else act))
         # a verify keeps the recurrent state after each of its K+1 tokens (ninfer.speculative)
         state *= config.draft_tokens + 2
+    extra = 0
+    if plugins is not None:
+        extra = sum(int(b or 0) for b in plugins.hook.ninfer_workspace_bytes(
+            shape=shape, config=config, device=device, recipe=recipe))
     return MemoryPlan(
         weights=weights,
         kv=kv_per_token * config.max_context * config.max_batch,
         state=state * config.max_batch,
-        workspace=workspace_bytes(shape, config, act) + (DEQUANT_SCRATCH if recipe is not None else 0),
+        workspace=workspace_bytes(shape, config, act) + (DEQUANT_SCRATCH if recipe is not None else 0) + extra,
         available=available,
         device=device.describe(),
     )

@@ -27,3 +27,23 @@ def ninfer_moe_kernel(scheme_gate_up, scheme_down, device, num_experts, hidden, 
     from ninfer_plugins.moe_triton.moe import TritonMoe
 
     return TritonMoe()
+
+
+@hookimpl
+def ninfer_workspace_bytes(shape, config, device, recipe):
+    """The grouped MoE prefill's scratch (prefill_grouped.py, when switched on): every expert of a
+    layer decoded to bf16 (kept between calls) and one chunk's sorted-token activations."""
+    from ninfer_plugins.moe_triton import prefill_grouped as G
+
+    experts = getattr(shape, "num_experts", 0) or 0
+    if not experts or recipe is None or not G.enabled():
+        return None
+    tokens = min(config.prefill_chunk, config.max_context)
+    if tokens < G.GROUPED_MIN_T:
+        return None
+    hidden, inner = shape.hidden_size, shape.moe_intermediate_size
+    gu = recipe.scheme_for("layers.0.mlp.experts.0.gate_up_proj", 2 * inner, hidden)
+    dn = recipe.scheme_for("layers.0.mlp.experts.0.down_proj", hidden, inner)
+    if gu not in G.INT_SCHEMES or dn not in G.INT_SCHEMES:
+        return None
+    return G.scratch_bytes(experts, inner, hidden, tokens, shape.num_experts_per_tok)

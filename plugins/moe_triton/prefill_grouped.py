@@ -12,7 +12,8 @@ holds (not re-measured since). The dense projections' prefill does the same (qua
 
 Off by default (`NINFER_MOE_PREFILL=grouped` turns it on for calls of >= GROUPED_MIN_T tokens)
 until an H200 run has timed it against the tiles. Int formats only (q4/q5/q6/q8); the scratch is
-one bf16 copy of a layer's experts (1.5 GB for the 35B-A3B), made on first use and kept.
+one bf16 copy of a layer's experts (1.5 GB for the 35B-A3B), made on first use and kept; the memory
+plan counts it (plugin.ninfer_workspace_bytes) when the switch is on.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 # below this many tokens a call keeps the tile kernels (the decode pass would not pay for itself)
 GROUPED_MIN_T = 2048
 INT_FORMATS = (4, 5, 6, 8)
+INT_SCHEMES = ("q4_g64", "q5_g64", "q6_g64", "q8_g32")
 
 
 def enabled() -> bool:
@@ -54,6 +56,13 @@ def _decoded(m: Matrix, out: torch.Tensor) -> torch.Tensor:
     p = K.Prepared(fmt=m.fmt, n=m.q.shape[0], k=m.k, qweight=m.q, scales=m.s, qhigh=m.h)
     D.dequantize_into(p, out.view(-1, m.k))
     return out
+
+
+def scratch_bytes(experts: int, inner: int, hidden: int, tokens: int, top_k: int) -> int:
+    """Device bytes a call of `tokens` tokens holds: the kept bf16 experts (gate_up and down) and the
+    transient sorted-token tensors (gathered x, gate_up out, h, down out, all bf16)."""
+    kept = 2 * experts * 3 * inner * hidden
+    return kept + 2 * tokens * top_k * (2 * hidden + 3 * inner)
 
 
 def _scratch(device: torch.device, experts: int, inner: int, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,3 +75,32 @@ def test_cpu_parity_path_counts_fp32():
     plan = plan_memory(BIG, cfg, cpu, get_plugin_manager(), None)
     assert plan.kv == 2 * 4096 * BIG.kv_bytes_per_token("bf16")  # "bf16" KV is fp32 on the CPU path
     assert plan.weights > 99 * GIB
+
+
+def test_plugin_workspace_counts_the_grouped_moe_prefill(monkeypatch):
+    """moe_triton declares the grouped prefill's kept bf16 experts through ninfer_workspace_bytes
+    when the switch is on (and the chunk reaches it); the plan's workspace grows by that much."""
+    from ninfer_plugins.moe_triton import prefill_grouped as G
+    from ninfer_plugins.qwen36_35b_a3b.plugin import SHAPE as MOE
+
+    shape = QwenHybridShape(**MOE)
+
+    def plan(**cfg):
+        cfg = dict(model="qwen3.6-35b-a3b", max_context=16384, max_batch=1, **cfg)
+        return plan_memory(shape, EngineConfig(**cfg), _gpu(141), get_plugin_manager(), None)
+
+    monkeypatch.delenv("NINFER_MOE_PREFILL", raising=False)
+    off = plan(quant="int4", prefill_chunk=8192)
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
+    on = plan(quant="int4", prefill_chunk=8192)
+    want = G.scratch_bytes(256, 512, 2048, 8192, 8)
+    assert on.workspace - off.workspace == want
+    assert 1.5 * GIB < want < 2.5 * GIB  # 1.5 GB of experts + ~0.7 GB of sorted activations
+    # a chunk below the grouped path's threshold never takes it; bf16 weights never either
+    small_on = plan(quant="int4", prefill_chunk=1024)
+    monkeypatch.delenv("NINFER_MOE_PREFILL")
+    assert small_on.workspace == plan(quant="int4", prefill_chunk=1024).workspace
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
+    bf16_on = plan(quant="bf16", prefill_chunk=8192)
+    monkeypatch.delenv("NINFER_MOE_PREFILL")
+    assert bf16_on.workspace == plan(quant="bf16", prefill_chunk=8192).workspace
