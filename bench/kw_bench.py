@@ -27,15 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 
 # (format, N, K): the 27B's decode matrices (q4 gate+up, q5 down/qkv+z/q+v/o_proj, q6 head), an
-# NVFP4 down, and the 35B's q8 attention/GDN projections
+# NVFP4 down, the 35B's q8 attention/GDN projections and its q6 head
 SHAPES = [
     ("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
     ("q5_g64", 5120, 6144), ("nvfp4", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
-    ("q6_g64", 248320, 5120),
+    ("q6_g64", 248320, 5120), ("q8_g32", 9216, 2048), ("q6_g64", 248320, 2048),
 ]
 # block_n, bw, splits, num_warps[, prefetch[, inline]] (gemv_kw.KWConfig)
 CFGS = [(16, 128, 1, 4), (32, 128, 1, 8), (8, 128, 1, 2), (16, 64, 1, 4), (16, 128, 1, 4, 2), (16, 128, 1, 4, 1, True),
-        (16, 128, 1, 4, 2, True), (16, 128, 2, 4), (32, 128, 2, 8), (16, 128, 4, 4), (16, 128, 4, 4, 1, True)]
+        (16, 128, 1, 4, 2, True), (16, 128, 2, 4), (32, 128, 2, 8), (16, 128, 4, 4), (16, 128, 4, 4, 1, True),
+        # more CTAs for the 5,120-row matrices (q5 down's 17 trips split ragged: 9 + 8, 5 + 5 + 5 + 2)
+        (8, 128, 2, 2), (8, 128, 4, 2), (8, 128, 2, 2, 2), (8, 64, 2, 2)]
 
 
 def _warm_one(item) -> str:

@@ -26,8 +26,12 @@ The waits are ninfer.kernels.triton.sync's (relaxed polls with a short sleep, on
 rather than a hang). The scratch is one per (device, shapes): launches must run one
 at a time on one stream (the engine's), as every decode kernel here assumes.
 
-Off by default (`NINFER_MOE_BLOCK=1` turns it on for one-token decode) until an H200 run has
-checked and timed it against the three launches.
+Off (`NINFER_MOE_BLOCK=1` turns it on for one-token decode): it is correct on the GPU (bit-equal
+to the three launches, tests pass) but slower (BENCHMARKS.md, seventeenth run, H100: 27.7 µs a
+layer against 23.0, the 35B step +0.39 ms). Its trace shows why: the phases cannot overlap (each
+down item needs its pair's whole gate_up, each routed gate_up the routing), and inside one grid
+each runs slower than as its own launch (parked CTAs share the SMs, the router's few items leave
+most of them idle). Kept as the tested base for fusions whose phases do overlap.
 """
 
 from __future__ import annotations

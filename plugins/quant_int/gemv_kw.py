@@ -30,8 +30,11 @@ the fast path itself runs on the CPU with `_dot_out` replaced by an emulation of
 (test_gemv_kw.py, EMULATED_DOT), so its operands, accumulator and reduction are checked too.
 
 Static counts (sm_90, Triton 3.6, bench/h2_sass.py --kw): 2.43 SASS instructions a weight for q4
-at M = 1 with the ping-pong walk (prefetch=2), 3.49 for q5, against gemv_h2's 3.08 and 4.21. Not
-yet timed on a GPU (BENCHMARKS.md, fifteenth run): off by default, NINFER_KW=1 dispatches it.
+at M = 1 with the ping-pong walk (prefetch=2), 3.49 for q5, against gemv_h2's 3.08 and 4.21.
+Timed on an H100 (BENCHMARKS.md, seventeenth run): at M = 1 q4 gate+up 85% of copy (gemv_h2 60%),
+q5 70-75% (55-61%), the q6 head at a read-only stream's rate; the 27B step +23% with it on every
+M <= 4 launch. Its measured winners (tuned.TUNED_KW) are dispatched by default (NINFER_KW=0 turns
+them off; NINFER_KW=1 also sends every other launch it fits to default_config).
 Known costs: x's pairs are a launch of their own (~2 µs before the GEMV can read x; written by
 the kernels that produce x, they would not be), and each trip re-reads x's pairs from L1/L2
 (16 B a word and x row, against 64 B of weights a word column at BLOCK_N = 16).
@@ -93,7 +96,17 @@ def _fits(fmt: int, k: int, cfg: KWConfig) -> bool:
     # every thread a whole run of four words (fewer and Triton would pad the asm's pack of 4)
     if cfg.bw * cfg.block_n < 4 * 32 * cfg.num_warps or cfg.bw % 4:
         return False
-    return row_words(fmt, k) % (cfg.bw * cfg.splits) == 0
+    if row_words(fmt, k) % cfg.bw:
+        return False
+    # K shares of whole trips, ragged where the trips do not divide (q5 down's 17 trips in two:
+    # 9 and 8): every share gets at least one
+    trips = row_words(fmt, k) // cfg.bw
+    return (cfg.splits - 1) * _share(trips, cfg.splits) < trips
+
+
+def _share(trips: int, splits: int) -> int:
+    """Trips a K share walks (the last share walks what is left)."""
+    return -(-trips // splits)
 
 
 def enabled() -> bool:
@@ -289,10 +302,10 @@ def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4
     return acc
 
 
-@triton.jit(do_not_specialize=["M", "N", "ITERS"])
+@triton.jit(do_not_specialize=["M", "N", "ITERS", "TRIPS"])
 def _gemv_kw_kernel(
     XP, INV, INVM, W, H, S, Y, WS, CNT, G, X, RDY,
-    M, N, KW, NKB, ITERS, stride_xm, GOFF, PRODUCERS,
+    M, N, KW, NKB, ITERS, TRIPS, stride_xm, GOFF, PRODUCERS,
     stride_wn, stride_hn, stride_sn, stride_ym,
     FMT: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -322,6 +335,8 @@ def _gemv_kw_kernel(
     rn = tl.arange(0, BLOCK_N)
     rows = pid_r * BLOCK_N + rn  # rows are padded to ROW_PAD, a multiple of BLOCK_N: loads need no mask
     it0 = pid_s * ITERS
+    # this share's trips: ITERS, or what is left for the last share of a ragged split (>= 1: _fits)
+    n_it = tl.minimum(ITERS, TRIPS - it0)
     r64 = rows.to(tl.int64)[None, :]
     wp = W + r64 * stride_wn + (w_cols[:, None] + it0 * BW)
     sp = S + r64 * stride_sn + (g_cols[:, None] + it0 * GSTEP)
@@ -355,29 +370,29 @@ def _gemv_kw_kernel(
     if PREFETCH == 2:
         # two trips an iteration, ping-pong: the next trip's words load into the registers the
         # last one freed (no copies); an odd trip count loads the last trip twice, adds it once
-        for i in range(0, ITERS, 2):
-            d1 = tl.where(i + 1 < ITERS, 1, 0)
+        for i in range(0, n_it, 2):
+            d1 = tl.where(i + 1 < n_it, 1, 0)
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
                            FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
-            d2 = tl.minimum(i + 2, ITERS - 1) - i
+            d2 = tl.minimum(i + 2, n_it - 1) - i
             wp += d2 * BW
             sp += d2 * GSTEP
             hp += d2 * HSTEP
             w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-            if i + 1 < ITERS:
+            if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
                                FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             cols += 2 * BW
     else:
-        for i in range(ITERS):
+        for i in range(n_it):
             if PREFETCH == 1:
                 w = w_n
                 hl = hl_n
                 hh = hh_n
                 s = s_n
                 # the next trip's words, or this trip's again after the last (stays in bounds)
-                step = tl.where(i + 1 < ITERS, 1, 0)
+                step = tl.where(i + 1 < n_it, 1, 0)
                 wp += step * BW
                 sp += step * GSTEP
                 hp += step * HSTEP
@@ -442,7 +457,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         raise ValueError(f"the K-walk GEMV's splits must be a power of two, got {cfg.splits}")
     if not supports(p, cfg):
         raise ValueError(f"the K-walk GEMV needs q4/q5/q6/q8 or NVFP4 and a row's words ({row_words(p.fmt, p.k)}) a "
-                         f"multiple of BW x splits, BW a multiple of a K block's words and four words a thread "
+                         f"multiple of BW, at least one trip a K share, BW a multiple of a K block's words and four words a thread "
                          f"(format {p.fmt}, K={p.k}, {cfg.describe()})")
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
@@ -477,7 +492,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     producers = 1 if interp else min(block_m * (p.k // 128), grid[0] * grid[1], p.sm_count)
     _gemv_kw_kernel[grid](
         xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
-        m, p.n, kw, p.k // 128, kw // (cfg.bw * cfg.splits), x2.stride(0), p.k if gated else 0, producers,
+        m, p.n, kw, p.k // 128, _share(kw // cfg.bw, cfg.splits), kw // cfg.bw, x2.stride(0), p.k if gated else 0, producers,
         w.stride(0), h.stride(0), s.stride(0), y.stride(0),
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,

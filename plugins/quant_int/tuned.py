@@ -421,6 +421,29 @@ TUNED_TC: dict[tuple[int, int, int, str], tuple] = {
 # (block_n, bw, splits, num_warps, prefetch, inline), or () where it lost to the kernel dispatched
 # without it. Written from `bench/kw_bench.py`'s tuned_kw.py (a winner must beat the dispatched
 # kernel alone), then kept only if the decode step with the table beats it without
-# (`NINFER_KW=0` turns the table off: `bash bench/next_session.sh kwstep`). Empty until the H200
-# has timed the kernel.
-TUNED_KW: dict[tuple[int, int, int, str], tuple] = {}
+# (`NINFER_KW=0` turns the table off). Measured on an H100 (the lent machine of 2026-12-05; copy
+# 2.90 TB/s): `python3 bench/kw_bench.py`, µs a call against the kernel dispatched without the
+# table. The step with every M <= 4 launch on the K-walk's default config (NINFER_KW=1) beat the
+# dispatch without it by 23% on the 27B (98.5 -> 121.3 tok/s, same process, BENCHMARKS.md
+# "Seventeenth run"); this table (each shape's winner, M = 4 only where it won) is not yet timed
+# in the step, nor on an H200.
+TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
+    (4, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),  # 38.31 vs 54.37 us (H2 BN16 KBS8 C6 w4 pf)
+    (4, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),  # 54.32 vs 56.82 us (TC KB8 S2 w4 C2)
+    (5, 5120, 17408, 'm1'): (8, 128, 1, 2, 1, False),  # 28.9 vs 36.49 us (H2 BN16 KBS8 C6 w4 pf)
+    (5, 5120, 17408, 'm4'): (8, 128, 1, 2, 1, False),  # 38.63 vs 48.05 us (TCD KB8 P2 w4 C6)
+    (5, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),  # 26.27 vs 31.29 us (H2 BN64 KBS4 C4 w8 pf)
+    (5, 16384, 5120, 'm4'): (8, 128, 1, 2, 1, False),  # 32.84 vs 34.93 us (TCD KB8 P2 w4 C6)
+    (5, 13312, 5120, 'm1'): (16, 64, 1, 4, 1, False),  # 20.51 vs 26.66 us (H2 BN32 KBS4 C4 w4 pf)
+    (5, 13312, 5120, 'm4'): (),  # best 29.47 us vs 29.86 us (TCD KB8 P2 w4 C4)
+    (5, 5120, 6144, 'm1'): (),  # best 11.57 us vs 11.54 us (H2 BN16 KBS8 C6 w4 pf)
+    (5, 5120, 6144, 'm4'): (),  # best 15.1 us vs 14.58 us (TCD KB4 P1 w4 C6)
+    (16, 5120, 17408, 'm1'): (32, 128, 1, 8, 1, False),  # 27.09 vs 30.5 us (H2 BN16 KBS8 C6 w4 pf early)
+    (16, 5120, 17408, 'm4'): (8, 128, 1, 2, 1, False),  # 38.78 vs 40.98 us (None)
+    (8, 12288, 2048, 'm1'): (8, 128, 1, 2, 1, False),  # 11.76 vs 12.71 us (H2 BN32 KBS4 C4 w4 pf)
+    (8, 12288, 2048, 'm4'): (16, 64, 1, 4, 1, False),  # 13.78 vs 23.28 us (H2 BN16 KBS8 C6 w4 pf early)
+    (8, 2048, 4096, 'm1'): (),  # best 7.48 us vs 6.68 us (H2 BN16 KBS4 C8 w4 pf)
+    (8, 2048, 4096, 'm4'): (16, 128, 1, 4, 2, False),  # 8.49 vs 14.57 us (None)
+    (6, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),  # 333.5 vs 580.16 us (H2 BN32 KBS8 C4 w4 pf)
+    (6, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),  # 419.23 vs 579.41 us (H2 BN32 KBS8 C4 w4 pf)
+}

@@ -45,6 +45,11 @@ DEV = "cuda" if CUDA else "cpu"
         (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2)),  # ping-pong, odd trip count (3; q8 6)
         (3, 48, 1024, KW.KWConfig(16, 32, 2, prefetch=2)),  # ping-pong, even trip count, two splits
         (2, 40, 768, KW.KWConfig(32, 16, 2, prefetch=2)),  # ping-pong, odd trips in each of two splits
+        # ragged K shares (the trips do not divide): 9 trips as 5 + 4, 17 as 5 + 5 + 5 + 2
+        (1, 40, 1152, KW.KWConfig(16, 16, 2, num_warps=2)),
+        (3, 40, 1152, KW.KWConfig(16, 32, 2, prefetch=2)),  # q8
+        (2, 33, 2176, KW.KWConfig(16, 16, 4, num_warps=2, prefetch=2)),  # row tail
+        (4, 40, 2176, KW.KWConfig(8, 32, 4, num_warps=2)),  # q8
     ],
 )
 def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
@@ -274,7 +279,10 @@ def test_kw_refuses_bad_inputs():
 
 def test_kw_dispatch_only_when_switched_on(monkeypatch):
     """NINFER_KW=1: every M <= 4 launch the K-walk fits goes to it (its default config); off, the
-    dispatch is untouched; M > 4 never."""
+    dispatch is untouched; M > 4 never (the measured table emptied: its entries come first)."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.setattr(tuned, "TUNED_KW", {})
     monkeypatch.delenv("NINFER_KW", raising=False)
     assert not isinstance(K.pick_gemv(5, 1, 5120, 17408, 132), KW.KWConfig)
     monkeypatch.setenv("NINFER_KW", "1")
@@ -283,8 +291,10 @@ def test_kw_dispatch_only_when_switched_on(monkeypatch):
     assert not isinstance(K.pick_gemv(5, 8, 5120, 17408, 132), KW.KWConfig)
     # 2048 rows are 128 row blocks: K shares until two CTAs an SM (128 x 4 >= 264)
     assert K.pick_gemv(8, 1, 2048, 4096, 132) == KW.KWConfig(16, 128, 4)
-    # 640 words a row (K = 5120) split in two is not a multiple of 128: one share
-    assert KW.default_config(4, 2048, 5120, 132) == KW.KWConfig(16, 128, 1)
+    # 640 words a row (K = 5120) are 5 trips: two shares of 3 and 2 (ragged); four would leave one
+    # share without a trip
+    assert KW.default_config(4, 2048, 5120, 132) == KW.KWConfig(16, 128, 2)
+    assert not KW._fits(4, 5120, KW.KWConfig(16, 128, 4)) and KW._fits(4, 5120, KW.KWConfig(16, 128, 2))
     # 3 K blocks: 48 words a row, only BW 16... none fits BW 32 (48 % 32): no config
     assert KW.default_config(4, 256, 384, 132) is None
 
@@ -295,6 +305,7 @@ def test_tuned_kw_winners_dispatch_unless_switched_off(monkeypatch):
     off."""
     from ninfer_plugins.quant_int import tuned
 
+    monkeypatch.setattr(tuned, "TUNED_KW", {})
     monkeypatch.delenv("NINFER_KW", raising=False)
     before = {m: K.pick_gemv(5, m, 5120, 17408, 132) for m in (1, 2, 4)}
     monkeypatch.setitem(tuned.TUNED_KW, (5, 5120, 17408, "m1"), (16, 128, 1, 4, 2))
@@ -399,3 +410,22 @@ def test_kw_inline_pairs_over_many_graph_replays():
     torch.cuda.synchronize()
     assert all(torch.equal(y, want) for y in ys)
     assert int(KW.ready_counters(x.device).abs().sum()) == 0
+
+
+def test_measured_table_entries_fit_and_dispatch(monkeypatch):
+    """Every TUNED_KW winner is a config the kernel takes for its shape, and is what the dispatch
+    picks at its bucket (M = 1 for m1, M = 2..4 for m4) unless NINFER_KW=0."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.delenv("NINFER_KW", raising=False)
+    assert tuned.TUNED_KW, "the table holds kw_bench's measured winners"
+    for (fmt, n, k, bucket), fields in tuned.TUNED_KW.items():
+        ms = (1,) if bucket == "m1" else (2, 4)
+        if not fields:
+            assert all(not isinstance(K.pick_gemv(fmt, m, n, k, 132), KW.KWConfig) for m in ms)
+            continue
+        cfg = KW.KWConfig(*fields)
+        assert KW._fits(fmt, k, cfg), (fmt, n, k, bucket, cfg)
+        assert all(K.pick_gemv(fmt, m, n, k, 132) == cfg for m in ms)
+    monkeypatch.setenv("NINFER_KW", "0")
+    assert all(not isinstance(K.pick_gemv(fmt, 1, n, k, 132), KW.KWConfig) for fmt, n, k, _ in tuned.TUNED_KW)
