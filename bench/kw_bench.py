@@ -27,11 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 
 # (format, N, K): the 27B's decode matrices (q4 gate+up, q5 down/qkv+z/q+v/o_proj, q6 head), an
-# NVFP4 down, the 35B's q8 attention/GDN projections and its q6 head
+# NVFP4 down, the 35B's q8 attention/GDN projections and its q6 head, the MTP drafter's shapes
 SHAPES = [
     ("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
     ("q5_g64", 5120, 6144), ("nvfp4", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
     ("q6_g64", 248320, 5120), ("q8_g32", 9216, 2048), ("q6_g64", 248320, 2048),
+    # the 27B's k_proj (q4), then the MTP drafter's q8 layer and the q4 shortlist head (a round's
+    # three drafts run them at M = 1)
+    ("q4_g64", 1024, 5120), ("q8_g32", 14336, 5120), ("q8_g32", 5120, 10240), ("q8_g32", 34816, 5120),
+    ("q8_g32", 5120, 17408), ("q8_g32", 5120, 6144), ("q4_g64", 131072, 5120),
 ]
 # block_n, bw, splits, num_warps[, prefetch[, inline]] (gemv_kw.KWConfig)
 CFGS = [(16, 128, 1, 4), (32, 128, 1, 8), (8, 128, 1, 2), (16, 64, 1, 4), (16, 128, 1, 4, 2), (16, 128, 1, 4, 1, True),

@@ -32,6 +32,8 @@
 #                                      # the read ceiling with the tile walk on every shape (~6 min)
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
+#   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
+#   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
 #   bash bench/next_session.sh kwstep [27b|35b|round]  # the decode step (or the 27B MTP round) as committed against
@@ -69,7 +71,7 @@ case "${1:-}" in
     B="tests/core/test_graphs.py tests/plugins/cuda_fast tests/core/kernels tests/plugins/spec_mtp"
     case "$1" in tests-a) SEL=$A ;; tests-b) SEL=$B ;; *) SEL="$B $A" ;; esac
     t0=$(date +%s)
-    timeout 540 python3 -m pytest -q -rf -m gpu -n 4 $SEL > "$OUT/t.txt" 2>&1
+    timeout 540 python3 -m pytest -q -rf -m gpu -n $NW $SEL > "$OUT/t.txt" 2>&1
     echo "tests rc=$? $(( $(date +%s) - t0 )) s"
     tail -2 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -30
@@ -249,6 +251,30 @@ case "${1:-}" in
     timeout 300 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 240 \
       --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/e.txt" 2>&1
     echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e.txt" | cut -c1-150
+    ;;
+  go3)
+    # the next session's first call: kw_bench again (ragged K shares for the 5,120-row matrices, the
+    # 35B's head and qkv, the MTP drafter's shapes), then the 27B step with TUNED_KW (X=1) against
+    # NINFER_KW=0 and NINFER_KW=1, alternated (~9.5 min worst case)
+    t0=$(date +%s)
+    timeout 330 python3 bench/kw_bench.py --out "$OUT" > "$OUT/kw.txt" 2>&1
+    echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^  nv|^copy|^prewarm|^#|^    \(" "$OUT/kw.txt" | cut -c1-150
+    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 200 \
+      --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1|NINFER_KW=0" > "$OUT/e27.txt" 2>&1
+    echo "27B table A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    ;;
+  go4)
+    # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)
+    t0=$(date +%s)
+    rounds 170 "X=1" "NINFER_KW=0" "X=1" "NINFER_KW=0"
+    timeout 200 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 150 \
+      --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1" > "$OUT/e35.txt" 2>&1
+    echo "35B table A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
+    timeout 60 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_prefill_grouped.py > "$OUT/t.txt" 2>&1
+    echo "grouped prefill tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
+      --budget-s 120 --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/p35.txt" 2>&1
+    echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/p35.txt" | cut -c1-150
     ;;
   go1)
     # one call for a short lease: the K-walk and block GPU tests, kw_bench at M = 1 and 4, the block's
