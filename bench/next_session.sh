@@ -34,6 +34,7 @@
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
+#   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
 #   bash bench/next_session.sh kwstep [27b|35b|round]  # the decode step (or the 27B MTP round) as committed against
@@ -275,6 +276,20 @@ case "${1:-}" in
     timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
       --budget-s 120 --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/p35.txt" 2>&1
     echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/p35.txt" | cut -c1-150
+    ;;
+  go5)
+    # weights asked of the L2 during the kernel before (NINFER_L2PF, prefetch.py, written without a
+    # GPU): the GEMVs behind an idle stand-in kernel (bench/l2_ahead.py), then the 27B and 35B steps
+    # with budgets of 16 and 32 MB against none, alternated (~9.5 min worst case)
+    t0=$(date +%s)
+    timeout 150 python3 bench/l2_ahead.py --out "$OUT" > "$OUT/l2.txt" 2>&1
+    echo "l2_ahead rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-260 "$OUT/l2.txt"
+    timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
+      --variants "X=1|NINFER_L2PF=16|NINFER_L2PF=32|X=1|NINFER_L2PF=16" > "$OUT/e27.txt" 2>&1
+    echo "27B L2PF A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
+      --budget-s 120 --variants "X=1|NINFER_L2PF=16|NINFER_L2PF=32|X=1" > "$OUT/e35.txt" 2>&1
+    echo "35B L2PF A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
     ;;
   go1)
     # one call for a short lease: the K-walk and block GPU tests, kw_bench at M = 1 and 4, the block's

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from ninfer_plugins.quant_int import kernels as QK
+from ninfer.kernels.triton import prefetch as PF
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 
 MAX_M = 4
@@ -638,6 +639,41 @@ def _add_norm_rows(Y, RES, NW, HOUT, M, N, stride_ym, stride_res, stride_hout, e
                 tl.store(HOUT + mm * stride_hout + c0 + c, (sf * r * w).to(HOUT.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _l2_ahead_rows(W, H, S, row_lo, row_hi, trips, pid_s, stride_wn, stride_hn, stride_sn, FMT: tl.constexpr,
+                   KBS: tl.constexpr, BLOCK_N: tl.constexpr, L2PF: tl.constexpr, ASM: tl.constexpr):
+    """Row trips 2..L2PF+1 of this CTA's K slice asked of the L2 (ninfer.kernels.triton.prefetch):
+    a row's slice is KBS x WPB words (one prefetch a 128-byte line), its scales and q5/q6 bit
+    words a line or two; rows past the chunk are clamped to its last."""
+    WPB: tl.constexpr = 32 if FMT == 8 else 16
+    C: tl.constexpr = KBS * WPB
+    LW: tl.constexpr = PF.pow2_lines(C * 4)
+    GW: tl.constexpr = 4 * KBS if (FMT == 8 or FMT == 16) else KBS
+    rn = tl.arange(0, BLOCK_N)
+    wl = W + (pid_s * C + tl.arange(0, LW)[:, None] * 32)
+    sl = S + pid_s * GW
+    if FMT == 5 or FMT == 6:
+        HW: tl.constexpr = 4 * KBS if FMT == 5 else 8 * KBS
+        LH: tl.constexpr = PF.pow2_lines(HW * 4)
+        hl = H + (pid_s * HW + tl.arange(0, LH)[:, None] * 32)
+    for t in range(1, tl.minimum(trips, L2PF + 1)):
+        r = tl.minimum(row_lo + t * BLOCK_N + rn, row_hi - 1).to(tl.int64)[None, :]
+        PF.l2_prefetch(wl + r * stride_wn, ASM)
+        PF.l2_prefetch(sl + r * stride_sn, ASM)
+        if FMT == 5 or FMT == 6:
+            PF.l2_prefetch(hl + r * stride_hn, ASM)
+
+
+def l2_ahead_trips(p: QK.Prepared, cfg: "H2Config", budget: int) -> int:
+    """Row trips a CTA asks the L2 for before waiting on the kernel before (prefetch.l2_trips):
+    the budget over the grid, a trip's bytes counted with the bit words and scales."""
+    chunks, n_slices, rows_per_cta = grid_of(p, cfg)
+    nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.qhigh, p.scales) if t is not None)
+    trip_bytes = nbytes * cfg.block_n // max(1, p.qweight.shape[0] * n_slices)
+    ctas = PF.resident(chunks * n_slices, p.sm_count, cfg.num_warps)
+    return PF.l2_trips(budget, ctas, trip_bytes, -(-rows_per_cta // cfg.block_n))
+
+
 @triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES", "N_CHUNKS"])
 def _gemv_h2_kernel(
     X, W, H, S, Y, WS, CNT, G, RES, NW, HOUT,
@@ -659,6 +695,7 @@ def _gemv_h2_kernel(
     GATED: tl.constexpr = False,
     PDL: tl.constexpr = False,
     ABLATE: tl.constexpr = 0,
+    L2PF: tl.constexpr = 0,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -678,6 +715,8 @@ def _gemv_h2_kernel(
     # through x's preparation: +15-35 registers, slower on the big matrices, measured)
     if PREFETCH != 0 and (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+    if L2PF > 0:
+        _l2_ahead_rows(W, H, S, row_lo, row_hi, trips, pid_s, stride_wn, stride_hn, stride_sn, FMT, KBS, BLOCK_N, L2PF, FAST)
     pdl_prologue(PDL)
     xa0, xb0, xc0, xd0, p00, p01, p02, p03, inv0 = _xrow_prep(X, 0, stride_xm, M, base, FMT, HEAD, FAST, GOFF, GATED)
     if BLOCK_M > 1:
@@ -864,8 +903,9 @@ def add_norm_args(add_norm: tuple | None, m: int, n: int, stand_in: torch.Tensor
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = None,
            add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
-           gated: bool = False, ablate: int = 0) -> torch.Tensor:
-    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows (`ablate` = 1: a measurement only, see _trip).
+           gated: bool = False, ablate: int = 0, l2_budget: int | None = None) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows (`ablate` = 1: a measurement only, see _trip;
+    `l2_budget`: bytes the grid asks the L2 for ahead, default NINFER_L2PF's: prefetch.py).
 
     add_norm = (residual [M, n], norm weight [n], eps, out [M, n]): also, in the same launch (the
     last row chunk to finish), residual += y (rounded to its dtype) and out = (1 + w) RMSNorm of
@@ -918,6 +958,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         ADD_NORM=add_norm is not None,
         GATED=gated,
         ABLATE=ablate,
+        L2PF=l2_ahead_trips(p, cfg, PF.budget_bytes() if l2_budget is None else l2_budget),
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import prefetch as PF
 from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
 from ninfer.kernels.triton.sync import wait_at_least
 from ninfer_plugins.quant_int import gemv_h2 as H2
@@ -302,6 +303,26 @@ def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4
     return acc
 
 
+@triton.jit
+def _l2_ahead(W, H, S, rows, it0, n_it, stride_wn, stride_hn, stride_sn, FMT: tl.constexpr, BW: tl.constexpr,
+              GSTEP: tl.constexpr, HSTEP: tl.constexpr, L2PF: tl.constexpr, ASM: tl.constexpr):
+    """Trips 2..L2PF+1 of this CTA's share asked of the L2 (ninfer.kernels.triton.prefetch): a row's
+    words of a trip are BW x 4 bytes (one prefetch a 128-byte line), its q5/q6 bit words and its
+    scales a line or two."""
+    LW: tl.constexpr = PF.pow2_lines(BW * 4)
+    r64 = rows.to(tl.int64)[None, :]
+    wl = W + r64 * stride_wn + (it0 * BW + tl.arange(0, LW)[:, None] * 32)
+    sl = S + r64 * stride_sn + it0 * GSTEP
+    if FMT == 5 or FMT == 6:
+        LH: tl.constexpr = PF.pow2_lines(HSTEP * 4)
+        hl = H + r64 * stride_hn + (it0 * HSTEP + tl.arange(0, LH)[:, None] * 32)
+    for t in range(1, tl.minimum(n_it, L2PF + 1)):
+        PF.l2_prefetch(wl + t * BW, ASM)
+        PF.l2_prefetch(sl + t * GSTEP, ASM)
+        if FMT == 5 or FMT == 6:
+            PF.l2_prefetch(hl + t * HSTEP, ASM)
+
+
 @triton.jit(do_not_specialize=["M", "N", "ITERS", "TRIPS"])
 def _gemv_kw_kernel(
     XP, INV, INVM, W, H, S, Y, WS, CNT, G, X, RDY,
@@ -322,6 +343,7 @@ def _gemv_kw_kernel(
     HEAD: tl.constexpr = 0,
     GATED: tl.constexpr = False,
     ASM_PAIRS: tl.constexpr = False,
+    L2PF: tl.constexpr = 0,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -346,6 +368,8 @@ def _gemv_kw_kernel(
     if PREFETCH != 0:
         # the first trip's words do not depend on the kernel before: requested before waiting on it
         w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+    if L2PF > 0:
+        _l2_ahead(W, H, S, rows, it0, n_it, stride_wn, stride_hn, stride_sn, FMT, BW, GSTEP, HSTEP, L2PF, ASM_PAIRS)
     pdl_prologue(PDL)
     if INLINE:
         # x's pairs made by this launch (no launch of their own): the first PRODUCERS CTAs in
@@ -440,11 +464,23 @@ def _gemv_kw_kernel(
             tl.atomic_xchg(RDY + 1, 0)
 
 
+def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int) -> int:
+    """Trips a CTA asks the L2 for before waiting on the kernel before (prefetch.l2_trips): the
+    budget over the grid, a trip's bytes counted with the bit words and scales."""
+    trips = row_words(p.fmt, p.k) // cfg.bw
+    blocks = -(-p.n // cfg.block_n)
+    nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.qhigh, p.scales) if t is not None)
+    trip_bytes = nbytes * cfg.block_n // max(1, p.qweight.shape[0] * trips)
+    ctas = PF.resident(blocks * cfg.splits, p.sm_count, cfg.num_warps)
+    return PF.l2_trips(budget, ctas, trip_bytes, _share(trips, cfg.splits))
+
+
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = None, gated: bool = False,
-           ablate: int = 0) -> torch.Tensor:
+           ablate: int = 0, l2_budget: int | None = None) -> torch.Tensor:
     """y [M, n] = x2 [M, k] @ W.T for M <= 4 rows (gated: x2 is [M, 2k], the GEMV's input is
     silu(gate) * up, rounded to x2's dtype as silu_mul stores it). Two launches: x's pairs, then
-    the GEMV. `ablate` = 1: a measurement only (no decode or multiply-adds; garbage out)."""
+    the GEMV. `ablate` = 1: a measurement only (no decode or multiply-adds; garbage out).
+    `l2_budget`: bytes the grid asks the L2 for ahead (default NINFER_L2PF's, prefetch.py)."""
     m = x2.shape[0]
     if gated and (x2.shape[1] != 2 * p.k or x2.stride(1) != 1):
         raise ValueError(f"the K-walk GEMV's gated input is [M, 2 x {p.k}] with a unit last stride, got "
@@ -490,6 +526,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     # resident at once (they are the first CTAs dispatched, and an SM holds at least one), or
     # consumers spinning in every slot would keep a producer from ever starting
     producers = 1 if interp else min(block_m * (p.k // 128), grid[0] * grid[1], p.sm_count)
+    l2pf = l2_ahead_trips(p, cfg, PF.budget_bytes() if l2_budget is None else l2_budget)
     _gemv_kw_kernel[grid](
         xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
         m, p.n, kw, p.k // 128, _share(kw // cfg.bw, cfg.splits), kw // cfg.bw, x2.stride(0), p.k if gated else 0, producers,
@@ -508,6 +545,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         HEAD=H2.HEAD[p.fmt],
         GATED=gated,
         ASM_PAIRS=fast and not interp,
+        L2PF=l2pf,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -158,6 +158,21 @@ def test_interpreted_h2_matches_reference(scheme, m, n, k, cfg):
 
 
 @interp
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, H.H2Config(32, 2, 1)), (3, 80, 512, H.H2Config(16, 2, 2, prefetch=2)),
+                                       (2, 100, 1024, H.H2Config(16, 4, 1))])
+def test_interpreted_h2_l2_ahead_changes_nothing(scheme, m, n, k, cfg):
+    """With a budget (NINFER_L2PF) each CTA asks the L2 for its next row trips before waiting on
+    the kernel before (interpreted: reads them and drops them); rows past a chunk are clamped to
+    its last. The output is bit-equal to the launch without."""
+    g = torch.Generator().manual_seed(n + k)
+    p, _ = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    assert H.l2_ahead_trips(p, cfg, 1 << 30) > 0 and H.l2_ahead_trips(p, cfg, 0) == 0
+    assert torch.equal(H.launch(x, p, cfg, l2_budget=1 << 30), H.launch(x, p, cfg, l2_budget=0))
+
+
+@interp
 def test_interpreted_h2_large_and_tiny_x():
     """x with a huge and a tiny scale: the per-slice power-of-two scaling keeps both exact."""
     g = torch.Generator().manual_seed(7)

@@ -429,3 +429,83 @@ def test_measured_table_entries_fit_and_dispatch(monkeypatch):
         assert all(K.pick_gemv(fmt, m, n, k, 132) == cfg for m in ms)
     monkeypatch.setenv("NINFER_KW", "0")
     assert all(not isinstance(K.pick_gemv(fmt, 1, n, k, 132), KW.KWConfig) for fmt, n, k, _ in tuned.TUNED_KW)
+
+
+@interp
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (1, 40, 2176, KW.KWConfig(16, 16, 1, num_warps=2)),  # 17 trips: 16 asked ahead
+    (2, 33, 2176, KW.KWConfig(16, 16, 4, num_warps=2, prefetch=2)),  # ragged shares, the last of 2 trips
+    (3, 40, 1152, KW.KWConfig(16, 32, 2, prefetch=2)),  # q8
+])
+def test_l2_ahead_changes_nothing(scheme, m, n, k, cfg):
+    """With a budget (NINFER_L2PF), each CTA asks the L2 for its next trips before waiting on the
+    kernel before; interpreted, those lines are read and dropped. The output is bit-equal to the
+    launch without, and the trips asked are what the budget gives."""
+    from ninfer.kernels.triton import prefetch as PF
+
+    g = torch.Generator().manual_seed(n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    if not KW.supports(p, cfg):
+        pytest.skip(f"{cfg.describe()} does not fit format {p.fmt} at K={k}")
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
+    trips = KW._share(KW.row_words(p.fmt, k) // cfg.bw, cfg.splits)
+    ahead = KW.l2_ahead_trips(p, cfg, 1 << 30)
+    assert ahead == max(s for s in PF.STEPS if s <= trips - 1) and ahead > 0
+    assert KW.l2_ahead_trips(p, cfg, 0) == 0
+    assert torch.equal(KW.launch(x, p, cfg, l2_budget=1 << 30), KW.launch(x, p, cfg, l2_budget=0))
+
+
+def test_l2_trips_budget():
+    from ninfer.kernels.triton import prefetch as PF
+
+    assert PF.l2_trips(0, 100, 4096, 17) == 0  # off
+    assert PF.l2_trips(24 << 20, 640, 4096, 17) == 8  # q5 down at BN 8: 9.6 trips' worth -> 8
+    assert PF.l2_trips(24 << 20, 2176, 8192, 5) == 1  # q4 gate+up: 1.4 -> 1
+    assert PF.l2_trips(1 << 40, 10, 4096, 3) == 2  # never past the share's own trips
+    assert PF.l2_trips(1 << 40, 10, 4096, 1) == 0
+    # resident CTAs: 16 warps of ~128 registers an SM, never more than the grid
+    assert PF.resident(2176, 132, 4) == 528 and PF.resident(640, 132, 2) == 640 and PF.resident(5000, 132, 8) == 264
+
+
+def test_l2_budget_from_the_environment(monkeypatch):
+    from ninfer.kernels.triton import prefetch as PF
+
+    monkeypatch.delenv("NINFER_L2PF", raising=False)
+    assert PF.budget_bytes() == 0
+    monkeypatch.setenv("NINFER_L2PF", "24")
+    assert PF.budget_bytes() == 24 << 20
+    monkeypatch.setenv("NINFER_L2PF", "lots")
+    assert PF.budget_bytes() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [("q5_g64", 5120, 17408), ("q4_g64", 34816, 5120), ("q5_g64", 5120, 6144),
+                                        ("q8_g32", 12288, 2048), ("nvfp4", 5120, 17408)])
+def test_gpu_l2_ahead_bit_equal_in_a_graph(scheme, n, k, monkeypatch):
+    """NINFER_L2PF at the real shapes: the dispatched decode GEMV (K-walk or f16x2) with its CTAs
+    asking the L2 for their next trips gives the same bits as without, eager and replayed in a
+    graph behind another launch (PDL on)."""
+    torch.manual_seed(7)
+    p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    K.reserve_workspace(p)
+    x = (torch.randn(1, k, device="cuda") * 2).bfloat16()
+    monkeypatch.delenv("NINFER_L2PF", raising=False)
+    want = K.launch(x, p)
+    assert rel_err(want, x.float() @ deq.float().T) < 6e-3
+    monkeypatch.setenv("NINFER_L2PF", "32")
+    cfg = K.pick_gemv(p.fmt, 1, n, k, p.sm_count)
+    ahead = (KW.l2_ahead_trips(p, cfg, 32 << 20) if isinstance(cfg, KW.KWConfig)
+             else H.l2_ahead_trips(p, cfg, 32 << 20))
+    assert ahead > 0, f"{cfg.describe()} asks nothing ahead at this shape"
+    assert torch.equal(K.launch(x, p), want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        K.launch(x, p)
+        y = K.launch(x, p)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, want)
