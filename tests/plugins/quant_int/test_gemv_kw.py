@@ -338,7 +338,8 @@ GPU_SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("scheme,n,k", GPU_SHAPES)
 def test_kw_fast_path_on_the_gpu(scheme, n, k):
-    """Every config kind (pf, ping-pong with odd trips at K = 17408, splits) at M = 1..4."""
+    """Every config kind (pf, ping-pong with odd trips at K = 17408, splits, ragged splits: 17 trips
+    as 9 + 8 or 5 + 5 + 5 + 2) at M = 1..4."""
     torch.manual_seed(n + k)
     p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
     deq = deq.float()
@@ -346,7 +347,8 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
         x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
         ref = x.float() @ deq.T
         for cfg in (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4),
-                    KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(16, 128, 4, inline=True)):
+                    KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(16, 128, 4, inline=True),
+                    KW.KWConfig(8, 128, 2, 2), KW.KWConfig(8, 128, 4, 2, 2)):
             if not KW.supports(p, cfg):
                 continue
             K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
