@@ -667,6 +667,8 @@ def _l2_ahead_rows(W, H, S, row_lo, row_hi, trips, pid_s, stride_wn, stride_hn, 
 def l2_ahead_trips(p: QK.Prepared, cfg: "H2Config", budget: int) -> int:
     """Row trips a CTA asks the L2 for before waiting on the kernel before (prefetch.l2_trips):
     the budget over the grid, a trip's bytes counted with the bit words and scales."""
+    if budget <= 0:
+        return 0
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
     nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.qhigh, p.scales) if t is not None)
     trip_bytes = nbytes * cfg.block_n // max(1, p.qweight.shape[0] * n_slices)

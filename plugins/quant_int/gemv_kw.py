@@ -467,6 +467,8 @@ def _gemv_kw_kernel(
 def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int) -> int:
     """Trips a CTA asks the L2 for before waiting on the kernel before (prefetch.l2_trips): the
     budget over the grid, a trip's bytes counted with the bit words and scales."""
+    if budget <= 0:
+        return 0
     trips = row_words(p.fmt, p.k) // cfg.bw
     blocks = -(-p.n // cfg.block_n)
     nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.qhigh, p.scales) if t is not None)

@@ -5,8 +5,10 @@ CTAs start while the kernel before them runs, and their weights depend on nothin
 the decode GEMVs already load their first tile into registers before `griddepcontrol.wait`. That
 covers one tile a CTA. The kernels before the biggest waits move few bytes (the GDN decode step,
 the attention split-K, the x-pairs launch), so the DRAM is mostly idle during them.
-`l2_prefetch` asks the L2 for the lines a CTA will read next (`prefetch.global.L2::evict_last`,
+`l2_prefetch` asks the L2 for the lines a CTA will read next (`prefetch.global.L2::evict_normal`,
 sm_80+): a hint that costs one instruction a 128-byte line and moves no data into registers.
+(Not evict_last: the GEMV's own loads would not lower that priority again, and lines already
+read would stay protected against every later prefetch and the state the step reads.)
 The GEMV's loads then hit the L2 for what the prefetch brought.
 
 How much: `l2_trips` turns a byte budget (`NINFER_L2PF`, MB over the whole grid; 0, the default,
@@ -34,7 +36,7 @@ def budget_bytes() -> int:
     v = os.environ.get("NINFER_L2PF", "").strip()
     try:
         return max(0, int(float(v) * 2**20)) if v else 0
-    except ValueError:
+    except (ValueError, OverflowError):
         return 0
 
 
@@ -63,10 +65,10 @@ def pow2_lines(nbytes):
 
 @triton.jit
 def l2_prefetch(P, ASM: tl.constexpr):
-    """Ask the L2 for the lines holding P's addresses (evict-last priority). Without ASM: read them
+    """Ask the L2 for the lines holding P's addresses (normal eviction priority). Without ASM: read them
     (the interpreter; the value is discarded)."""
     if ASM:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [P],
+        tl.inline_asm_elementwise("prefetch.global.L2::evict_normal [$1]; mov.u32 $0, 0;", "=r,l", [P],
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
         tl.load(P)

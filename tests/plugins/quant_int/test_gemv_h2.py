@@ -448,3 +448,25 @@ def test_gpu_h2_gated_down_projection_in_a_graph(scheme, n, k, monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, want)
+
+
+@interp
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("n,k,cfg", [(250, 1024, H.H2Config(32, 2, 1)), (256, 1024, H.H2Config(16, 8, 1)),
+                                     (80, 512, H.H2Config(16, 2, 6))])
+def test_interpreted_h2_l2_ahead_addresses_in_bounds(scheme, n, k, cfg, monkeypatch):
+    """Every address the CTAs ask the L2 for lies in the weight's words, bit words or scales (a
+    recorder in l2_prefetch's place: the interpreter looks it up at each call)."""
+    import numpy as np
+
+    from ninfer.kernels.triton import prefetch as PF
+
+    g = torch.Generator().manual_seed(n + k)
+    p, _ = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    seen = []
+    monkeypatch.setattr(PF, "l2_prefetch", lambda P, ASM: seen.append(np.asarray(P.handle.data).ravel().astype(np.int64)))
+    H.launch((torch.randn(1, k, generator=g)).to(torch.bfloat16), p, cfg, l2_budget=1 << 30)
+    assert seen, "nothing asked ahead"
+    addrs = np.unique(np.concatenate(seen)).tolist()
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (p.qweight, p.qhigh, p.scales) if t is not None]
+    assert all(any(lo <= a < hi for lo, hi in spans) for a in addrs)

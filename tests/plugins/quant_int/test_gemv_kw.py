@@ -511,3 +511,47 @@ def test_gpu_l2_ahead_bit_equal_in_a_graph(scheme, n, k, monkeypatch):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, want)
+
+
+@interp
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("n,k,cfg", [
+    (40, 2176, KW.KWConfig(16, 16, 1, num_warps=2)),
+    (33, 2176, KW.KWConfig(16, 16, 4, num_warps=2, prefetch=2)),  # ragged: 5 + 5 + 5 + 2 trips, a row tail
+    (40, 1152, KW.KWConfig(16, 32, 2)),  # q8
+])
+def test_l2_ahead_addresses(scheme, n, k, cfg, monkeypatch):
+    """Every address the CTAs ask the L2 for lies in the weight's words, bit words or scales, and
+    the words asked are exactly each share's trips 2..L2PF+1, a line each (a recorder in
+    l2_prefetch's place: the interpreter looks it up at each call)."""
+    import numpy as np
+
+    from ninfer.kernels.triton import prefetch as PF
+
+    g = torch.Generator().manual_seed(n + k)
+    p, _ = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    if not KW.supports(p, cfg):
+        pytest.skip(f"{cfg.describe()} does not fit format {p.fmt} at K={k}")
+    seen = []
+    monkeypatch.setattr(PF, "l2_prefetch", lambda P, ASM: seen.append(np.asarray(P.handle.data).ravel().astype(np.int64)))
+    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
+    budget = 1 << 30
+    ahead = KW.l2_ahead_trips(p, cfg, budget)
+    KW.launch((torch.randn(1, k, generator=g)).to(torch.bfloat16), p, cfg, l2_budget=budget)
+    addrs = np.unique(np.concatenate(seen))
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (p.qweight, p.qhigh, p.scales) if t is not None]
+    assert all(any(lo <= a < hi for lo, hi in spans) for a in addrs.tolist())
+    w = p.qweight.view(torch.int32)
+    lo, row = w.data_ptr(), w.stride(0) * 4
+    words = addrs[(addrs >= lo) & (addrs < lo + w.numel() * 4)] - lo
+    trips = KW.row_words(p.fmt, k) // cfg.bw
+    share = KW._share(trips, cfg.splits)
+    want = set()
+    for r in range(-(-n // cfg.block_n) * cfg.block_n):
+        for s in range(cfg.splits):
+            it0 = s * share
+            n_it = min(share, trips - it0)
+            for t in range(1, min(n_it, ahead + 1)):
+                for line in range(max(1, cfg.bw * 4 // 128)):
+                    want.add(r * row + ((it0 + t) * cfg.bw + line * 32) * 4)
+    assert set(words.tolist()) == want
