@@ -35,6 +35,7 @@
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
+#   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
 #   bash bench/next_session.sh kwstep [27b|35b|round]  # the decode step (or the 27B MTP round) as committed against
@@ -290,6 +291,17 @@ case "${1:-}" in
     timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
       --budget-s 120 --variants "X=1|NINFER_L2PF=16|NINFER_L2PF=32|X=1" > "$OUT/e35.txt" 2>&1
     echo "35B L2PF A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
+    ;;
+  go6)
+    # where the steps' time goes now that the K-walk runs the 27B's big GEMVs: torch.profiler over the
+    # CUDA-graph decode of the 27B and the 35B, kernels only, and the 27B MTP round (~8 min)
+    t0=$(date +%s)
+    P="python3 bench/profile_step.py --graph --quant int4 --gen-len 16"
+    timeout 170 $P --model qwen3.6-27b --rows 30 --out "$OUT/p27" > "$OUT/p27.txt" 2>&1; echo "profile 27B rc=$? $(( $(date +%s) - t0 )) s"
+    timeout 170 $P --model qwen3.6-35b-a3b --rows 40 --out "$OUT/p35" > "$OUT/p35.txt" 2>&1; echo "profile 35B rc=$? $(( $(date +%s) - t0 )) s"
+    timeout $(( 585 - ($(date +%s) - t0) )) $P --model qwen3.6-27b --rows 30 --out "$OUT/pm" --spec mtp --draft-tokens 3 \
+      --lm-head-draft > "$OUT/pm.txt" 2>&1; echo "profile MTP round rc=$? $(( $(date +%s) - t0 )) s"
+    for f in p27 p35 pm; do echo "== $f"; head -32 "$OUT/$f.txt" | cut -c1-150; done
     ;;
   go1)
     # one call for a short lease: the K-walk and block GPU tests, kw_bench at M = 1 and 4, the block's
