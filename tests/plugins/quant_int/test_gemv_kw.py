@@ -555,3 +555,47 @@ def test_l2_ahead_addresses(scheme, n, k, cfg, monkeypatch):
                 for line in range(max(1, cfg.bw * 4 // 128)):
                     want.add(r * row + ((it0 + t) * cfg.bw + line * 32) * 4)
     assert set(words.tolist()) == want
+
+
+SCHEME_OF = {4: "q4_g64", 5: "q5_g64", 6: "q6_g64", 8: "q8_g32", 16: "nvfp4"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_tuned_table_dispatch_agrees_with_the_kernels_it_replaced(monkeypatch):
+    """Every TUNED_KW winner (the default dispatch since the H100 run) at its bucket's row counts,
+    against the dispatch without the table (NINFER_KW=0) and the fp32 reference, eager and in a
+    graph; the gated down projection too where the shape is a down (K > N). The heads are left out
+    (1 GB each)."""
+    from ninfer_plugins.cuda_fast.ops import silu_mul
+    from ninfer_plugins.quant_int import tuned
+    from ninfer_plugins.quant_int.linear import TritonQuantLinear
+
+    monkeypatch.delenv("NINFER_KW", raising=False)
+    kern = TritonQuantLinear.__new__(TritonQuantLinear)
+    for (fmt, n, k, bucket), fields in sorted(tuned.TUNED_KW.items()):
+        if not fields or n > 65536:
+            continue
+        torch.manual_seed(n + k)
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), SCHEME_OF[fmt])
+        K.reserve_workspace(p)
+        for m in ((1,) if bucket == "m1" else (2, 4)):
+            x = (torch.randn(m, k, device="cuda") * 2).bfloat16()
+            assert K.pick_gemv(p.fmt, m, n, k, p.sm_count) == KW.KWConfig(*fields)
+            y = K.launch(x, p)
+            monkeypatch.setenv("NINFER_KW", "0")
+            base = K.launch(x, p)
+            monkeypatch.delenv("NINFER_KW")
+            what = (fmt, n, k, m)
+            assert rel_err(y, base.float()) < 1e-2 and rel_err(y, x.float() @ deq.float().T) < 6e-3, what
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                yg = K.launch(x, p)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(yg, y), what
+            if k > n:
+                gu = (torch.randn(m, 2 * k, device="cuda") * 2).bfloat16()
+                assert torch.equal(kern.apply_gated(gu, p), K.launch(silu_mul(gu[:, :k], gu[:, k:]), p)), what
+        del p, deq
+        torch.cuda.empty_cache()
