@@ -78,7 +78,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--first", type=int, default=len(SHAPES), help="only the first N shapes")
     ap.add_argument("--ms", default="1,4")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="no new shape starts after this (the table still prints)")
     args = ap.parse_args()
+    t_start = time.time()
     if not torch.cuda.is_available():
         print("kw_bench: needs a CUDA GPU")
         return 0
@@ -104,6 +106,9 @@ def main() -> int:
     print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs", flush=True)
     rows = []
     for name, n, k in shapes:
+        if time.time() - t_start > args.budget_s:
+            print(f"budget spent: {name} {n}x{k} and the shapes after it not run", flush=True)
+            break
         p = QL.make_prepared(name, n, k)
         nbytes = QL.prepared_bytes(p)
         copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]

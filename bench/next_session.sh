@@ -259,10 +259,13 @@ case "${1:-}" in
     # 35B's head and qkv, the MTP drafter's shapes), then the 27B step with TUNED_KW (X=1) against
     # NINFER_KW=0 and NINFER_KW=1, alternated (~9.5 min worst case)
     t0=$(date +%s)
-    timeout 330 python3 bench/kw_bench.py --out "$OUT" > "$OUT/kw.txt" 2>&1
+    timeout 110 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py > "$OUT/t.txt" 2>&1
+    echo "K-walk GPU tests (table, ragged, L2 ahead) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout 300 python3 bench/kw_bench.py --out "$OUT" --budget-s 250 > "$OUT/kw.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^  nv|^copy|^prewarm|^#|^    \(" "$OUT/kw.txt" | cut -c1-150
-    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 200 \
-      --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1|NINFER_KW=0" > "$OUT/e27.txt" 2>&1
+    timeout $(( 590 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 130 \
+      --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1" > "$OUT/e27.txt" 2>&1
     echo "27B table A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
     ;;
   go4)
