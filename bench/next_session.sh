@@ -286,7 +286,7 @@ case "${1:-}" in
     # GPU): the GEMVs behind an idle stand-in kernel (bench/l2_ahead.py), then the 27B and 35B steps
     # with budgets of 16 and 32 MB against none, alternated (~9.5 min worst case)
     t0=$(date +%s)
-    timeout 150 python3 bench/l2_ahead.py --out "$OUT" --idle-us 0,4 > "$OUT/l2.txt" 2>    timeout 150 python3 bench/l2_ahead.py --out "$OUT" > "$OUT/l2.txt" 2>&11
+    timeout 150 python3 bench/l2_ahead.py --out "$OUT" --idle-us 0,4 > "$OUT/l2.txt" 2>&1
     echo "l2_ahead rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-260 "$OUT/l2.txt"
     timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
       --variants "X=1|NINFER_L2PF=16|NINFER_L2PF=32|X=1|NINFER_L2PF=16" > "$OUT/e27.txt" 2>&1
