@@ -45,6 +45,17 @@ def packed_and_ref(w: torch.Tensor, scheme: str):
     return prepare_int(pk), F.dequantize(pk)
 
 
+def replayed(fn, times: int = 2):
+    """fn() captured in one CUDA graph, then replayed `times` times: its output after each replay."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    for _ in range(times):
+        g.replay()
+        torch.cuda.synchronize()
+        yield out
+
+
 def test_every_tuned_format_has_a_packer():
     # the GPU check of the tuned tables (dispatched_in_a_graph) packs each named format: a format
     # added to a table without one here failed on the H200 only (NVFP4, 2026-12-03)
@@ -441,12 +452,7 @@ def test_gpu_h2_gated_down_projection_in_a_graph(scheme, n, k, monkeypatch):
     assert kern.apply_gated(gu, p) is None  # off when asked
     monkeypatch.delenv("NINFER_GEMV_GATED")
     assert torch.equal(kern.apply_gated(gu, p), want)  # compiled outside the capture
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = kern.apply_gated(gu, p)
-    for _ in range(2):
-        g.replay()
-        torch.cuda.synchronize()
+    for y in replayed(lambda: kern.apply_gated(gu, p)):
         assert torch.equal(y, want)
 
 

@@ -25,7 +25,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import packed_and_ref, rel_err  # noqa: E402  (same folder)
+from test_gemv_h2 import packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -503,13 +503,12 @@ def test_gpu_l2_ahead_bit_equal_in_a_graph(scheme, n, k, monkeypatch):
              else H.l2_ahead_trips(p, cfg, 32 << 20))
     assert ahead > 0, f"{cfg.describe()} asks nothing ahead at this shape"
     assert torch.equal(K.launch(x, p), want)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+
+    def twice():
         K.launch(x, p)
-        y = K.launch(x, p)
-    for _ in range(3):
-        g.replay()
-        torch.cuda.synchronize()
+        return K.launch(x, p)
+
+    for y in replayed(twice, 3):
         assert torch.equal(y, want)
 
 
@@ -588,12 +587,8 @@ def test_gpu_tuned_table_dispatch_agrees_with_the_kernels_it_replaced(monkeypatc
             monkeypatch.delenv("NINFER_KW")
             what = (fmt, n, k, m)
             assert rel_err(y, base.float()) < 1e-2 and rel_err(y, x.float() @ deq.float().T) < 6e-3, what
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                yg = K.launch(x, p)
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(yg, y), what
+            for yg in replayed(lambda x=x, p=p: K.launch(x, p), 1):
+                assert torch.equal(yg, y), what
             if k > n:
                 gu = (torch.randn(m, 2 * k, device="cuda") * 2).bfloat16()
                 assert torch.equal(kern.apply_gated(gu, p), K.launch(silu_mul(gu[:, :k], gu[:, k:]), p)), what
