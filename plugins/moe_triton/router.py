@@ -243,15 +243,20 @@ def _route_gemv_kernel(
 
     ADD_NORM: X is the mixer's output d, and x = (1 + w) RMSNorm(RES + d) is computed by every
     program (4 KB rows, read from the L2); the last program, after every other has read RES,
-    writes RES + d back to RES and x to HOUT (what the experts read next)."""
-    pdl_prologue(PDL)
+    writes RES + d back to RES and x to HOUT (what the experts read next).
+
+    The row's weights depend on no kernel before: they are requested before the PDL wait, so
+    they stream during the previous kernel's tail."""
     r = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)
     h_ok = h < H
-    if r < E:
-        w = tl.load(RW + r.to(tl.int64) * stride_rw + h, mask=h_ok, other=0.0).to(tl.float32)
-    else:
-        w = tl.load(SG_W + h, mask=h_ok, other=0.0).to(tl.float32)
+    # (both loads in their own dtypes, one of them fully masked; converted after the wait, so the
+    # loads stay in flight across it)
+    routed = (h * 0 + r) < E
+    wr = tl.load(RW + tl.minimum(r, E - 1).to(tl.int64) * stride_rw + h, mask=h_ok & routed, other=0.0)
+    ws = tl.load(SG_W + h, mask=h_ok & (routed == 0), other=0.0)
+    pdl_prologue(PDL)
+    w = tl.where(routed, wr.to(tl.float32), ws.to(tl.float32))
     for tt in tl.static_range(BLOCK_T):
         xt = _router_input(X, RES, NW, tt, stride_x, stride_res, h, h_ok, T, H, eps, ADD_NORM)
         lg = tl.sum(w * xt, 0)
