@@ -141,7 +141,8 @@ def main() -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--variants", default="", help="'ENV...|ENV...': each selected run once per variant (see the module doc)")
-    ap.add_argument("--smoke", action="store_true", help="tiny lengths on the CPU: checks this script, measures nothing")
+    ap.add_argument("--smoke", action="store_true", help="tiny lengths on the CPU (the tiny checkpoint's shape unless "
+                    "--model is given): checks this script, measures nothing")
     ap.add_argument("--floor", action="store_true", help="print the arithmetic decode floors and stop (no GPU)")
     args = ap.parse_args()
     if args.floor:
@@ -158,6 +159,11 @@ def main() -> int:
     from ninfer.plugins import get_plugin_manager
     from ninfer.startup import plan
 
+    if args.smoke and args.model == MODEL:
+        # the full-size random 27B does not fit a CPU machine's memory: the tiny checkpoint's shape
+        from ninfer.testing import default_tiny_path
+
+        args.model = str(default_tiny_path())
     pm = get_plugin_manager()
     variants = parse_variants(args.variants) or [("", {})]
     names = [n for n in RUNS if not args.only or n in args.only.split(",")]
