@@ -26,11 +26,13 @@ import torch.nn.functional as F
 
 from ninfer.kernels.triton.launch import lasting
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
+from ninfer_plugins.quant_int.formats import FORMATS
 
 # below this many tokens a call keeps the tile kernels (the decode pass would not pay for itself)
 GROUPED_MIN_T = 2048
-INT_FORMATS = (4, 5, 6, 8)
-INT_SCHEMES = ("q4_g64", "q5_g64", "q6_g64", "q8_g32")
+# quant_int's groupwise formats, by scheme name and by format id (bits)
+INT_SCHEMES = tuple(FORMATS)
+INT_FORMATS = tuple(f.bits for f in FORMATS.values())
 
 
 def enabled() -> bool:

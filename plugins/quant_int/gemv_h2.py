@@ -664,14 +664,14 @@ def _l2_ahead_rows(W, H, S, row_lo, row_hi, trips, pid_s, stride_wn, stride_hn, 
             PF.l2_prefetch(hl + r * stride_hn, ASM)
 
 
-def l2_ahead_trips(p: QK.Prepared, cfg: "H2Config", budget: int) -> int:
+def l2_ahead_trips(p: QK.Prepared, cfg: "H2Config", budget: int | None = None) -> int:
     """Row trips a CTA asks the L2 for before waiting on the kernel before (prefetch.l2_trips):
-    the budget over the grid, a trip's bytes counted with the bit words and scales."""
+    the budget (default NINFER_L2PF's) over the grid, a trip's bytes counted with the bit words and scales."""
+    budget = PF.budget_bytes() if budget is None else budget
     if budget <= 0:
         return 0
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
-    nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.qhigh, p.scales) if t is not None)
-    trip_bytes = nbytes * cfg.block_n // max(1, p.qweight.shape[0] * n_slices)
+    trip_bytes = p.walked_bytes() * cfg.block_n // max(1, p.qweight.shape[0] * n_slices)
     ctas = PF.resident(chunks * n_slices, p.sm_count, cfg.num_warps)
     return PF.l2_trips(budget, ctas, trip_bytes, -(-rows_per_cta // cfg.block_n))
 
@@ -960,7 +960,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         ADD_NORM=add_norm is not None,
         GATED=gated,
         ABLATE=ablate,
-        L2PF=l2_ahead_trips(p, cfg, PF.budget_bytes() if l2_budget is None else l2_budget),
+        L2PF=l2_ahead_trips(p, cfg, l2_budget),
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -464,15 +464,15 @@ def _gemv_kw_kernel(
             tl.atomic_xchg(RDY + 1, 0)
 
 
-def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int) -> int:
+def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int | None = None) -> int:
     """Trips a CTA asks the L2 for before waiting on the kernel before (prefetch.l2_trips): the
-    budget over the grid, a trip's bytes counted with the bit words and scales."""
+    budget (default NINFER_L2PF's) over the grid, a trip's bytes counted with the bit words and scales."""
+    budget = PF.budget_bytes() if budget is None else budget
     if budget <= 0:
         return 0
     trips = row_words(p.fmt, p.k) // cfg.bw
     blocks = -(-p.n // cfg.block_n)
-    nbytes = sum(t.numel() * t.element_size() for t in (p.qweight, p.qhigh, p.scales) if t is not None)
-    trip_bytes = nbytes * cfg.block_n // max(1, p.qweight.shape[0] * trips)
+    trip_bytes = p.walked_bytes() * cfg.block_n // max(1, p.qweight.shape[0] * trips)
     ctas = PF.resident(blocks * cfg.splits, p.sm_count, cfg.num_warps)
     return PF.l2_trips(budget, ctas, trip_bytes, _share(trips, cfg.splits))
 
@@ -528,7 +528,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     # resident at once (they are the first CTAs dispatched, and an SM holds at least one), or
     # consumers spinning in every slot would keep a producer from ever starting
     producers = 1 if interp else min(block_m * (p.k // 128), grid[0] * grid[1], p.sm_count)
-    l2pf = l2_ahead_trips(p, cfg, PF.budget_bytes() if l2_budget is None else l2_budget)
+    l2pf = l2_ahead_trips(p, cfg, l2_budget)
     _gemv_kw_kernel[grid](
         xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
         m, p.n, kw, p.k // 128, _share(kw // cfg.bw, cfg.splits), kw // cfg.bw, x2.stride(0), p.k if gated else 0, producers,

@@ -537,6 +537,11 @@ class Prepared:
     def device(self) -> torch.device:
         return self.qweight.device
 
+    def walked_bytes(self) -> int:
+        """Bytes a GEMV walks over the rows: codes, q5/q6 bit planes and scales (not the per-row
+        NVFP4 global scale, read once a row)."""
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.qhigh, self.scales) if t is not None)
+
 
 def row_chunks(p: Prepared, rows_per_trip: int, n_slices: int, ctas: int) -> tuple[int, int]:
     """(chunks, rows per chunk) of a split-K GEMV that streams rows: enough chunks for about
@@ -570,16 +575,18 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         if gcfg is not None:
             ws.reserve(*gcfg.workspace(p))
     from ninfer_plugins.quant_int import gemv_kw
-
     from ninfer_plugins.quant_int.tuned import TUNED_KW
 
-    tuned_kw = any(TUNED_KW.get((p.fmt, p.n, p.k, b)) for b in ("m1", "m4"))
-    if p.fmt in gemv_kw.DECODES and ((kw := gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)) is not None or tuned_kw):
-        # NINFER_KW=1 may be switched on after load (an A/B in one process): its scratch now too
-        if kw is not None:
+    if p.fmt in gemv_kw.DECODES:
+        # every K-walk config a launch may pick, whatever NINFER_KW says now (an A/B in one process
+        # may switch it after load): the measured winners and the default config
+        kws = [gemv_kw.KWConfig(*c) for b in ("m1", "m4") if (c := TUNED_KW.get((p.fmt, p.n, p.k, b)))]
+        kws += [c for c in (gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),) if c is not None]
+        for kw in kws:
             ws.reserve(*kw.workspace(p))
-        gemv_kw.x_scratch(p.device, p.fmt, p.k)
-        gemv_kw.ready_counters(p.device)
+        if kws:
+            gemv_kw.x_scratch(p.device, p.fmt, p.k)
+            gemv_kw.ready_counters(p.device)
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)

@@ -25,7 +25,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+from test_gemv_h2 import SCHEME_OF, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -554,9 +554,6 @@ def test_l2_ahead_addresses(scheme, n, k, cfg, monkeypatch):
                 for line in range(max(1, cfg.bw * 4 // 128)):
                     want.add(r * row + ((it0 + t) * cfg.bw + line * 32) * 4)
     assert set(words.tolist()) == want
-
-
-SCHEME_OF = {4: "q4_g64", 5: "q5_g64", 6: "q6_g64", 8: "q8_g32", 16: "nvfp4"}
 
 
 @pytest.mark.gpu
