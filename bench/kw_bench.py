@@ -63,13 +63,14 @@ def _warm_one(item) -> str:
         return f"{item}: {type(e).__name__}: {str(e)[:300]}"
 
 
-def prewarm(items: list, workers: int = 14) -> None:
+def prewarm(items: list, workers: int = 14, fn=None) -> None:
+    """Compile every variant once, in parallel processes (fn(item) -> error text; default _warm_one)."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
     t0 = time.time()
     with cf.ProcessPoolExecutor(max_workers=min(workers, max(1, len(items))), mp_context=mp.get_context("spawn")) as ex:
-        errors = [e for e in ex.map(_warm_one, items) if e]
+        errors = [e for e in ex.map(fn or _warm_one, items) if e]
     print(f"prewarm: {len(items)} variants in {time.time() - t0:.0f} s" + (f"; errors: {errors[:4]}" if errors else ""), flush=True)
 
 

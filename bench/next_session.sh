@@ -35,6 +35,9 @@
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
+#   bash bench/next_session.sh tkw     # the tensor-core K-walk (gemv_tkw.py, written without a GPU): its GPU tests and
+#                                      # gemv_tc's (refactored), tkw_bench at M = 1/4/8, the 27B step and MTP round
+#                                      # with NINFER_TKW=1 against as committed (~9.5 min)
 #   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
@@ -267,6 +270,19 @@ case "${1:-}" in
     timeout $(( 590 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 130 \
       --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1" > "$OUT/e27.txt" 2>&1
     echo "27B table A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    ;;
+  tkw)
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py tests/plugins/quant_int/test_gemv_tc.py \
+      > "$OUT/t.txt" 2>&1
+    echo "TKW + TC GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    grep -E "Error|error:|assert" "$OUT/t.txt" | head -8 | cut -c1-300
+    timeout 230 python3 bench/tkw_bench.py --out "$OUT" --budget-s 170 > "$OUT/tkw.txt" 2>&1
+    echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|^prewarm|^#|^    \(|best M|x prepared" "$OUT/tkw.txt" | cut -c1-150
+    timeout $(( 420 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 60 \
+      --variants "X=1|NINFER_TKW=1" > "$OUT/e27.txt" 2>&1
+    echo "27B TKW A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW=1"
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)

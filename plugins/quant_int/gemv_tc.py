@@ -317,12 +317,11 @@ if HAVE_GLUON:
         return w, s, hw
 
     @gluon.jit
-    def _block_mma(acc, w, s, hw, xsm, csm, kb: gl.constexpr, FMT: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr,
-                   CONSTR: gl.constexpr, L5: gl.constexpr, LH3: gl.constexpr, LB4: gl.constexpr, MMA: gl.constexpr,
-                   A_L: gl.constexpr, B_L: gl.constexpr):
-        """acc [R, 8] += one K block's two groups, from its words, scales and q5 bit words in registers
-        (both kernels' inner step: the ring kernel loads them from shared memory, the direct one from
-        global memory)."""
+    def _decode_block(w, s, hw, FMT: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr, CONSTR: gl.constexpr,
+                      L5: gl.constexpr, LH3: gl.constexpr):
+        """One K block's words (and q5 bit words) decoded in registers: (d_lo, d_hi), each group's
+        [R, 4, 2, 4, 2] biased fp16 codes in the MMA's k order (`_group_mma` renames them into A
+        fragments), and the groups' fp16 scales as fp32 [R]."""
         s_lo = (s & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
         s_hi = ((s >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
         wb = gl.broadcast(w[:, :, :, None], gl.full([R, 4, 4, 8], 0, gl.int32, layout=L5))[0]
@@ -348,18 +347,35 @@ if HAVE_GLUON:
         d = gl.reshape(d, [R, 4, 4, 2, 2, 2])
         d = gl.permute(d, [0, 2, 4, 1, 5, 3])
         d_lo, d_hi = gl.split(d)
+        return d_lo, d_hi, s_lo, s_hi
+
+    @gluon.jit
+    def _group_mma(d, xb, R: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+        """One group's MMA [R, 8]: its decoded codes d (from _decode_block) as A, x's fragments
+        xb [2 jh, 8 n, 4 t, 8 v] (in LB4, as _prep_x stores them) as B; both are renamings, no
+        data moves (test_gemv_tc.py checks the layouts)."""
+        a = gl.convert_layout(gl.reshape(d, [R, 64]), A_L)
+        xb = gl.reshape(xb, [2, 8, 4, 2, 2, 2])
+        xb = gl.permute(xb, [0, 3, 4, 2, 5, 1])
+        b = gl.convert_layout(gl.reshape(xb, [64, 8]), B_L)
+        return mma_v2(a, b, gl.zeros([R, 8], gl.float32, layout=MMA))
+
+    @gluon.jit
+    def _block_mma(acc, w, s, hw, xsm, csm, kb: gl.constexpr, FMT: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr,
+                   CONSTR: gl.constexpr, L5: gl.constexpr, LH3: gl.constexpr, LB4: gl.constexpr, MMA: gl.constexpr,
+                   A_L: gl.constexpr, B_L: gl.constexpr):
+        """acc [R, 8] += one K block's two groups, from its words, scales and q5 bit words in registers
+        (both kernels' inner step: the ring kernel loads them from shared memory, the direct one from
+        global memory)."""
+        d_lo, d_hi, s_lo, s_hi = _decode_block(w, s, hw, FMT, R, ASM, CONSTR, L5, LH3)
         for g in gl.static_range(2):
             if g == 0:
-                a = gl.convert_layout(gl.reshape(d_lo, [R, 64]), A_L)
+                d = d_lo
                 sg = s_lo
             else:
-                a = gl.convert_layout(gl.reshape(d_hi, [R, 64]), A_L)
+                d = d_hi
                 sg = s_hi
-            xb = xsm.index(kb * 2 + g).load(LB4)
-            xb = gl.reshape(xb, [2, 8, 4, 2, 2, 2])
-            xb = gl.permute(xb, [0, 3, 4, 2, 5, 1])
-            b = gl.convert_layout(gl.reshape(xb, [64, 8]), B_L)
-            c = mma_v2(a, b, gl.zeros([R, 8], gl.float32, layout=MMA))
+            c = _group_mma(d, xsm.index(kb * 2 + g).load(LB4), R, MMA, A_L, B_L)
             cg = csm.index(kb * 2 + g).load(gl.SliceLayout(0, MMA))
             acc += (c - cg[None, :]) * sg[:, None]
         return acc

@@ -587,6 +587,17 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         if kws:
             gemv_kw.x_scratch(p.device, p.fmt, p.k)
             gemv_kw.ready_counters(p.device)
+    from ninfer_plugins.quant_int import gemv_tkw
+    from ninfer_plugins.quant_int.tuned import TUNED_TKW
+
+    if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
+        # likewise the tensor-core K-walk's winners and default (NINFER_TKW may switch after load)
+        tks = [gemv_tkw.TKWConfig(*c) for b in ("m1", "m4", "m8") if (c := TUNED_TKW.get((p.fmt, p.n, p.k, b)))]
+        tks += [c for c in (gemv_tkw.default_config(p.fmt, p.n, p.k, p.sm_count),) if c is not None]
+        for tk in tks:
+            ws.reserve(*tk.workspace(p))
+        if tks:
+            gemv_tkw.xq_scratch(p.device, p.k)
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)
@@ -619,7 +630,9 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch
     with `.workspace(p)`.
 
-    Order: at M <= 4 a measured K-walk winner (tuned.TUNED_KW, unless NINFER_KW=0), and with
+    Order: for q4/q5 a measured tensor-core K-walk winner (tuned.TUNED_TKW, M <= 8, unless
+    NINFER_TKW=0), and with NINFER_TKW=1 (an experiment) that kernel (gemv_tkw.py) wherever it
+    fits; at M <= 4 a measured K-walk winner (tuned.TUNED_KW, unless NINFER_KW=0), and with
     NINFER_KW=1 (an experiment) the K-walk GEMV (gemv_kw.py) wherever it fits; a measured
     tensor-core winner (tuned.TUNED_TC, M <= 8, while NINFER_TC is not 0);
     then for M <= 4 (the f16x2 steps only while NINFER_H2 is not 0): a measured f16x2 winner
@@ -630,9 +643,19 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     that kernel lost there."""
     if m > 8:
         return None
-    from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc
-    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_TC
+    from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc, gemv_tkw
+    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_TC, TUNED_TKW
 
+    if fmt in gemv_tkw.FORMATS and gemv_tkw.tuned_allowed():
+        # the tensor-core K-walk: its measured winner (unless NINFER_TKW=0); with NINFER_TKW=1
+        # (an experiment) its default config wherever it fits, ahead of every other kernel
+        hit = TUNED_TKW.get((fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8"))
+        if hit:
+            return gemv_tkw.TKWConfig(*hit)
+        if gemv_tkw.enabled():
+            cfg = gemv_tkw.default_config(fmt, n, k, sm_count)
+            if cfg is not None:
+                return cfg
     if m <= 4 and fmt in gemv_kw.DECODES:
         # the K-walk GEMV: its measured winner (unless NINFER_KW=0); with NINFER_KW=1 (an
         # experiment) also its default config wherever it fits, ahead of every other winner

@@ -447,3 +447,8 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     (6, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),  # 333.5 vs 580.16 us (H2 BN32 KBS8 C4 w4 pf)
     (6, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),  # 419.23 vs 579.41 us (H2 BN32 KBS8 C4 w4 pf)
 }
+
+# The tensor-core K-walk GEMV (gemv_tkw.py): (fmt, n, k, "m1" | "m4" | "m8") -> (tb, pf, num_warps,
+# splits) where it beat the kernel dispatched without it, measured by bench/kw_bench.py; () where
+# it lost. Not yet measured on a GPU: empty, so only NINFER_TKW=1 dispatches it.
+TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {}

@@ -1,0 +1,159 @@
+"""The tensor-core K-walk GEMV (quant_int/gemv_tkw.py) against the dispatched decode kernel, shape
+by shape, at M = 1, 4, 8.
+
+    python3 bench/tkw_bench.py [--out DIR] [--first N] [--ms 1,4,8] [--budget-s S]
+
+Per shape and M: the kernel the engine dispatches today (the K-walk or f16x2 GEMV at M = 1, the
+K-walk or tensor-core GEMV at M = 4), then every config of the tensor-core K-walk that fits (its
+x-preparation launch included: two kernels a call); µs a call in one CUDA graph cycling >= 256 MB
+of weight copies, the share of the copy bandwidth measured in the same run, and each result's
+error against the dispatched kernel's. Issue 3's ratio is printed per shape: the best M = 4 time
+over the best M = 1 time (any kernel). Prediction (BENCHMARKS.md, eighteenth run): M = 4 within
+5% of M = 1 for this kernel (same instructions), q4 near the f16x2 K-walk's M = 1 share (2.17
+SASS instructions a weight against its 2.43), q5 somewhat below it (3.26 against 3.49 but more
+loads a weight). Writes tkw_bench.json and tuned_tkw.py (TUNED_TKW entries) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+
+# the 27B's q4/q5 decode matrices (gate+up, down, qkv+z, q+v, o_proj, k_proj) and the MTP shortlist head
+SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
+          ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120), ("q4_g64", 131072, 5120)]
+# tb, pf, num_warps, splits (gemv_tkw.TKWConfig)
+CFGS = [(2, 1, 4, 1), (2, 2, 4, 1), (4, 1, 4, 1), (1, 2, 4, 1), (2, 1, 2, 1), (2, 1, 8, 1), (4, 2, 4, 1),
+        (2, 1, 4, 2), (2, 1, 4, 4), (2, 1, 2, 2), (2, 2, 2, 4), (1, 2, 2, 4), (4, 1, 4, 4)]
+
+
+def _warm_one(item) -> str:
+    fmt_name, k, cfg, m = item
+    sys.path.insert(0, str(ROOT / "bench"))
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import gemv_tkw as TK
+    from ninfer_plugins.quant_int import kernels as K
+
+    try:
+        c = TK.TKWConfig(*cfg)
+        p = QL.make_prepared(fmt_name, K.ROW_PAD, k)
+        K.Workspace.get(torch.device("cuda", 0)).reserve(*TK.workspace_need(p, c))
+        TK.launch(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), p, c)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001 - reported, the run goes on
+        return f"{item}: {type(e).__name__}: {str(e)[:300]}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--first", type=int, default=len(SHAPES))
+    ap.add_argument("--ms", default="1,4,8")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="no new shape starts after this (the table still prints)")
+    args = ap.parse_args()
+    t_start = time.time()
+    if not torch.cuda.is_available():
+        print("tkw_bench: needs a CUDA GPU")
+        return 0
+    import kw_bench as KB
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import formats as IF
+    from ninfer_plugins.quant_int import gemv_tkw as TK
+    from ninfer_plugins.quant_int import kernels as K
+
+    os.environ["NINFER_TKW"] = "0"  # the baseline: today's dispatch
+    ms = [int(v) for v in args.ms.split(",")]
+    shapes = SHAPES[: args.first]
+    bits = {name: IF.FORMATS[name].bits for name, _, _ in shapes}
+    items = []
+    for name, n, k in shapes:
+        fits = [c for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
+        items += [(name, k, c, m) for c in fits for m in ms]
+    KB.prewarm(sorted(set(items)), fn=_warm_one)
+    copy_tbs = QL.copy_bandwidth()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs, {torch.cuda.get_device_name(0)}", flush=True)
+    rows = []
+    for name, n, k in shapes:
+        if time.time() - t_start > args.budget_s:
+            print(f"budget spent: {name} {n}x{k} and the shapes after it not run", flush=True)
+            break
+        p = QL.make_prepared(name, n, k)
+        nbytes = QL.prepared_bytes(p)
+        copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]
+        fits = [TK.TKWConfig(*c) for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
+
+        def share(ms_: float) -> float:
+            return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)
+
+        best = {}
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            picked = K.pick_gemv(bits[name], m, n, k, sms)
+            want = K.launch(x, p)
+            base_ms = QL.graph_ms_per_call([lambda q=q: K.launch(x, q) for q in copies])
+            row = dict(fmt=name, n=n, k=k, m=m, mb=round(nbytes / 1e6, 1), dispatched=getattr(picked, "describe", lambda: str(picked))(),
+                       dispatched_us=round(base_ms * 1e3, 2), dispatched_share=round(share(base_ms), 3), tkw=[])
+            print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base_ms * 1e3:.2f} us "
+                  f"{share(base_ms):.1%}", flush=True)
+            best[m] = base_ms
+            for cfg in fits:
+                K.Workspace.get(x.device).reserve(*TK.workspace_need(p, cfg))
+                err = float((TK.launch(x, p, cfg).float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+                t = QL.graph_ms_per_call([lambda q=q, c=cfg: TK.launch(x, q, c) for q in copies])
+                row["tkw"].append(dict(config=cfg.describe(), fields=list(dataclasses.astuple(cfg)), us=round(t * 1e3, 2),
+                                       share=round(share(t), 3), err=err))
+                if err <= KB.MAX_ERR:
+                    best[m] = min(best[m], t)
+                print(f"    {cfg.describe():24s} {t * 1e3:8.2f} us {share(t):6.1%}  err vs dispatched {err:.1e}", flush=True)
+            tx = QL.graph_ms_per_call([lambda f=p.fmt: TK.xq(x, f, k)] * 64)
+            row["xq_us"] = round(tx * 1e3, 2)
+            print(f"    x prepared alone {tx * 1e3:.2f} us", flush=True)
+            rows.append(row)
+        if 1 in best:
+            print("    best M / best M=1: " + ", ".join(f"M={m} {best[m] / best[1]:.3f}x" for m in ms if m != 1), flush=True)
+        del copies, p
+        torch.cuda.empty_cache()
+    QL.write_result(args.out, "tkw_bench.json", dict(copy_tbs=copy_tbs, rows=rows, device=torch.cuda.get_device_name(0)))
+    table = tuned_table(rows, bits)
+    print(table, flush=True)
+    if args.out:
+        Path(args.out, "tuned_tkw.py").write_text(table + "\n")
+    return 0
+
+
+def tuned_table(rows: list, bits: dict) -> str:
+    """tuned.TUNED_TKW entries: the fastest agreeing config where it beats the dispatched kernel by
+    kw_bench.WIN, else ()."""
+    import kw_bench as KB
+
+    lines = ["# bench/tkw_bench.py: paste into quant_int/tuned.py's TUNED_TKW after the step has confirmed them"]
+    for r in rows:
+        bucket = {1: "m1", 4: "m4", 8: "m8"}.get(r["m"])
+        if bucket is None:
+            continue
+        ok = [c for c in r["tkw"] if c["err"] <= KB.MAX_ERR]
+        b = min(ok, key=lambda c: c["us"], default=None)
+        key = f"({bits[r['fmt']]}, {r['n']}, {r['k']}, '{bucket}')"
+        if b is not None and b["us"] < KB.WIN * r["dispatched_us"]:
+            lines.append(f"    {key}: {tuple(b['fields'])},  # {b['us']} vs {r['dispatched_us']} us ({r['dispatched']})")
+        else:
+            why = f"best {b['us']} us" if b else "no config agreed with the dispatch"
+            lines.append(f"    {key}: (),  # {why} vs {r['dispatched_us']} us ({r['dispatched']})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

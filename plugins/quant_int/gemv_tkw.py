@@ -1,0 +1,381 @@
+"""Tensor-core K-walk GEMV (Gluon) for decode and the speculative verify (M = 1..8 activation
+rows): gemv_kw's walk with gemv_tc's decode and MMAs.
+
+Why (BENCHMARKS.md, seventeenth run): the K-walk GEMV (gemv_kw.py) moved the 27B's q4 gate+up at
+85% of copy at M = 1, but its multiply-adds are f16x2 FMAs, one per two weights and activation
+row, so M = 4 costs it 1.25-1.44x M = 1 (issue 3 asks <= 1.15x, and the MTP verify is an M = 4
+step). gemv_tc's direct kernel does the products on the tensor cores (swap-AB mma.sync
+m16n8k16: 16 weight rows x 16 k as A, 16 k x 8 tokens of x as B), so any M <= 8 costs the same
+instructions, but it walks the rows of a K slice, as gemv_h2 does: x prepared by every CTA for
+its slice, partials stored every trip, the slices summed by the last CTA.
+
+How: a CTA owns R = 16 x num_warps rows; each warp walks its 16 rows along K (or a 1/SPLITS
+share of it), TB K blocks of 128 a trip, the block PF (1 or 2) ahead loaded while this one is
+decoded and multiplied (the first ones before the PDL wait: weights). A block is gemv_tc's:
+lane (g, t) loads 16 bytes of rows g and g + 8, decodes them in registers straight into its A
+fragments (`_decode_block`, `_group_mma`), and reads x's B fragments for the block, prepared
+once a launch by `xq` (one small launch: x scaled per token and K block by a power of two,
+times the decode's factors, rounded to fp16, in the MMA's k order), from L1/L2: four 16-byte
+loads a lane and block, lanes of tokens >= M masked off. The bias the decode leaves on the
+codes comes off after the MMA with x's per-group sum, and the block's scaling with it:
+acc += (c x inv + (-sum x inv)) x scale, two FMAs an accumulator element and group. No
+cross-lane sums at all: the accumulator is the MMA's [16, 8] tile; SPLITS > 1 stores one fp32
+partial a row, share and token, summed by the last share to arrive (gemv_tc's `_sum_slices`).
+
+The arithmetic equals gemv_tc's with one K block a slice (`reference`): the CPU path and the
+tests' oracle. Gluon has no interpreter: the prepared x (a Triton kernel) is checked under
+TRITON_INTERPRET=1 against `xq_reference`, the kernel itself on the GPU (`-m gpu`) and compiled
+for sm_90 by bench/tc_sass.py --tkw on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer_plugins.quant_int import gemv_h2 as H2
+from ninfer_plugins.quant_int import gemv_tc as TC
+from ninfer_plugins.quant_int import kernels as QK
+
+MAX_M = 8
+FORMATS = TC.FORMATS
+XHEAD = TC.XHEAD
+# set by bench/tc_sass.py: launch on CPU tensors (a compile-only driver)
+COMPILE_ONLY = False
+
+
+@dataclass(frozen=True)
+class TKWConfig:
+    tb: int = 2  # K blocks of 128 a trip (the unrolled inner loop)
+    pf: int = 1  # blocks loaded ahead of the one being multiplied (1 or 2)
+    num_warps: int = 4  # R = 16 x num_warps rows a CTA
+    splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
+
+    def describe(self) -> str:
+        return f"TKW TB{self.tb} P{self.pf} w{self.num_warps} S{self.splits}"
+
+    def workspace(self, p: QK.Prepared) -> tuple[int, int]:
+        return workspace_need(p, self)
+
+    def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
+        return launch(x2, p, self)
+
+
+def trips_of(k: int, cfg: TKWConfig) -> int:
+    return k // (128 * cfg.tb)
+
+
+def _share(trips: int, splits: int) -> int:
+    """Trips a K share walks (the last share walks what is left)."""
+    return -(-trips // splits)
+
+
+def supports(p: QK.Prepared, cfg: TKWConfig) -> bool:
+    return _fits(p.fmt, p.k, cfg)
+
+
+def _fits(fmt: int, k: int, cfg: TKWConfig) -> bool:
+    if fmt not in FORMATS or k % (128 * cfg.tb) or cfg.pf not in (1, 2) or cfg.num_warps not in (1, 2, 4, 8):
+        return False
+    if QK.ROW_PAD % (16 * cfg.num_warps) or cfg.splits < 1 or cfg.splits & (cfg.splits - 1):
+        return False
+    trips = trips_of(k, cfg)
+    return trips >= 1 and (cfg.splits - 1) * _share(trips, cfg.splits) < trips
+
+
+def enabled() -> bool:
+    """NINFER_TKW=1 (an experiment) sends every q4/q5 M <= 8 decode launch it fits to this kernel's
+    measured winner (tuned.TUNED_TKW), else default_config; read at each launch."""
+    return TC.HAVE_GLUON and os.environ.get("NINFER_TKW", "") == "1"
+
+
+def tuned_allowed() -> bool:
+    """The measured winners of tuned.TUNED_TKW are dispatched unless NINFER_TKW=0."""
+    return TC.HAVE_GLUON and os.environ.get("NINFER_TKW", "") != "0"
+
+
+def default_config(fmt: int, n: int, k: int, sm_count: int) -> TKWConfig | None:
+    """64 rows a CTA, two K blocks a trip, and K shares (2, 4, 8) only while the row blocks alone
+    give fewer than two CTAs an SM."""
+    best = None
+    for splits in (1, 2, 4, 8):
+        cfg = TKWConfig(2, 1, 4, splits)
+        if not _fits(fmt, k, cfg):
+            break
+        best = cfg
+        if -(-n // 64) * splits >= 2 * sm_count:
+            break
+    return best
+
+
+def workspace_need(p: QK.Prepared, cfg: TKWConfig) -> tuple[int, int]:
+    """(partials, counters): one fp32 a row, share and token slot (8); one counter a row block."""
+    if cfg.splits == 1:
+        return 0, 0
+    return cfg.splits * MAX_M * p.n, -(-p.n // (16 * cfg.num_warps))
+
+
+# --- x, prepared once a launch ---------------------------------------------------------------------
+#
+# XQ [K / 64 groups, 2 jh, 8 n, 4 t, 8 v] fp16: element e = 16 t + 8 jh + 4 jl + 2 half + sel of a
+# group (64 elements) of token n at v = half + 2 sel + 4 jl, i.e. gemv_tc's shared x (_prep_x) for
+# every group of K; x times 2^e (e per token and K block: largest |x| in [2^XHEAD, 2^(XHEAD + 1)))
+# times the decode's factor of the element's register (gemv_h2.X_FACTORS), rounded to fp16; zeros
+# for tokens >= M. XS [K / 64 groups, 2, 8 n] fp32: 2^-e, and -2^-e x the group's sum of bias x
+# stored x (the bias the decode leaves on the codes, gemv_tc.bias_of).
+
+
+@triton.jit
+def _xq_kernel(X, XQ, XS, M, stride_xm, GOFF,
+               XF_A: tl.constexpr, XF_B: tl.constexpr, XF_C: tl.constexpr, XF_D: tl.constexpr,
+               BIAS_A: tl.constexpr, BIAS_B: tl.constexpr, BIAS_C: tl.constexpr, BIAS_D: tl.constexpr,
+               XH: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
+    """Program kb: K block kb of every token slot (8) into XQ and XS."""
+    kb = tl.program_id(0)
+    pdl_prologue(PDL)
+    n = tl.arange(0, 8)[:, None]
+    e = tl.arange(0, 128)[None, :]
+    ok = (n < M) & (e < 128)
+    xv = H2._xval(X, X + n * stride_xm + kb * 128 + e, ok, GOFF, GATED)  # [8, 128] fp32, zeros past M
+    amax = tl.max(tl.abs(xv), 1)
+    ex = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    sh = XH - tl.minimum(tl.maximum(ex, -100), 100)
+    f = H2._pow2(sh)
+    inv = H2._pow2(-sh)
+    grp = e // 64
+    e64 = e % 64
+    sel = e64 % 2
+    fac = tl.where(grp == 0, tl.where(sel == 0, XF_A, XF_C), tl.where(sel == 0, XF_B, XF_D))
+    bias = tl.where(grp == 0, tl.where(sel == 0, BIAS_A, BIAS_C), tl.where(sel == 0, BIAS_B, BIAS_D))
+    xs = (xv * f[:, None] * fac).to(tl.float16)
+    cb = xs.to(tl.float32) * bias
+    cs0 = tl.sum(tl.where(grp == 0, cb, 0.0), 1)
+    cs1 = tl.sum(tl.where(grp == 1, cb, 0.0), 1)
+    t = e64 // 16
+    jh = (e64 // 8) % 2
+    jl = (e64 // 4) % 2
+    half = (e64 // 2) % 2
+    dst = (kb * 2 + grp) * 512 + jh * 256 + n * 32 + t * 8 + jl * 4 + sel * 2 + half
+    tl.store(XQ + dst, xs)
+    nn = tl.arange(0, 8)
+    xs0 = XS + kb * 32
+    tl.store(xs0 + nn, inv)
+    tl.store(xs0 + 8 + nn, -cs0 * inv)
+    tl.store(xs0 + 16 + nn, inv)
+    tl.store(xs0 + 24 + nn, -cs1 * inv)
+
+
+def xq_scratch(device: torch.device, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(XQ, XS) kept per (device, K) for the life of the process (a CUDA graph reuses the
+    pointers); made on first use, which must not be inside a capture: reserve_workspace asks for
+    it at load."""
+    groups = k // 64
+
+    def make():
+        return (torch.zeros(groups * 512, dtype=torch.float16, device=device),
+                torch.zeros(groups * 16, dtype=torch.float32, device=device))
+
+    return lasting("gemv_tkw_x", device, (k,), make)
+
+
+def xq(x2: torch.Tensor, fmt: int, k: int, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XQ, XS) in xq_scratch."""
+    xqb, xsb = xq_scratch(x2.device, k)
+    xf = H2.X_FACTORS[fmt]
+    bias = [TC.bias_of(fmt, i) for i in range(4)]
+    _xq_kernel[(k // 128,)](
+        x2, xqb, xsb, x2.shape[0], x2.stride(0), k if gated else 0,
+        XF_A=xf[0], XF_B=xf[1], XF_C=xf[2], XF_D=xf[3],
+        BIAS_A=bias[0], BIAS_B=bias[1], BIAS_C=bias[2], BIAS_D=bias[3],
+        XH=XHEAD, GATED=gated, num_warps=2, **pdl_kwargs(x2.device),
+    )
+    return xqb, xsb
+
+
+def gated_input(x2: torch.Tensor, k: int) -> torch.Tensor:
+    """silu(gate) * up of [M, 2k] rows [gate | up], rounded to x2's dtype (as silu_mul stores it)."""
+    g, u = x2[:, :k].float(), x2[:, k:2 * k].float()
+    return (g * torch.sigmoid(g) * u).to(x2.dtype)
+
+
+def xq_reference(x2: torch.Tensor, fmt: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What _xq_kernel writes, in torch (the tests' oracle)."""
+    m = x2.shape[0]
+    x = torch.zeros((8, k), dtype=torch.float32)
+    x[:m] = x2[:, :k].float().cpu()
+    nkb = k // 128
+    xb = x.reshape(8, nkb, 128)
+    amax = xb.abs().amax(dim=2)  # [8, nkb]
+    ex = ((amax.view(torch.int32) >> 23) & 0xFF) - 127
+    sh = XHEAD - ex.clamp(-100, 100)
+    f, inv = torch.exp2(sh.float()), torch.exp2(-sh.float())
+    e = torch.arange(128)
+    grp, sel = e // 64, e % 2
+    xf = H2.X_FACTORS[fmt]
+    bias = [TC.bias_of(fmt, i) for i in range(4)]
+    fac = torch.where(grp == 0, torch.where(sel == 0, xf[0], xf[2]), torch.where(sel == 0, xf[1], xf[3]))
+    bs = torch.where(grp == 0, torch.where(sel == 0, bias[0], bias[2]), torch.where(sel == 0, bias[1], bias[3]))
+    xs = (xb * f[:, :, None] * fac).to(torch.float16)  # [8, nkb, 128]
+    cb = xs.float() * bs
+    cs = torch.stack([cb[:, :, :64].sum(2), cb[:, :, 64:].sum(2)], dim=2)  # [8, nkb, 2]
+    # [8 n, nkb, 2 grp, 4 t, 2 jh, 2 jl, 2 half, 2 sel] -> [nkb, grp, jh, n, t, jl, sel, half]
+    q = xs.reshape(8, nkb, 2, 4, 2, 2, 2, 2).permute(1, 2, 4, 0, 3, 5, 7, 6).reshape(-1)
+    s = torch.stack([inv[:, :, None].expand(8, nkb, 2), -cs * inv[:, :, None]], dim=0)  # [2, 8, nkb, 2]
+    s = s.permute(2, 3, 0, 1).reshape(-1)  # [nkb, grp, (inv, -sum x inv), n]
+    return q, s
+
+
+def reference(x2: torch.Tensor, p: QK.Prepared) -> torch.Tensor:
+    """The kernel's arithmetic in torch (CPU path and test oracle): gemv_tc's with one K block a
+    slice (x scaled per token and block by a power of two, rounded to fp16; exact fp32 weights)."""
+    return TC.reference(x2, p, TC.TCConfig(kb=1))
+
+
+# --- the kernel ------------------------------------------------------------------------------
+
+if TC.HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
+
+    @gluon.jit
+    def _x_group(acc, d, sg, XQ, XS, gi, xoff, xmask, cn, R: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
+                 B_L: gl.constexpr):
+        """acc += one group's products: codes d (biased) times x's fragments, the bias and x's
+        scaling off in two FMAs, times the rows' group scale."""
+        xb = gl.load(XQ + gi * 512 + xoff, mask=xmask, other=0.0)
+        iv = gl.load(XS + gi * 16 + cn)
+        nc = gl.load(XS + gi * 16 + 8 + cn)
+        c = TC._group_mma(d, xb, R, MMA, A_L, B_L)
+        return acc + (c * iv[None, :] + nc[None, :]) * sg[:, None]
+
+    @gluon.jit(do_not_specialize=["M", "N", "TRIPS", "ITERS"])
+    def _gemv_tkw_kernel(
+        XQ, XS, W, H, S, Y, WS, CNT,
+        M, N, TRIPS, ITERS,
+        stride_wn, stride_hn, stride_sn, stride_ym,
+        FMT: gl.constexpr, TB: gl.constexpr, PF: gl.constexpr, R: gl.constexpr, SPLITS: gl.constexpr,
+        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, LATE: gl.constexpr,
+        ASM: gl.constexpr, CONSTR: gl.constexpr,
+        L5: gl.constexpr, LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
+        MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
+    ):
+        pid_r = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        row0 = pid_r * R  # rows are padded to ROW_PAD, a multiple of R: loads need no mask
+        it0 = pid_s * ITERS
+        n_it = gl.minimum(ITERS, TRIPS - it0)  # >= 1 (_fits)
+        kb_first = it0 * TB
+        kb_last = kb_first + n_it * TB - 1
+
+        # the first blocks go out before waiting on the kernel before (weights: no kernel writes them)
+        wp, sp, hp = TC._block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT, R, L5, MMA, LH3)
+        wa, sa, ha = TC._load_block(wp, sp, hp, row0, kb_first, stride_wn, stride_hn, stride_sn, FMT)
+        if PF == 2:
+            wb_, sb_, hb_ = TC._load_block(wp, sp, hp, row0, gl.minimum(kb_first + 1, kb_last), stride_wn, stride_hn,
+                                           stride_sn, FMT)
+        if PDL:
+            if not LATE:
+                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+        # x's fragments of a group [2 jh, 8 n, 4 t, 8 v]: lane (g = n, t) reads 2 x 16 bytes
+        jh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
+        nx = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
+        tx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LB4))))
+        vx = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LB4))))
+        xoff = (jh[:, None, None, None] * 256 + nx[None, :, None, None] * 32 + tx[None, None, :, None] * 8
+                + vx[None, None, None, :])
+        xmask = ((xoff // 32) % 8) < M
+        cn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
+
+        acc = gl.zeros([R, 8], gl.float32, layout=MMA)
+        for i in range(n_it):
+            for j in gl.static_range(TB):
+                kb = kb_first + i * TB + j
+                # the block PF ahead, the share's last one again past its end (stays in bounds)
+                wn, sn, hn = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + PF, kb_last), stride_wn, stride_hn,
+                                            stride_sn, FMT)
+                d_lo, d_hi, s_lo, s_hi = TC._decode_block(wa, sa, ha, FMT, R, ASM, CONSTR, L5, LH3)
+                acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
+                acc = _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
+                if PF == 2:
+                    wa, sa, ha = wb_, sb_, hb_
+                    wb_, sb_, hb_ = wn, sn, hn
+                else:
+                    wa, sa, ha = wn, sn, hn
+
+        ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
+        rows = row0 + ym
+        keep = (rows < N)[:, None] & (cn < M)[None, :]
+        if SPLITS == 1:
+            if PDL and LATE:
+                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+            gl.store(Y + cn[None, :] * stride_ym + rows[:, None], acc.to(Y.dtype.element_ty), mask=keep)
+        else:
+            dst = WS + rows.to(gl.int64)[:, None] + ((pid_s * 8 + cn) * N).to(gl.int64)[None, :]
+            gl.store(dst, acc, mask=keep)
+            if PDL and LATE:
+                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+            _tbarrier()
+            TC._sum_slices(Y, WS, CNT, pid_r, row0, gl.minimum(row0 + R, N), M, N, stride_ym, SPLITS, SPLITS, RED, MT,
+                           LRED)
+
+
+# --- host side -------------------------------------------------------------------------------
+
+
+def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False) -> torch.Tensor:
+    """y [M, n] = x2 [M, k] @ W.T for M <= 8 rows (gated: x2 is [M, 2k] and the input is
+    silu(gate) * up, rounded to x2's dtype). Two launches: x prepared (xq), then the GEMV."""
+    m = x2.shape[0]
+    kx = 2 * p.k if gated else p.k
+    if x2.shape[1] != kx or x2.stride(1) != 1:
+        raise ValueError(f"the tensor-core K-walk GEMV's input is [M, {kx}] with a unit last stride, got "
+                         f"{tuple(x2.shape)} strides {tuple(x2.stride())}")
+    if m > MAX_M:
+        raise ValueError(f"the tensor-core K-walk GEMV takes at most {MAX_M} rows, got {m}")
+    if not supports(p, cfg):
+        raise ValueError(f"the tensor-core K-walk GEMV needs q4/q5, K a multiple of {128 * cfg.tb}, PF 1 or 2, a "
+                         f"power-of-two split with at least one trip a share (format {p.fmt}, K={p.k}, {cfg.describe()})")
+    if (x2.device.type != "cuda" and not COMPILE_ONLY) or QK.interpreting():
+        return reference(gated_input(x2, p.k) if gated else x2, p)
+    y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return y
+    xqb, xsb = xq(x2, p.fmt, p.k, gated) if x2.is_cuda else xq_scratch(x2.device, p.k)
+    if cfg.splits > 1:
+        ws = QK.Workspace.get(x2.device)
+        ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
+        partials, counters = ws.partials, ws.counters
+    else:
+        partials = counters = xsb  # never read
+    w = p.qweight.view(torch.int32)
+    h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
+    s = p.scales.view(torch.int32)
+    c = TC._consts(p.fmt, TC.TCConfig(kb=1, num_warps=cfg.num_warps))
+    trips = trips_of(p.k, cfg)
+    mt = 1 << max(0, (m - 1).bit_length())
+    pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": True} if COMPILE_ONLY == "pdl" else {})
+    R = 16 * cfg.num_warps
+    _gemv_tkw_kernel[(-(-p.n // R), cfg.splits)](
+        xqb, xsb, w, h, s, y, partials, counters,
+        m, p.n, trips, _share(trips, cfg.splits),
+        w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+        FMT=p.fmt, TB=cfg.tb, PF=cfg.pf, R=R, SPLITS=cfg.splits,
+        RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(),
+        ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
+        MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
+        num_warps=cfg.num_warps,
+        **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
+    )
+    return y

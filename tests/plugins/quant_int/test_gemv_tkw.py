@@ -1,0 +1,233 @@
+"""The tensor-core K-walk GEMV (quant_int/gemv_tkw.py, Gluon) against dequantize-then-matmul.
+
+CPU (CI): x's preparation (a Triton kernel, interpreted) equals `xq_reference` exactly, and
+unscrambled it is x scaled by a power of two and the decode's factors; the prepared sums undo
+the decode's bias; the torch `reference` (the CPU path) against the fp32 oracle, gated too;
+configs, shares and the dispatch switch. GPU (`-m gpu`): the 27B/35B q4/q5 shapes at M = 1..8
+and several configs (one and two blocks ahead, 1-8 warps, K shares incl. ragged ones), a zero
+and a large row, gated input, CUDA-graph replay bit-equal to eager with PDL on and off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # as the other quant_int tests: Triton must see this before its import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
+from ninfer_plugins.quant_int import gemv_tc as TC  # noqa: E402
+from ninfer_plugins.quant_int import gemv_tkw as TK  # noqa: E402
+from ninfer_plugins.quant_int import kernels as K  # noqa: E402
+from test_gemv_h2 import packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not (CUDA and TC.HAVE_GLUON), reason="needs a GPU and Triton's Gluon")
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _unscramble(q: torch.Tensor, k: int) -> torch.Tensor:
+    """XQ back to [8 tokens, k] in element order (the inverse of the kernel's scatter)."""
+    nkb = k // 128
+    t = q.float().cpu().reshape(nkb, 2, 2, 8, 4, 2, 2, 2)  # [kb, grp, jh, n, t, jl, sel, half]
+    return t.permute(3, 0, 1, 4, 2, 5, 7, 6).reshape(8, k)  # [n, kb, grp, t, jh, jl, half, sel]
+
+
+@pytest.mark.parametrize("fmt", [4, 5])
+@pytest.mark.parametrize("m,k", [(1, 128), (3, 384), (8, 256), (5, 640)])
+def test_xq_kernel_matches_reference_exactly(fmt, m, k):
+    g = torch.Generator().manual_seed(fmt * 100 + m + k)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    if m >= 3:
+        x[1] = 0  # a zero row
+        x[2, :128] *= 1000  # one block large, the next ones not: per-block scaling
+    q, s = TK.xq(x.to(DEV), fmt, k)
+    rq, rs = TK.xq_reference(x, fmt, k)
+    assert torch.equal(q.cpu(), rq)
+    assert torch.allclose(s.cpu(), rs, rtol=1e-6, atol=0)
+    # unscrambled: x times 2^e (per token and block) times the element's decode factor
+    xs = _unscramble(q, k)
+    inv = s.cpu().reshape(k // 64, 2, 8)[:, 0, :]  # [groups, n]: 2^-e
+    fac = torch.tensor(H.X_FACTORS[fmt])  # registers A, B, C, D
+    e = torch.arange(k)
+    grp, sel = (e // 64) % 2, e % 2
+    f_el = torch.where(grp == 0, torch.where(sel == 0, fac[0], fac[2]), torch.where(sel == 0, fac[1], fac[3]))
+    back = xs * inv.T.repeat_interleave(64, dim=1) / f_el
+    assert torch.equal(back[m:], torch.zeros_like(back[m:]))  # tokens past M are zeros
+    assert rel_err(back[:m], x.float()) < 1e-3
+    # the largest |x| of each live (token, block) lands in [2^XHEAD, 2^(XHEAD + 1)) before the factor
+    amax = (xs[:m] / f_el).abs().reshape(m, k // 128, 128).amax(2)
+    live = x.float().abs().reshape(m, k // 128, 128).amax(2) > 0
+    assert ((amax[live] >= 2.0 ** TK.XHEAD) & (amax[live] < 2.0 ** (TK.XHEAD + 1))).all()
+
+
+@pytest.mark.parametrize("fmt", [4, 5])
+def test_xq_sums_undo_the_decode_bias(fmt):
+    """Per group and token: (sum over the group of (bias + code) x stored x) x 2^-e + the stored
+    -sum(bias x stored x) x 2^-e = sum of code x x (up to fp16's rounding of x)."""
+    k, m = 256, 2
+    g = torch.Generator().manual_seed(fmt)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    codes = torch.randint(-8, 8, (k,), generator=g).float()
+    q, s = TK.xq_reference(x, fmt, k)
+    xs = _unscramble(q, k)[:m]  # [m, k]: 2^e x factor x x
+    st = s.reshape(k // 64, 2, 8)
+    e = torch.arange(k)
+    grp, sel = (e // 64) % 2, e % 2
+    bias = torch.tensor([TC.bias_of(fmt, i) for i in range(4)])
+    fac = torch.tensor(H.X_FACTORS[fmt])
+    b_el = torch.where(grp == 0, torch.where(sel == 0, bias[0], bias[2]), torch.where(sel == 0, bias[1], bias[3]))
+    f_el = torch.where(grp == 0, torch.where(sel == 0, fac[0], fac[2]), torch.where(sel == 0, fac[1], fac[3]))
+    biased = b_el + codes / f_el  # what the decode leaves: bias + code / factor
+    for gi in range(k // 64):
+        sl = slice(64 * gi, 64 * gi + 64)
+        c = (xs[:, sl].double() * biased[sl].double()).sum(1)
+        got = c * st[gi, 0, :m].double() + st[gi, 1, :m].double()
+        want = (x[:, sl].double() * codes[sl].double()).sum(1)
+        assert torch.allclose(got, want, rtol=2e-3, atol=2e-2 * x[:, sl].float().abs().sum(1).max().item() / 64), gi
+
+
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 512), (3, 100, 256), (8, 48, 1024), (5, 32, 384)])
+def test_reference_path_matches_oracle(scheme, m, n, k):
+    g = torch.Generator().manual_seed(m * 100 + n + k)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    cfg = TK.TKWConfig(tb=1)
+    assert TK.supports(p, cfg)
+    y = TK.launch(x, p, cfg)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    assert rel_err(y, x.float() @ deq.T) < 4e-3
+    gu = (torch.randn(m, 2 * k, generator=g) * 2).to(torch.bfloat16)
+    yg = TK.launch(gu, p, cfg, gated=True)
+    assert rel_err(yg, TK.gated_input(gu, k).float() @ deq.T) < 4e-3
+
+
+def test_configs_shares_and_refusals():
+    p, _ = packed_and_ref(torch.randn(32, 384), "q4_g64")
+    assert TK.supports(p, TK.TKWConfig(tb=1, splits=2))  # 3 trips: 2 + 1
+    assert TK.supports(p, TK.TKWConfig(tb=3))
+    assert not TK.supports(p, TK.TKWConfig(tb=2))  # 3 blocks
+    assert not TK.supports(p, TK.TKWConfig(tb=1, splits=4))  # 1 + 1 + 1 + 0: a share with no trip
+    assert not TK.supports(p, TK.TKWConfig(tb=1, splits=3))  # powers of two only
+    assert not TK.supports(p, TK.TKWConfig(tb=1, pf=3))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        TK.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, TK.TKWConfig(tb=2))
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        TK.launch(torch.zeros(9, 384, dtype=torch.bfloat16), p, TK.TKWConfig(tb=1))
+    with pytest.raises(ValueError, match=r"\[M, 768\]"):
+        TK.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, TK.TKWConfig(tb=1), gated=True)
+    p6, _ = packed_and_ref(torch.randn(32, 256), "q6_g64")
+    assert not TK.supports(p6, TK.TKWConfig(tb=1))
+    # shares: ceil(trips / splits), the last what is left (17 trips in two: 9 + 8)
+    assert TK._share(17, 2) == 9 and TK._share(34, 4) == 9
+    # the default: 64 rows a CTA, shares only while the row blocks give < 2 CTAs an SM
+    assert TK.default_config(4, 34816, 5120, 132) == TK.TKWConfig(2, 1, 4, 1)
+    assert TK.default_config(5, 5120, 17408, 132) == TK.TKWConfig(2, 1, 4, 4)
+    assert TK.default_config(5, 13312, 5120, 132) == TK.TKWConfig(2, 1, 4, 2)
+    assert TK.default_config(6, 5120, 5120, 132) is None
+    assert TK.workspace_need(p, TK.TKWConfig(tb=1, splits=2)) == (2 * 8 * 32, 1)
+    assert TK.workspace_need(p, TK.TKWConfig(tb=1)) == (0, 0)
+
+
+def test_dispatch_switch(monkeypatch):
+    """NINFER_TKW=1 sends every q4/q5 M <= 8 launch it fits to this kernel (its tuned winner, else
+    the default); NINFER_TKW=0 keeps even the tuned winners out; q6/q8 never take it."""
+    if not TC.HAVE_GLUON:
+        pytest.skip("Gluon missing")
+    monkeypatch.setenv("NINFER_TKW", "1")
+    from ninfer_plugins.quant_int.tuned import TUNED_TKW
+
+    for m in (1, 4, 8):
+        got = K.pick_gemv(5, m, 5120, 17408, 132)
+        want = TUNED_TKW.get((5, 5120, 17408, "m1" if m == 1 else "m4" if m <= 4 else "m8"))
+        assert got == (TK.TKWConfig(*want) if want else TK.default_config(5, 5120, 17408, 132))
+    assert not isinstance(K.pick_gemv(6, 1, 5120, 17408, 132), TK.TKWConfig)
+    assert not isinstance(K.pick_gemv(8, 4, 2048, 4096, 132), TK.TKWConfig)
+    monkeypatch.setenv("NINFER_TKW", "0")
+    for m in (1, 4, 8):
+        assert not isinstance(K.pick_gemv(5, m, 5120, 17408, 132), TK.TKWConfig)
+    monkeypatch.delenv("NINFER_TKW")
+    for (fmt, n, k, bucket), cfg in TUNED_TKW.items():
+        m = {"m1": 1, "m4": 4, "m8": 8}[bucket]
+        got = K.pick_gemv(fmt, m, n, k, 132)
+        assert got == TK.TKWConfig(*cfg) if cfg else not isinstance(got, TK.TKWConfig)
+
+
+# --- on the GPU ---------------------------------------------------------------------------------
+
+SHAPES = {
+    "q4_g64": [(34816, 5120), (17408, 5120), (1024, 5120), (1000, 512)],
+    "q5_g64": [(5120, 17408), (16384, 5120), (5120, 6144), (13312, 5120), (200, 1024)],
+}
+CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), TK.TKWConfig(4, 1, 4, 2),
+           TK.TKWConfig(1, 2, 1, 4), TK.TKWConfig(2, 1, 8, 1), TK.TKWConfig(2, 1, 4, 8)]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.describe().replace(" ", "_"))
+def test_gpu_tkw_every_shape_class(scheme, cfg):
+    torch.manual_seed(0)
+    for n, k in SHAPES[scheme]:
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        if not TK.supports(p, cfg):
+            continue
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        for m in (1, 2, 3, 4, 5, 8):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            if m == 3:
+                x[1] = 0  # a zero row next to live ones
+                x[2] *= 1000  # a large-valued row (fp16 would overflow without the scaling)
+            y = TK.launch(x, p, cfg)
+            err = rel_err(y, x.float() @ deq.T)
+            assert err < 4e-3, (scheme, n, k, m, cfg, err)
+            assert rel_err(y, TK.reference(x, p)) < 2e-3, (scheme, n, k, m, cfg)
+            if m == 3:
+                assert torch.count_nonzero(y[1]) == 0
+        gu = torch.randn(4, 2 * k, device="cuda", dtype=torch.bfloat16)
+        yg = TK.launch(gu, p, cfg, gated=True)
+        assert rel_err(yg, TK.gated_input(gu, k).float() @ deq.T) < 4e-3, (scheme, n, k, cfg)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("pdl", ["0", "1"])
+def test_gpu_tkw_graph_replay_bit_equal_to_eager(pdl, monkeypatch):
+    """Replays of a CUDA graph bit-equal to the eager launch (the shares' sum is in a fixed order),
+    and a launch after a kernel that wrote x reads the new x (PDL: x is read after the wait)."""
+    monkeypatch.setenv("NINFER_PDL", pdl)
+    torch.manual_seed(7)
+    for scheme, n, k, cfg in (("q5_g64", 5120, 17408, TK.TKWConfig(2, 1, 4, 4)), ("q4_g64", 34816, 5120, TK.TKWConfig())):
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        TK.xq_scratch(p.device, k)
+        x = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+        first = TK.launch(x, p, cfg)
+        src = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+
+        def step():
+            x.copy_(src)  # the kernel before it writes x
+            return TK.launch(x, p, cfg)
+
+        for y in replayed(step, 3):
+            assert torch.equal(y, TK.launch(src, p, cfg))
+        assert rel_err(first, src.float() @ deq.T) > 0.1
+        assert rel_err(y, src.float() @ deq.T) < 4e-3
+
+
+@gpu
+@needs_gpu
+def test_gpu_dispatched_tkw_configs_in_a_graph(monkeypatch):
+    """With NINFER_TKW=1, the 27B's q4/q5 projections through kernels.launch as the engine calls
+    it (workspace reserved at load, CUDA graph) at M = 1, 4, 8."""
+    from test_gemv_h2 import dispatched_in_a_graph
+
+    monkeypatch.setenv("NINFER_TKW", "1")
+    table = {(4, 34816, 5120, "m1"): (1,), (5, 5120, 17408, "m1"): (1,), (5, 13312, 5120, "m1"): (1,)}
+    dispatched_in_a_graph(table, (1, 4, 8))
