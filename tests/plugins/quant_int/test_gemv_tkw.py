@@ -48,7 +48,7 @@ def test_xq_kernel_matches_reference_exactly(fmt, m, k):
     q, s = TK.xq(x.to(DEV), fmt, k)
     rq, rs = TK.xq_reference(x, fmt, k)
     assert torch.equal(q.cpu(), rq)
-    assert torch.allclose(s.cpu(), rs, rtol=1e-6, atol=0)
+    assert torch.allclose(s.cpu(), rs, rtol=1e-5, atol=0)
     # unscrambled: x times 2^e (per token and block) times the element's decode factor
     xs = _unscramble(q, k)
     inv = s.cpu().reshape(k // 64, 2, 8)[:, 0, :]  # [groups, n]: 2^-e
@@ -161,11 +161,54 @@ def test_dispatch_switch(monkeypatch):
 # --- on the GPU ---------------------------------------------------------------------------------
 
 SHAPES = {
-    "q4_g64": [(34816, 5120), (17408, 5120), (1024, 5120), (1000, 512)],
-    "q5_g64": [(5120, 17408), (16384, 5120), (5120, 6144), (13312, 5120), (200, 1024)],
+    "q4_g64": [(34816, 5120), (17408, 5120), (1024, 5120), (1000, 512), (256, 1408)],
+    "q5_g64": [(5120, 17408), (16384, 5120), (5120, 6144), (13312, 5120), (200, 1024), (128, 1408)],
 }
+# incl. ragged shares with one and two blocks ahead (1,408 = 11 blocks; 17,408 = 68 blocks in 8 = 7 x 9 + 5)
 CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), TK.TKWConfig(4, 1, 4, 2),
-           TK.TKWConfig(1, 2, 1, 4), TK.TKWConfig(2, 1, 8, 1), TK.TKWConfig(2, 1, 4, 8)]
+           TK.TKWConfig(1, 2, 1, 4), TK.TKWConfig(2, 1, 8, 1), TK.TKWConfig(2, 1, 4, 8), TK.TKWConfig(2, 2, 4, 8),
+           TK.TKWConfig(1, 2, 4, 2)]
+_PACKED: dict = {}
+
+
+def _packed(scheme: str, n: int, k: int):
+    """(prepared, dequantized) per shape, made once a test session (quantizing 34816 x 5120 is slow)."""
+    key = (scheme, n, k)
+    if key not in _PACKED:
+        g = torch.Generator(device="cuda").manual_seed(n + k)
+        _PACKED[key] = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g), scheme)
+    return _PACKED[key]
+
+
+def _block_ref(x: torch.Tensor, deq: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic from a dequantized weight (TK.reference without dequantizing again):
+    x scaled per token and K block by a power of two, rounded to fp16, fp32 sums."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // 128, 128)
+    amax = xb.abs().amax(2)
+    ex = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-38))), torch.full_like(amax, -127.0))
+    e = TK.XHEAD - ex.clamp(-100, 100)
+    xq = (xb * torch.exp2(e)[:, :, None]).half().float() * torch.exp2(-e)[:, :, None]
+    return xq.reshape(m, k) @ deq.float().T
+
+
+def _row_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst row's relative error (rows of zeros in ref skipped): a wrong token's scale shows."""
+    return max((rel_err(y[i], ref[i]) for i in range(ref.shape[0]) if ref[i].abs().max() > 0), default=0.0)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("fmt", [4, 5])
+@pytest.mark.parametrize("m,k", [(1, 5120), (4, 17408), (8, 1408)])
+def test_gpu_xq_kernel_matches_reference(fmt, m, k):
+    torch.manual_seed(m + k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (4.0 ** torch.arange(m, device="cuda"))[:, None].bfloat16()
+    q, s = TK.xq(x, fmt, k)
+    rq, rs = TK.xq_reference(x.cpu(), fmt, k)
+    assert torch.equal(q.cpu(), rq)
+    # the group sums add 64 terms of ~1e7 with cancellation: the order of the sum shows at ~1e-6
+    assert torch.allclose(s.cpu(), rs, rtol=1e-5, atol=0)
 
 
 @gpu
@@ -175,24 +218,25 @@ CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), T
 def test_gpu_tkw_every_shape_class(scheme, cfg):
     torch.manual_seed(0)
     for n, k in SHAPES[scheme]:
-        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        p, deq = _packed(scheme, n, k)
         if not TK.supports(p, cfg):
             continue
         K.Workspace.get(p.device).reserve(*cfg.workspace(p))
         for m in (1, 2, 3, 4, 5, 8):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            # every token its own magnitude (a wrong token's scale or sum would show in its row)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (4.0 ** torch.arange(m, device="cuda"))[:, None].bfloat16()
             if m == 3:
                 x[1] = 0  # a zero row next to live ones
                 x[2] *= 1000  # a large-valued row (fp16 would overflow without the scaling)
             y = TK.launch(x, p, cfg)
-            err = rel_err(y, x.float() @ deq.T)
-            assert err < 4e-3, (scheme, n, k, m, cfg, err)
-            assert rel_err(y, TK.reference(x, p)) < 2e-3, (scheme, n, k, m, cfg)
+            err = _row_err(y, x.float() @ deq.float().T)
+            assert err < 6e-3, (scheme, n, k, m, cfg, err)
+            assert _row_err(y, _block_ref(x, deq)) < 4e-3, (scheme, n, k, m, cfg)
             if m == 3:
                 assert torch.count_nonzero(y[1]) == 0
         gu = torch.randn(4, 2 * k, device="cuda", dtype=torch.bfloat16)
         yg = TK.launch(gu, p, cfg, gated=True)
-        assert rel_err(yg, TK.gated_input(gu, k).float() @ deq.T) < 4e-3, (scheme, n, k, cfg)
+        assert _row_err(yg, TK.gated_input(gu, k).float() @ deq.float().T) < 6e-3, (scheme, n, k, cfg)
 
 
 @gpu
@@ -204,7 +248,7 @@ def test_gpu_tkw_graph_replay_bit_equal_to_eager(pdl, monkeypatch):
     monkeypatch.setenv("NINFER_PDL", pdl)
     torch.manual_seed(7)
     for scheme, n, k, cfg in (("q5_g64", 5120, 17408, TK.TKWConfig(2, 1, 4, 4)), ("q4_g64", 34816, 5120, TK.TKWConfig())):
-        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        p, deq = _packed(scheme, n, k)
         K.Workspace.get(p.device).reserve(*cfg.workspace(p))
         TK.xq_scratch(p.device, k)
         x = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
@@ -217,17 +261,20 @@ def test_gpu_tkw_graph_replay_bit_equal_to_eager(pdl, monkeypatch):
 
         for y in replayed(step, 3):
             assert torch.equal(y, TK.launch(src, p, cfg))
-        assert rel_err(first, src.float() @ deq.T) > 0.1
-        assert rel_err(y, src.float() @ deq.T) < 4e-3
+        assert rel_err(first, src.float() @ deq.float().T) > 0.1
+        assert _row_err(y, src.float() @ deq.float().T) < 6e-3
 
 
 @gpu
 @needs_gpu
 def test_gpu_dispatched_tkw_configs_in_a_graph(monkeypatch):
     """With NINFER_TKW=1, the 27B's q4/q5 projections through kernels.launch as the engine calls
-    it (workspace reserved at load, CUDA graph) at M = 1, 4, 8."""
+    it (workspace reserved at load, CUDA graph) at M = 1, 4, 8, the kernel picked being this one."""
     from test_gemv_h2 import dispatched_in_a_graph
 
     monkeypatch.setenv("NINFER_TKW", "1")
     table = {(4, 34816, 5120, "m1"): (1,), (5, 5120, 17408, "m1"): (1,), (5, 13312, 5120, "m1"): (1,)}
+    for fmt, n, k, _ in table:
+        for m in (1, 4, 8):
+            assert isinstance(K.pick_gemv(fmt, m, n, k, 132), TK.TKWConfig), (fmt, n, k, m)
     dispatched_in_a_graph(table, (1, 4, 8))
