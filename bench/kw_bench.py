@@ -74,6 +74,24 @@ def prewarm(items: list, workers: int = 14, fn=None) -> None:
     print(f"prewarm: {len(items)} variants in {time.time() - t0:.0f} s" + (f"; errors: {errors[:4]}" if errors else ""), flush=True)
 
 
+def weight_copies(shapes: list, t_start: float, budget_s: float):
+    """Per shape (name, n, k): (name, n, k, prepared weight, its bytes, copies of it cycling >= 256
+    MB so that each call reads from DRAM, the first being the weight), until budget_s seconds from
+    t_start are spent; the caller drops its references at the end of each shape (tkw_bench shares it)."""
+    import quant_linear as QL
+
+    for name, n, k in shapes:
+        if time.time() - t_start > budget_s:
+            print(f"budget spent: {name} {n}x{k} and the shapes after it not run", flush=True)
+            return
+        p = QL.make_prepared(name, n, k)
+        nbytes = QL.prepared_bytes(p)
+        copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]
+        yield name, n, k, p, nbytes, copies
+        del copies, p
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -106,13 +124,7 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs", flush=True)
     rows = []
-    for name, n, k in shapes:
-        if time.time() - t_start > args.budget_s:
-            print(f"budget spent: {name} {n}x{k} and the shapes after it not run", flush=True)
-            break
-        p = QL.make_prepared(name, n, k)
-        nbytes = QL.prepared_bytes(p)
-        copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]
+    for name, n, k, p, nbytes, copies in weight_copies(shapes, t_start, args.budget_s):
         fits = [KW.KWConfig(*c) for c in CFGS if KW._fits(bits[name], k, KW.KWConfig(*c))]
 
         def share(ms_: float) -> float:
@@ -143,7 +155,6 @@ def main() -> int:
                       flush=True)
             rows.append(row)
         del copies, p
-        torch.cuda.empty_cache()
     QL.write_result(args.out, "kw_bench.json", dict(copy_tbs=copy_tbs, rows=rows))
     table = tuned_table(rows, bits)
     print(table, flush=True)

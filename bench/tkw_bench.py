@@ -86,13 +86,7 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs, {torch.cuda.get_device_name(0)}", flush=True)
     rows = []
-    for name, n, k in shapes:
-        if time.time() - t_start > args.budget_s:
-            print(f"budget spent: {name} {n}x{k} and the shapes after it not run", flush=True)
-            break
-        p = QL.make_prepared(name, n, k)
-        nbytes = QL.prepared_bytes(p)
-        copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]
+    for name, n, k, p, nbytes, copies in KB.weight_copies(shapes, t_start, args.budget_s):
         fits = [TK.TKWConfig(*c) for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
 
         def share(ms_: float) -> float:
@@ -125,7 +119,6 @@ def main() -> int:
         if 1 in best:
             print("    best M / best M=1: " + ", ".join(f"M={m} {best[m] / best[1]:.3f}x" for m in ms if m != 1), flush=True)
         del copies, p
-        torch.cuda.empty_cache()
     QL.write_result(args.out, "tkw_bench.json", dict(copy_tbs=copy_tbs, rows=rows, device=torch.cuda.get_device_name(0)))
     table = tuned_table(rows, bits)
     print(table, flush=True)
