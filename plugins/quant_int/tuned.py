@@ -450,5 +450,13 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
 
 # The tensor-core K-walk GEMV (gemv_tkw.py): (fmt, n, k, "m1" | "m4" | "m8") -> (tb, pf, num_warps,
 # splits) where it beat the kernel dispatched without it, measured by bench/kw_bench.py; () where
-# it lost. Not yet measured on a GPU: empty, so only NINFER_TKW=1 dispatches it.
-TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {}
+# it lost. Measured on an H100 (BENCHMARKS.md, eighteenth run): it loses to the f16x2 K-walk at
+# M = 1 on every big matrix (60.8 vs 43.6 us on gate+up) and wins only these, by >= 3% alone.
+TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
+    (4, 34816, 5120, 'm8'): (4, 1, 4, 4),  # 58.64 vs 64.84 us (TCD KB8 P2 w4 C6)
+    (5, 5120, 17408, 'm8'): (4, 1, 4, 4),  # 39.46 vs 44.07 us (TCD KB17 P2 w4 C8)
+    (5, 16384, 5120, 'm8'): (4, 2, 4, 1),  # 32.27 vs 44.03 us (TCD KB8 P2 w4 C6)
+    (5, 13312, 5120, 'm4'): (4, 2, 4, 1),  # 28.57 vs 29.91 us (TCD KB8 P2 w4 C4)
+    (4, 131072, 5120, 'm1'): (4, 2, 4, 1),  # 168.8 vs 191.25 us (H2 BN32 KBS8 C4 w4 pf): the MTP shortlist head
+    (4, 131072, 5120, 'm4'): (4, 2, 4, 1),  # 171.79 vs 187.06 us (MMA kernel)
+}

@@ -202,7 +202,8 @@ def test_gpu_tc_direct_graph_replay_bit_equal_to_eager(pdl, late, monkeypatch):
 def test_direct_default_and_the_switch(monkeypatch):
     """direct_default: 8 K blocks a slice on long K, 4 elsewhere; q4/q5 only. NINFER_TCD=1 makes
     the dispatch take it for every q4/q5 launch of M <= 8 (the A/B switch); off by default."""
-    monkeypatch.setenv("NINFER_KW", "0")  # the dispatch without the K-walk (tuned.TUNED_KW off)
+    monkeypatch.setenv("NINFER_KW", "0")  # the dispatch without the K-walks (tuned.TUNED_KW, TUNED_TKW off)
+    monkeypatch.setenv("NINFER_TKW", "0")
     assert TC.direct_default(5, 5120, 17408) == TC.TCConfig(8, 0, 4, 6, 2)
     assert TC.direct_default(4, 34816, 5120) == TC.TCConfig(4, 0, 4, 6, 2)
     assert TC.direct_default(4, 1000, 384) is None  # 3 K blocks
@@ -239,7 +240,8 @@ def test_dispatch_picks_tc_where_tuned(monkeypatch):
     from ninfer_plugins.quant_int.tuned import TUNED_TC
 
     monkeypatch.delenv("NINFER_TCD", raising=False)
-    monkeypatch.setenv("NINFER_KW", "0")  # the dispatch without the K-walk (tuned.TUNED_KW off)
+    monkeypatch.setenv("NINFER_KW", "0")  # the dispatch without the K-walks (tuned.TUNED_KW, TUNED_TKW off)
+    monkeypatch.setenv("NINFER_TKW", "0")
     monkeypatch.delenv("NINFER_TC", raising=False)
     if not TC.enabled():
         pytest.skip("Gluon missing")
