@@ -10,7 +10,7 @@ instructions, but it walks the rows of a K slice, as gemv_h2 does: x prepared by
 its slice, partials stored every trip, the slices summed by the last CTA.
 
 How: a CTA owns R = 16 x num_warps rows; each warp walks its 16 rows along K (or a 1/SPLITS
-share of it), TB K blocks of 128 a trip, the block PF (1 or 2) ahead loaded while this one is
+share of it), TB K blocks of 128 a trip, the block PF (1-4) ahead loaded while this one is
 decoded and multiplied (the first ones before the PDL wait: weights). A block is gemv_tc's:
 lane (g, t) loads 16 bytes of rows g and g + 8, decodes them in registers straight into its A
 fragments (`_decode_block`, `_group_mma`), and reads x's B fragments for the block, prepared
@@ -52,7 +52,7 @@ COMPILE_ONLY = False
 @dataclass(frozen=True)
 class TKWConfig:
     tb: int = 2  # K blocks of 128 a trip (the unrolled inner loop)
-    pf: int = 1  # blocks loaded ahead of the one being multiplied (1 or 2)
+    pf: int = 1  # blocks loaded ahead of the one being multiplied (1-4)
     num_warps: int = 4  # R = 16 x num_warps rows a CTA
     splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
 
@@ -80,7 +80,7 @@ def supports(p: QK.Prepared, cfg: TKWConfig) -> bool:
 
 
 def _fits(fmt: int, k: int, cfg: TKWConfig) -> bool:
-    if fmt not in FORMATS or k % (128 * cfg.tb) or cfg.pf not in (1, 2) or cfg.num_warps not in (1, 2, 4, 8):
+    if fmt not in FORMATS or k % (128 * cfg.tb) or cfg.pf not in (1, 2, 3, 4) or cfg.num_warps not in (1, 2, 4, 8):
         return False
     if QK.ROW_PAD % (16 * cfg.num_warps) or cfg.splits < 1 or cfg.splits & (cfg.splits - 1):
         return False
@@ -277,8 +277,14 @@ if TC.HAVE_GLUON:
         # the first blocks go out before waiting on the kernel before (weights: no kernel writes them)
         wp, sp, hp = TC._block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT, R, L5, MMA, LH3)
         wa, sa, ha = TC._load_block(wp, sp, hp, row0, kb_first, stride_wn, stride_hn, stride_sn, FMT)
-        if PF == 2:
+        if PF >= 2:
             wb_, sb_, hb_ = TC._load_block(wp, sp, hp, row0, gl.minimum(kb_first + 1, kb_last), stride_wn, stride_hn,
+                                           stride_sn, FMT)
+        if PF >= 3:
+            wc_, sc_, hc_ = TC._load_block(wp, sp, hp, row0, gl.minimum(kb_first + 2, kb_last), stride_wn, stride_hn,
+                                           stride_sn, FMT)
+        if PF >= 4:
+            wd_, sd_, hd_ = TC._load_block(wp, sp, hp, row0, gl.minimum(kb_first + 3, kb_last), stride_wn, stride_hn,
                                            stride_sn, FMT)
         if PDL:
             if not LATE:
@@ -306,11 +312,22 @@ if TC.HAVE_GLUON:
                 d_lo, d_hi, s_lo, s_hi = TC._decode_block(wa, sa, ha, FMT, R, ASM, CONSTR, L5, LH3)
                 acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
                 acc = _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
-                if PF == 2:
+                # the blocks in flight move up one (renamings within the unrolled trip: TB a
+                # multiple of PF leaves no copies at the loop's end)
+                if PF == 1:
+                    wa, sa, ha = wn, sn, hn
+                elif PF == 2:
                     wa, sa, ha = wb_, sb_, hb_
                     wb_, sb_, hb_ = wn, sn, hn
+                elif PF == 3:
+                    wa, sa, ha = wb_, sb_, hb_
+                    wb_, sb_, hb_ = wc_, sc_, hc_
+                    wc_, sc_, hc_ = wn, sn, hn
                 else:
-                    wa, sa, ha = wn, sn, hn
+                    wa, sa, ha = wb_, sb_, hb_
+                    wb_, sb_, hb_ = wc_, sc_, hc_
+                    wc_, sc_, hc_ = wd_, sd_, hd_
+                    wd_, sd_, hd_ = wn, sn, hn
 
         ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
         rows = row0 + ym
@@ -345,7 +362,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
     if m > MAX_M:
         raise ValueError(f"the tensor-core K-walk GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
-        raise ValueError(f"the tensor-core K-walk GEMV needs q4/q5, K a multiple of {128 * cfg.tb}, PF 1 or 2, a "
+        raise ValueError(f"the tensor-core K-walk GEMV needs q4/q5, K a multiple of {128 * cfg.tb}, PF 1-4, a "
                          f"power-of-two split with at least one trip a share (format {p.fmt}, K={p.k}, {cfg.describe()})")
     if (x2.device.type != "cuda" and not COMPILE_ONLY) or QK.interpreting():
         return reference(gated_input(x2, p.k) if gated else x2, p)

@@ -114,7 +114,8 @@ def test_configs_shares_and_refusals():
     assert not TK.supports(p, TK.TKWConfig(tb=2))  # 3 blocks
     assert not TK.supports(p, TK.TKWConfig(tb=1, splits=4))  # 1 + 1 + 1 + 0: a share with no trip
     assert not TK.supports(p, TK.TKWConfig(tb=1, splits=3))  # powers of two only
-    assert not TK.supports(p, TK.TKWConfig(tb=1, pf=3))
+    assert TK.supports(p, TK.TKWConfig(tb=1, pf=4))
+    assert not TK.supports(p, TK.TKWConfig(tb=1, pf=5))
     with pytest.raises(ValueError, match="multiple of 256"):
         TK.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, TK.TKWConfig(tb=2))
     with pytest.raises(ValueError, match="at most 8 rows"):
@@ -167,7 +168,7 @@ SHAPES = {
 # incl. ragged shares with one and two blocks ahead (1,408 = 11 blocks; 17,408 = 68 blocks in 8 = 7 x 9 + 5)
 CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), TK.TKWConfig(4, 1, 4, 2),
            TK.TKWConfig(1, 2, 1, 4), TK.TKWConfig(2, 1, 8, 1), TK.TKWConfig(2, 1, 4, 8), TK.TKWConfig(2, 2, 4, 8),
-           TK.TKWConfig(1, 2, 4, 2)]
+           TK.TKWConfig(1, 2, 4, 2), TK.TKWConfig(4, 4, 4, 1), TK.TKWConfig(4, 3, 2, 2), TK.TKWConfig(1, 4, 4, 4)]
 _PACKED: dict = {}
 
 
