@@ -38,6 +38,8 @@
 #   bash bench/next_session.sh tkw     # the tensor-core K-walk (gemv_tkw.py, written without a GPU): its GPU tests and
 #                                      # gemv_tc's (refactored), tkw_bench at M = 1/4/8, the 27B step and MTP round
 #                                      # with NINFER_TKW=1 against as committed (~9.5 min)
+#   bash bench/next_session.sh tkw2    # a short call: tkw_bench on the three big shapes (PF 3-4 configs), the TKW GPU
+#                                      # tests, the MTP round with TUNED_TKW against NINFER_TKW=0 (~4-8 min)
 #   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
@@ -283,6 +285,14 @@ case "${1:-}" in
       --variants "X=1|NINFER_TKW=1" > "$OUT/e27.txt" 2>&1
     echo "27B TKW A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
     rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW=1"
+    ;;
+  tkw2)
+    t0=$(date +%s)
+    timeout 100 python3 bench/tkw_bench.py --out "$OUT" --first 3 --ms 1,4 --budget-s 60 > "$OUT/tkw.txt" 2>&1
+    echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|best M" "$OUT/tkw.txt" | cut -c1-110
+    timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
+    echo "TKW GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    rounds $(( 560 - ($(date +%s) - t0) )) "NINFER_TKW=0" "X=1" "NINFER_TKW=0" "X=1"
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)
