@@ -41,8 +41,9 @@ def main() -> int:
     formats, ms = [int(f) for f in args.formats.split(",")], [int(x) for x in args.ms.split(",")]
     if args.tkw:
         cfgs = [TK.TKWConfig(*(int(v) for v in c.split(":"))) for c in (args.cfgs or "2:1:4:1,2:2:4:1,4:1:4:2,1:1:2:1").split(",")]
-        # a loop trip: TB blocks of 128 K for 16 rows a warp, 32 lanes
-        fails = S.sweep(TK.launch, cfgs, formats, ms, n, k, lambda cfg: cfg.tb * 128 * 16 // 32, args.dump, smem=True)
+        # a loop trip: TB blocks of 128 K for 16 rows a warp, 32 lanes (ping-pong, pf 0: two trips a loop)
+        fails = S.sweep(TK.launch, cfgs, formats, ms, n, k, lambda cfg: cfg.tb * 128 * 16 // 32 * (2 if cfg.pf == 0 else 1),
+                        args.dump, smem=True)
         return 1 if fails else 0
     args.cfgs = args.cfgs or "4:4:4:4:0,4:0:4:4:1,4:0:4:4:2,8:0:4:4:2,2:0:4:6:2"
     cfgs = [T.TCConfig(*(int(v) for v in c.split(":"))) for c in args.cfgs.split(",")]

@@ -34,7 +34,9 @@ SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 51
 # tb, pf, num_warps, splits (gemv_tkw.TKWConfig)
 # (the first H100 run's best were TB 4-8 with two blocks ahead: more bytes in flight a warp)
 CFGS = [(2, 1, 4, 1), (4, 2, 4, 1), (8, 1, 4, 1), (4, 4, 4, 1), (8, 4, 4, 1), (4, 3, 4, 1), (4, 4, 2, 1),
-        (4, 4, 8, 1), (4, 2, 4, 2), (4, 4, 4, 2), (4, 4, 4, 4), (4, 4, 2, 4), (4, 1, 4, 4), (2, 2, 2, 4)]
+        (4, 4, 8, 1), (4, 2, 4, 2), (4, 4, 4, 2), (4, 4, 4, 4), (4, 4, 2, 4), (4, 1, 4, 4), (2, 2, 2, 4),
+        # ping-pong whole trips (pf 0): the next trip's loads in registers no math reads
+        (2, 0, 4, 1), (4, 0, 4, 1), (2, 0, 4, 4), (4, 0, 4, 4), (2, 0, 2, 2)]
 
 
 def _warm_one(item) -> str:

@@ -11,7 +11,11 @@ its slice, partials stored every trip, the slices summed by the last CTA.
 
 How: a CTA owns R = 16 x num_warps rows; each warp walks its 16 rows along K (or a 1/SPLITS
 share of it), TB K blocks of 128 a trip, the block PF (1-4) ahead loaded while this one is
-decoded and multiplied (the first ones before the PDL wait: weights). A block is gemv_tc's:
+decoded and multiplied (the first ones before the PDL wait: weights); or (PF = 0) two trips an
+iteration, ping-pong, each trip's blocks loaded a whole trip ahead into registers no math is
+reading. Why the second: on the H100 the first form reached only 48-55% of copy on gate+up
+(BENCHMARKS.md, eighteenth run), and its SASS has ptxas moving every weight load of the next
+blocks to the end of the loop body, so each trip waits a full memory latency. A block is gemv_tc's:
 lane (g, t) loads 16 bytes of rows g and g + 8, decodes them in registers straight into its A
 fragments (`_decode_block`, `_group_mma`), and reads x's B fragments for the block, prepared
 once a launch by `xq` (one small launch: x scaled per token and K block by a power of two,
@@ -52,12 +56,12 @@ COMPILE_ONLY = False
 @dataclass(frozen=True)
 class TKWConfig:
     tb: int = 2  # K blocks of 128 a trip (the unrolled inner loop)
-    pf: int = 1  # blocks loaded ahead of the one being multiplied (1-4)
+    pf: int = 1  # blocks loaded ahead of the one being multiplied (1-4); 0: whole trips, ping-pong (TB 1, 2 or 4)
     num_warps: int = 4  # R = 16 x num_warps rows a CTA
     splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
 
     def describe(self) -> str:
-        return f"TKW TB{self.tb} P{self.pf} w{self.num_warps} S{self.splits}"
+        return f"TKW TB{self.tb} {'PP' if self.pf == 0 else f'P{self.pf}'} w{self.num_warps} S{self.splits}"
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
         return workspace_need(p, self)
@@ -80,7 +84,7 @@ def supports(p: QK.Prepared, cfg: TKWConfig) -> bool:
 
 
 def _fits(fmt: int, k: int, cfg: TKWConfig) -> bool:
-    if fmt not in FORMATS or k % (128 * cfg.tb) or cfg.pf not in (1, 2, 3, 4) or cfg.num_warps not in (1, 2, 4, 8):
+    if fmt not in FORMATS or k % (128 * cfg.tb) or cfg.pf not in (0, 1, 2, 3, 4) or (cfg.pf == 0 and cfg.tb not in (1, 2, 4)) or cfg.num_warps not in (1, 2, 4, 8):
         return False
     if QK.ROW_PAD % (16 * cfg.num_warps) or cfg.splits < 1 or cfg.splits & (cfg.splits - 1):
         return False
@@ -255,6 +259,43 @@ if TC.HAVE_GLUON:
         c = TC._group_mma(d, xb, R, MMA, A_L, B_L)
         return acc + (c * iv[None, :] + nc[None, :]) * sg[:, None]
 
+    @gluon.jit
+    def _load_trip(wp, sp, hp, row0, kb, kb_last, stride_wn, stride_hn, stride_sn, FMT: gl.constexpr, TB: gl.constexpr):
+        """Blocks kb..kb+TB-1 (each clamped to kb_last) into registers: (w, s, h) of each, four
+        slots, the slots past TB repeating block kb (the same values: no loads, no registers)."""
+        w0, s0, h0 = TC._load_block(wp, sp, hp, row0, gl.minimum(kb, kb_last), stride_wn, stride_hn, stride_sn, FMT)
+        w1, s1, h1 = w0, s0, h0
+        w2, s2, h2 = w0, s0, h0
+        w3, s3, h3 = w0, s0, h0
+        if TB >= 2:
+            w1, s1, h1 = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + 1, kb_last), stride_wn, stride_hn, stride_sn, FMT)
+        if TB >= 4:
+            w2, s2, h2 = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + 2, kb_last), stride_wn, stride_hn, stride_sn, FMT)
+            w3, s3, h3 = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + 3, kb_last), stride_wn, stride_hn, stride_sn, FMT)
+        return w0, s0, h0, w1, s1, h1, w2, s2, h2, w3, s3, h3
+
+    @gluon.jit
+    def _x_block(acc, w, s, h, kb, XQ, XS, xoff, xmask, cn, FMT: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr,
+                 CONSTR: gl.constexpr, L5: gl.constexpr, LH3: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
+                 B_L: gl.constexpr):
+        """acc += one K block's products (its two groups)."""
+        d_lo, d_hi, s_lo, s_hi = TC._decode_block(w, s, h, FMT, R, ASM, CONSTR, L5, LH3)
+        acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
+        return _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
+
+    @gluon.jit
+    def _x_trip(acc, w0, s0, h0, w1, s1, h1, w2, s2, h2, w3, s3, h3, kb, XQ, XS, xoff, xmask, cn,
+                FMT: gl.constexpr, TB: gl.constexpr, R: gl.constexpr, ASM: gl.constexpr, CONSTR: gl.constexpr,
+                L5: gl.constexpr, LH3: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+        """acc += a trip's TB blocks (from _load_trip's slots)."""
+        acc = _x_block(acc, w0, s0, h0, kb, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
+        if TB >= 2:
+            acc = _x_block(acc, w1, s1, h1, kb + 1, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
+        if TB >= 4:
+            acc = _x_block(acc, w2, s2, h2, kb + 2, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
+            acc = _x_block(acc, w3, s3, h3, kb + 3, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
+        return acc
+
     @gluon.jit(do_not_specialize=["M", "N", "TRIPS", "ITERS"])
     def _gemv_tkw_kernel(
         XQ, XS, W, H, S, Y, WS, CNT,
@@ -276,7 +317,12 @@ if TC.HAVE_GLUON:
 
         # the first blocks go out before waiting on the kernel before (weights: no kernel writes them)
         wp, sp, hp = TC._block_ptrs(W, H, S, stride_wn, stride_hn, stride_sn, FMT, R, L5, MMA, LH3)
-        wa, sa, ha = TC._load_block(wp, sp, hp, row0, kb_first, stride_wn, stride_hn, stride_sn, FMT)
+        if PF == 0:
+            # ping-pong: trip A's registers, then trip B's, each loaded a whole trip before its math
+            wa0, sa0, ha0, wa1, sa1, ha1, wa2, sa2, ha2, wa3, sa3, ha3 = _load_trip(
+                wp, sp, hp, row0, kb_first, kb_last, stride_wn, stride_hn, stride_sn, FMT, TB)
+        else:
+            wa, sa, ha = TC._load_block(wp, sp, hp, row0, kb_first, stride_wn, stride_hn, stride_sn, FMT)
         if PF >= 2:
             wb_, sb_, hb_ = TC._load_block(wp, sp, hp, row0, gl.minimum(kb_first + 1, kb_last), stride_wn, stride_hn,
                                            stride_sn, FMT)
@@ -303,31 +349,46 @@ if TC.HAVE_GLUON:
         cn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
 
         acc = gl.zeros([R, 8], gl.float32, layout=MMA)
-        for i in range(n_it):
-            for j in gl.static_range(TB):
-                kb = kb_first + i * TB + j
-                # the block PF ahead, the share's last one again past its end (stays in bounds)
-                wn, sn, hn = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + PF, kb_last), stride_wn, stride_hn,
-                                            stride_sn, FMT)
-                d_lo, d_hi, s_lo, s_hi = TC._decode_block(wa, sa, ha, FMT, R, ASM, CONSTR, L5, LH3)
-                acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
-                acc = _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
-                # the blocks in flight move up one (renamings within the unrolled trip: TB a
-                # multiple of PF leaves no copies at the loop's end)
-                if PF == 1:
-                    wa, sa, ha = wn, sn, hn
-                elif PF == 2:
-                    wa, sa, ha = wb_, sb_, hb_
-                    wb_, sb_, hb_ = wn, sn, hn
-                elif PF == 3:
-                    wa, sa, ha = wb_, sb_, hb_
-                    wb_, sb_, hb_ = wc_, sc_, hc_
-                    wc_, sc_, hc_ = wn, sn, hn
-                else:
-                    wa, sa, ha = wb_, sb_, hb_
-                    wb_, sb_, hb_ = wc_, sc_, hc_
-                    wc_, sc_, hc_ = wd_, sd_, hd_
-                    wd_, sd_, hd_ = wn, sn, hn
+        if PF == 0:
+            # two trips an iteration: B's loads go out before A's math, the next A's before B's,
+            # into registers no math is reading (a trip past the share's end reloads its last block)
+            for i in range(0, n_it, 2):
+                kb = kb_first + i * TB
+                wb0, sb0, hb0, wb1, sb1, hb1, wb2, sb2, hb2, wb3, sb3, hb3 = _load_trip(
+                    wp, sp, hp, row0, kb + TB, kb_last, stride_wn, stride_hn, stride_sn, FMT, TB)
+                acc = _x_trip(acc, wa0, sa0, ha0, wa1, sa1, ha1, wa2, sa2, ha2, wa3, sa3, ha3, kb, XQ, XS, xoff, xmask,
+                              cn, FMT, TB, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
+                wa0, sa0, ha0, wa1, sa1, ha1, wa2, sa2, ha2, wa3, sa3, ha3 = _load_trip(
+                    wp, sp, hp, row0, kb + 2 * TB, kb_last, stride_wn, stride_hn, stride_sn, FMT, TB)
+                if i + 1 < n_it:
+                    acc = _x_trip(acc, wb0, sb0, hb0, wb1, sb1, hb1, wb2, sb2, hb2, wb3, sb3, hb3, kb + TB, XQ, XS, xoff,
+                                  xmask, cn, FMT, TB, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
+        else:
+            for i in range(n_it):
+                for j in gl.static_range(TB):
+                    kb = kb_first + i * TB + j
+                    # the block PF ahead, the share's last one again past its end (stays in bounds)
+                    wn, sn, hn = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + PF, kb_last), stride_wn, stride_hn,
+                                                stride_sn, FMT)
+                    d_lo, d_hi, s_lo, s_hi = TC._decode_block(wa, sa, ha, FMT, R, ASM, CONSTR, L5, LH3)
+                    acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
+                    acc = _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
+                    # the blocks in flight move up one (renamings within the unrolled trip: TB a
+                    # multiple of PF leaves no copies at the loop's end)
+                    if PF == 1:
+                        wa, sa, ha = wn, sn, hn
+                    elif PF == 2:
+                        wa, sa, ha = wb_, sb_, hb_
+                        wb_, sb_, hb_ = wn, sn, hn
+                    elif PF == 3:
+                        wa, sa, ha = wb_, sb_, hb_
+                        wb_, sb_, hb_ = wc_, sc_, hc_
+                        wc_, sc_, hc_ = wn, sn, hn
+                    else:
+                        wa, sa, ha = wb_, sb_, hb_
+                        wb_, sb_, hb_ = wc_, sc_, hc_
+                        wc_, sc_, hc_ = wd_, sd_, hd_
+                        wd_, sd_, hd_ = wn, sn, hn
 
         ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
         rows = row0 + ym
@@ -362,7 +423,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
     if m > MAX_M:
         raise ValueError(f"the tensor-core K-walk GEMV takes at most {MAX_M} rows, got {m}")
     if not supports(p, cfg):
-        raise ValueError(f"the tensor-core K-walk GEMV needs q4/q5, K a multiple of {128 * cfg.tb}, PF 1-4, a "
+        raise ValueError(f"the tensor-core K-walk GEMV needs q4/q5, K a multiple of {128 * cfg.tb}, PF 1-4 (or 0 with TB 1, 2, 4), a "
                          f"power-of-two split with at least one trip a share (format {p.fmt}, K={p.k}, {cfg.describe()})")
     if (x2.device.type != "cuda" and not COMPILE_ONLY) or QK.interpreting():
         return reference(gated_input(x2, p.k) if gated else x2, p)

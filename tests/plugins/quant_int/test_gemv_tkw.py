@@ -116,6 +116,7 @@ def test_configs_shares_and_refusals():
     assert not TK.supports(p, TK.TKWConfig(tb=1, splits=3))  # powers of two only
     assert TK.supports(p, TK.TKWConfig(tb=1, pf=4))
     assert not TK.supports(p, TK.TKWConfig(tb=1, pf=5))
+    assert TK.supports(p, TK.TKWConfig(tb=1, pf=0)) and not TK.supports(p, TK.TKWConfig(tb=3, pf=0))
     with pytest.raises(ValueError, match="multiple of 256"):
         TK.launch(torch.zeros(1, 384, dtype=torch.bfloat16), p, TK.TKWConfig(tb=2))
     with pytest.raises(ValueError, match="at most 8 rows"):
@@ -168,7 +169,9 @@ SHAPES = {
 # incl. ragged shares with one and two blocks ahead (1,408 = 11 blocks; 17,408 = 68 blocks in 8 = 7 x 9 + 5)
 CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), TK.TKWConfig(4, 1, 4, 2),
            TK.TKWConfig(1, 2, 1, 4), TK.TKWConfig(2, 1, 8, 1), TK.TKWConfig(2, 1, 4, 8), TK.TKWConfig(2, 2, 4, 8),
-           TK.TKWConfig(1, 2, 4, 2), TK.TKWConfig(4, 4, 4, 1), TK.TKWConfig(4, 3, 2, 2), TK.TKWConfig(1, 4, 4, 4)]
+           TK.TKWConfig(1, 2, 4, 2), TK.TKWConfig(4, 4, 4, 1), TK.TKWConfig(4, 3, 2, 2), TK.TKWConfig(1, 4, 4, 4),
+           # ping-pong trips (pf 0), an odd trip count per share among them (K = 1408 at TB 1: 11 trips)
+           TK.TKWConfig(4, 0, 4, 1), TK.TKWConfig(2, 0, 4, 4), TK.TKWConfig(1, 0, 2, 2)]
 _PACKED: dict = {}
 
 
