@@ -31,12 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # the 27B's q4/q5 decode matrices (gate+up, down, qkv+z, q+v, o_proj, k_proj) and the MTP shortlist head
 SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
           ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120), ("q4_g64", 131072, 5120)]
-# tb, pf, num_warps, splits (gemv_tkw.TKWConfig)
+# tb, pf, num_warps, splits[, pin] (gemv_tkw.TKWConfig; pf 0: ping-pong whole trips)
 # (the first H100 run's best were TB 4-8 with two blocks ahead: more bytes in flight a warp)
 CFGS = [(2, 1, 4, 1), (4, 2, 4, 1), (8, 1, 4, 1), (4, 4, 4, 1), (8, 4, 4, 1), (4, 3, 4, 1), (4, 4, 2, 1),
         (4, 4, 8, 1), (4, 2, 4, 2), (4, 4, 4, 2), (4, 4, 4, 4), (4, 4, 2, 4), (4, 1, 4, 4), (2, 2, 2, 4),
         # ping-pong whole trips (pf 0): the next trip's loads in registers no math reads
-        (2, 0, 4, 1), (4, 0, 4, 1), (2, 0, 4, 4), (4, 0, 4, 4), (2, 0, 2, 2)]
+        (2, 0, 4, 1), (4, 0, 4, 1), (2, 0, 4, 4), (4, 0, 4, 4), (2, 0, 2, 2),
+        # the blocks ahead pinned where the code loads them (a warp barrier)
+        (2, 1, 4, 1, True), (4, 2, 4, 1, True), (4, 4, 4, 1, True), (2, 2, 4, 4, True), (4, 2, 4, 4, True)]
 
 
 def _warm_one(item) -> str:

@@ -13,9 +13,10 @@ How: a CTA owns R = 16 x num_warps rows; each warp walks its 16 rows along K (or
 share of it), TB K blocks of 128 a trip, the block PF (1-4) ahead loaded while this one is
 decoded and multiplied (the first ones before the PDL wait: weights); or (PF = 0) two trips an
 iteration, ping-pong, each trip's blocks loaded a whole trip ahead into registers no math is
-reading. Why the second: on the H100 the first form reached only 48-55% of copy on gate+up
-(BENCHMARKS.md, eighteenth run), and its SASS has ptxas moving every weight load of the next
-blocks to the end of the loop body, so each trip waits a full memory latency. A block is gemv_tc's:
+reading. Why the second, and `pin`: on the H100 the first form reached only 48-55% of copy on
+gate+up (BENCHMARKS.md, eighteenth run), and its SASS has ptxas moving every weight load of the
+next blocks to the end of the loop body, so each trip waits a full memory latency. A warp
+barrier (`bar.warp.sync`) after the loads keeps them where the code puts them (SASS checked). A block is gemv_tc's:
 lane (g, t) loads 16 bytes of rows g and g + 8, decodes them in registers straight into its A
 fragments (`_decode_block`, `_group_mma`), and reads x's B fragments for the block, prepared
 once a launch by `xq` (one small launch: x scaled per token and K block by a power of two,
@@ -59,9 +60,14 @@ class TKWConfig:
     pf: int = 1  # blocks loaded ahead of the one being multiplied (1-4); 0: whole trips, ping-pong (TB 1, 2 or 4)
     num_warps: int = 4  # R = 16 x num_warps rows a CTA
     splits: int = 1  # K shares, summed by the last to arrive (rows too few to fill the GPU)
+    # the blocks ahead kept ahead: a warp barrier after each block's loads, which ptxas does not
+    # sink them below (without it they all sank to the loop's end: one latency a trip); the
+    # ping-pong form always has it
+    pin: bool = False
 
     def describe(self) -> str:
-        return f"TKW TB{self.tb} {'PP' if self.pf == 0 else f'P{self.pf}'} w{self.num_warps} S{self.splits}"
+        return (f"TKW TB{self.tb} {'PP' if self.pf == 0 else f'P{self.pf}'} w{self.num_warps} S{self.splits}"
+                + (" pin" if self.pin and self.pf else ""))
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
         return workspace_need(p, self)
@@ -260,6 +266,13 @@ if TC.HAVE_GLUON:
         return acc + (c * iv[None, :] + nc[None, :]) * sg[:, None]
 
     @gluon.jit
+    def _pin_loads():
+        """A warp barrier: ptxas does not move the loads issued before it below it (without it, the
+        SASS had every next-trip load sunk below the current trip's math; bar.warp.sync orders the
+        warp's memory accesses)."""
+        gl.inline_asm_elementwise("bar.warp.sync -1; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _load_trip(wp, sp, hp, row0, kb, kb_last, stride_wn, stride_hn, stride_sn, FMT: gl.constexpr, TB: gl.constexpr):
         """Blocks kb..kb+TB-1 (each clamped to kb_last) into registers: (w, s, h) of each, four
         slots, the slots past TB repeating block kb (the same values: no loads, no registers)."""
@@ -302,7 +315,7 @@ if TC.HAVE_GLUON:
         M, N, TRIPS, ITERS,
         stride_wn, stride_hn, stride_sn, stride_ym,
         FMT: gl.constexpr, TB: gl.constexpr, PF: gl.constexpr, R: gl.constexpr, SPLITS: gl.constexpr,
-        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, LATE: gl.constexpr,
+        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, LATE: gl.constexpr, PIN: gl.constexpr,
         ASM: gl.constexpr, CONSTR: gl.constexpr,
         L5: gl.constexpr, LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
         MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
@@ -356,10 +369,12 @@ if TC.HAVE_GLUON:
                 kb = kb_first + i * TB
                 wb0, sb0, hb0, wb1, sb1, hb1, wb2, sb2, hb2, wb3, sb3, hb3 = _load_trip(
                     wp, sp, hp, row0, kb + TB, kb_last, stride_wn, stride_hn, stride_sn, FMT, TB)
+                _pin_loads()
                 acc = _x_trip(acc, wa0, sa0, ha0, wa1, sa1, ha1, wa2, sa2, ha2, wa3, sa3, ha3, kb, XQ, XS, xoff, xmask,
                               cn, FMT, TB, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
                 wa0, sa0, ha0, wa1, sa1, ha1, wa2, sa2, ha2, wa3, sa3, ha3 = _load_trip(
                     wp, sp, hp, row0, kb + 2 * TB, kb_last, stride_wn, stride_hn, stride_sn, FMT, TB)
+                _pin_loads()
                 if i + 1 < n_it:
                     acc = _x_trip(acc, wb0, sb0, hb0, wb1, sb1, hb1, wb2, sb2, hb2, wb3, sb3, hb3, kb + TB, XQ, XS, xoff,
                                   xmask, cn, FMT, TB, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
@@ -370,6 +385,8 @@ if TC.HAVE_GLUON:
                     # the block PF ahead, the share's last one again past its end (stays in bounds)
                     wn, sn, hn = TC._load_block(wp, sp, hp, row0, gl.minimum(kb + PF, kb_last), stride_wn, stride_hn,
                                                 stride_sn, FMT)
+                    if PIN:
+                        _pin_loads()
                     d_lo, d_hi, s_lo, s_hi = TC._decode_block(wa, sa, ha, FMT, R, ASM, CONSTR, L5, LH3)
                     acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
                     acc = _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
@@ -450,7 +467,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
         m, p.n, trips, _share(trips, cfg.splits),
         w.stride(0), h.stride(0), s.stride(0), y.stride(0),
         FMT=p.fmt, TB=cfg.tb, PF=cfg.pf, R=R, SPLITS=cfg.splits,
-        RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(),
+        RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(), PIN=bool(cfg.pin),
         ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
         MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
         num_warps=cfg.num_warps,

@@ -171,7 +171,9 @@ CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), T
            TK.TKWConfig(1, 2, 1, 4), TK.TKWConfig(2, 1, 8, 1), TK.TKWConfig(2, 1, 4, 8), TK.TKWConfig(2, 2, 4, 8),
            TK.TKWConfig(1, 2, 4, 2), TK.TKWConfig(4, 4, 4, 1), TK.TKWConfig(4, 3, 2, 2), TK.TKWConfig(1, 4, 4, 4),
            # ping-pong trips (pf 0), an odd trip count per share among them (K = 1408 at TB 1: 11 trips)
-           TK.TKWConfig(4, 0, 4, 1), TK.TKWConfig(2, 0, 4, 4), TK.TKWConfig(1, 0, 2, 2)]
+           TK.TKWConfig(4, 0, 4, 1), TK.TKWConfig(2, 0, 4, 4), TK.TKWConfig(1, 0, 2, 2),
+           # the blocks ahead pinned
+           TK.TKWConfig(4, 4, 4, 1, True), TK.TKWConfig(2, 1, 4, 4, True)]
 _PACKED: dict = {}
 
 
