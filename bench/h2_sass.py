@@ -33,12 +33,12 @@ def main() -> int:
     ap.add_argument("--formats", default="4,5,6,8")
     ap.add_argument("--ms", default="1,4")
     ap.add_argument("--cfgs", default="32:4:4,16:8:6,32:8:4,16:4:8", help="gemv_h2: block_n:kbs:ctas[:num_warps],... ('' none)")
-    ap.add_argument("--kw", default="", help="gemv_kw: block_n:bw:splits:num_warps[:prefetch[:inline]],... (e.g. 16:128:1:4)")
+    ap.add_argument("--kw", default="", help="gemv_kw: block_n:bw:splits:num_warps[:prefetch[:inline[:pin]]],... (e.g. 16:128:1:4)")
     ap.add_argument("--shape", default="17408x5120", help="N x K of the weight")
     args = ap.parse_args()
     n, k = (int(v) for v in args.shape.split("x"))
     h2 = [H.H2Config(*(int(v) for v in c.split(":"))) for c in args.cfgs.split(",") if c]
-    kw = [KW.KWConfig(*(int(v) for v in c.split(":")[:5]), *(bool(int(v)) for v in c.split(":")[5:6]))
+    kw = [KW.KWConfig(*(int(v) for v in c.split(":")[:5]), *(bool(int(v)) for v in c.split(":")[5:7]))
           for c in args.kw.split(",") if c]
     ms = [int(x) for x in args.ms.split(",")]
     fails = 0

@@ -71,10 +71,13 @@ class KWConfig:
     num_warps: int = 4
     prefetch: int = 1  # 1: the next trip's words load during this trip's math; 2: the same, two trips an iteration (ping-pong, no register copies)
     inline: bool = False  # x's pairs made by the GEMV's first CTAs (the others wait on a count), not a launch of their own
+    # a warp barrier after the next trip's loads, which ptxas then cannot sink below this trip's
+    # math (the sm_90 SASS of pf/pp has them issued two thirds into the trip or at its end)
+    pin: bool = False
 
     def describe(self) -> str:
         return (f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
-                + (" inline" if self.inline else ""))
+                + (" inline" if self.inline else "") + (" pin" if self.pin else ""))
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
         return workspace_need(p, self)
@@ -323,6 +326,14 @@ def _l2_ahead(W, H, S, rows, it0, n_it, stride_wn, stride_hn, stride_sn, FMT: tl
             PF.l2_prefetch(hl + t * HSTEP, ASM)
 
 
+@triton.jit
+def _pin_loads(ON: tl.constexpr):
+    """A warp barrier (bar.warp.sync: it orders the warp's memory accesses), so the loads issued
+    before it stay ahead of the math after it; a no-op when off (and in the interpreter)."""
+    if ON:
+        tl.inline_asm_elementwise("bar.warp.sync -1; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["M", "N", "ITERS", "TRIPS"])
 def _gemv_kw_kernel(
     XP, INV, INVM, W, H, S, Y, WS, CNT, G, X, RDY,
@@ -344,6 +355,7 @@ def _gemv_kw_kernel(
     GATED: tl.constexpr = False,
     ASM_PAIRS: tl.constexpr = False,
     L2PF: tl.constexpr = 0,
+    PIN: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -397,6 +409,7 @@ def _gemv_kw_kernel(
         for i in range(0, n_it, 2):
             d1 = tl.where(i + 1 < n_it, 1, 0)
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
+            _pin_loads(PIN and ASM_PAIRS)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
                            FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             d2 = tl.minimum(i + 2, n_it - 1) - i
@@ -404,6 +417,7 @@ def _gemv_kw_kernel(
             sp += d2 * GSTEP
             hp += d2 * HSTEP
             w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+            _pin_loads(PIN and ASM_PAIRS)
             if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
                                FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
@@ -421,6 +435,7 @@ def _gemv_kw_kernel(
                 sp += step * GSTEP
                 hp += step * HSTEP
                 w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+                _pin_loads(PIN and ASM_PAIRS)
             else:
                 w, hl, hh, s = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
                 wp += BW
@@ -548,6 +563,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         GATED=gated,
         ASM_PAIRS=fast and not interp,
         L2PF=l2pf,
+        PIN=bool(cfg.pin),
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -50,6 +50,7 @@ DEV = "cuda" if CUDA else "cpu"
         (3, 40, 1152, KW.KWConfig(16, 32, 2, prefetch=2)),  # q8
         (2, 33, 2176, KW.KWConfig(16, 16, 4, num_warps=2, prefetch=2)),  # row tail
         (4, 40, 2176, KW.KWConfig(8, 32, 4, num_warps=2)),  # q8
+        (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2, pin=True)),  # pinned loads (a no-op when interpreted)
     ],
 )
 def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
@@ -339,7 +340,7 @@ GPU_SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384
 @pytest.mark.parametrize("scheme,n,k", GPU_SHAPES)
 def test_kw_fast_path_on_the_gpu(scheme, n, k):
     """Every config kind (pf, ping-pong with odd trips at K = 17408, splits, ragged splits: 17 trips
-    as 9 + 8 or 5 + 5 + 5 + 2) at M = 1..4."""
+    as 9 + 8 or 5 + 5 + 5 + 2, pinned loads) at M = 1..4."""
     torch.manual_seed(n + k)
     p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
     deq = deq.float()
@@ -348,7 +349,10 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
         ref = x.float() @ deq.T
         for cfg in (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(32, 64, 2, 8), KW.KWConfig(16, 128, 4),
                     KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(16, 128, 4, inline=True),
-                    KW.KWConfig(8, 128, 2, 2), KW.KWConfig(8, 128, 4, 2, 2)):
+                    KW.KWConfig(8, 128, 2, 2), KW.KWConfig(8, 128, 4, 2, 2),
+                    # the next trip's loads pinned ahead of the math (a warp barrier)
+                    KW.KWConfig(16, 128, 1, 4, 1, pin=True), KW.KWConfig(16, 128, 1, 4, 2, pin=True),
+                    KW.KWConfig(8, 128, 2, 2, 1, pin=True)):
             if not KW.supports(p, cfg):
                 continue
             K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
