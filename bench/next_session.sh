@@ -290,7 +290,7 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 150 python3 bench/tkw_bench.py --out "$OUT" --first 3 --ms 1,4 --budget-s 100 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|best M" "$OUT/tkw.txt" | cut -c1-110
-    timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
+    timeout 200 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
     echo "TKW GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     rounds $(( 560 - ($(date +%s) - t0) )) "NINFER_TKW=0" "X=1" "NINFER_TKW=0" "X=1"
     ;;
