@@ -96,6 +96,34 @@ def weight_copies(shapes: list, t_start: float, budget_s: float):
         torch.cuda.empty_cache()
 
 
+def time_configs(kernel, key: str, fits: list, name: str, n: int, k: int, m: int, p, nbytes: int, copies: list,
+                 share, fmt_bits: int, sms: int, device: str = "cuda"):
+    """One shape at M rows: the dispatched kernel's µs, then each config in `fits` of `kernel` (a
+    module with launch and workspace_need: gemv_kw, gemv_tkw) with its error against the dispatched
+    output, printed and collected in row[key]. Returns (x, row); tkw_bench shares it."""
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import kernels as K
+
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    picked = K.pick_gemv(fmt_bits, m, n, k, sms)
+    want = K.launch(x, p)
+    base_ms = QL.graph_ms_per_call([lambda q=q: K.launch(x, q) for q in copies])
+    row = dict(fmt=name, n=n, k=k, m=m, mb=round(nbytes / 1e6, 1), dispatched=getattr(picked, "describe", lambda: str(picked))(),
+               dispatched_us=round(base_ms * 1e3, 2), dispatched_share=round(share(base_ms), 3))
+    row[key] = []
+    print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base_ms * 1e3:.2f} us "
+          f"{share(base_ms):.1%}", flush=True)
+    for cfg in fits:
+        K.Workspace.get(x.device).reserve(*kernel.workspace_need(p, cfg))
+        err = float((kernel.launch(x, p, cfg).float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+        t = QL.graph_ms_per_call([lambda q=q, c=cfg: kernel.launch(x, q, c) for q in copies])
+        row[key].append(dict(config=cfg.describe(), fields=list(dataclasses.astuple(cfg)), us=round(t * 1e3, 2),
+                             share=round(share(t), 3), err=err))
+        print(f"    {cfg.describe():24s} {t * 1e3:8.2f} us {share(t):6.1%}  err vs dispatched {err:.1e}", flush=True)
+    return x, row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -111,7 +139,6 @@ def main() -> int:
 
     from ninfer_plugins.quant_int import formats as IF
     from ninfer_plugins.quant_int import gemv_kw as KW
-    from ninfer_plugins.quant_int import kernels as K
 
     # the baseline is the dispatch without the K-walk (tuned.TUNED_KW's winners off)
     os.environ["NINFER_KW"] = "0"
@@ -135,21 +162,7 @@ def main() -> int:
             return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)
 
         for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            picked = K.pick_gemv(bits[name], m, n, k, sms)
-            want = K.launch(x, p)
-            base_ms = QL.graph_ms_per_call([lambda q=q: K.launch(x, q) for q in copies])
-            row = dict(fmt=name, n=n, k=k, m=m, mb=round(nbytes / 1e6, 1), dispatched=getattr(picked, "describe", lambda: str(picked))(),
-                       dispatched_us=round(base_ms * 1e3, 2), dispatched_share=round(share(base_ms), 3), kw=[])
-            print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base_ms * 1e3:.2f} us "
-                  f"{share(base_ms):.1%}", flush=True)
-            for cfg in fits:
-                K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
-                err = float((KW.launch(x, p, cfg).float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
-                t = QL.graph_ms_per_call([lambda q=q, c=cfg: KW.launch(x, q, c) for q in copies])
-                row["kw"].append(dict(config=cfg.describe(), fields=list(dataclasses.astuple(cfg)), us=round(t * 1e3, 2),
-                                      share=round(share(t), 3), err=err))
-                print(f"    {cfg.describe():24s} {t * 1e3:8.2f} us {share(t):6.1%}  err vs dispatched {err:.1e}", flush=True)
+            x, row = time_configs(KW, "kw", fits, name, n, k, m, p, nbytes, copies, share, bits[name], sms)
             if fits:
                 t = QL.graph_ms_per_call([lambda q=q: KW.launch(x, q, fits[0], ablate=1) for q in copies])
                 row["ablated"] = dict(config=fits[0].describe(), us=round(t * 1e3, 2), share=round(share(t), 3))

@@ -17,7 +17,6 @@ loads a weight). Writes tkw_bench.json and tuned_tkw.py (TUNED_TKW entries) unde
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -76,7 +75,6 @@ def main() -> int:
 
     from ninfer_plugins.quant_int import formats as IF
     from ninfer_plugins.quant_int import gemv_tkw as TK
-    from ninfer_plugins.quant_int import kernels as K
 
     os.environ["NINFER_TKW"] = "0"  # the baseline: today's dispatch
     ms = [int(v) for v in args.ms.split(",")]
@@ -99,24 +97,9 @@ def main() -> int:
 
         best = {}
         for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            picked = K.pick_gemv(bits[name], m, n, k, sms)
-            want = K.launch(x, p)
-            base_ms = QL.graph_ms_per_call([lambda q=q: K.launch(x, q) for q in copies])
-            row = dict(fmt=name, n=n, k=k, m=m, mb=round(nbytes / 1e6, 1), dispatched=getattr(picked, "describe", lambda: str(picked))(),
-                       dispatched_us=round(base_ms * 1e3, 2), dispatched_share=round(share(base_ms), 3), tkw=[])
-            print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base_ms * 1e3:.2f} us "
-                  f"{share(base_ms):.1%}", flush=True)
-            best[m] = base_ms
-            for cfg in fits:
-                K.Workspace.get(x.device).reserve(*TK.workspace_need(p, cfg))
-                err = float((TK.launch(x, p, cfg).float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
-                t = QL.graph_ms_per_call([lambda q=q, c=cfg: TK.launch(x, q, c) for q in copies])
-                row["tkw"].append(dict(config=cfg.describe(), fields=list(dataclasses.astuple(cfg)), us=round(t * 1e3, 2),
-                                       share=round(share(t), 3), err=err))
-                if err <= KB.MAX_ERR:
-                    best[m] = min(best[m], t)
-                print(f"    {cfg.describe():24s} {t * 1e3:8.2f} us {share(t):6.1%}  err vs dispatched {err:.1e}", flush=True)
+            x, row = KB.time_configs(TK, "tkw", fits, name, n, k, m, p, nbytes, copies, share, bits[name], sms)
+            # the best agreeing time at this M, any kernel (ms)
+            best[m] = min([row["dispatched_us"]] + [c["us"] for c in row["tkw"] if c["err"] <= KB.MAX_ERR]) / 1e3
             tx = QL.graph_ms_per_call([lambda f=p.fmt: TK.xq(x, f, k)] * 64)
             row["xq_us"] = round(tx * 1e3, 2)
             print(f"    x prepared alone {tx * 1e3:.2f} us", flush=True)
