@@ -40,7 +40,10 @@ def cands():
     return [H2Config(32, 4, 4), H2Config(32, 8, 4), H2Config(64, 2, 4), H2Config(16, 4, 8), H2Config(32, 4, 6),
             H2Config(64, 4, 4, 8), H2Config(32, 2, 6), H2Config(16, 8, 6), H2Config(64, 2, 6, 8),
             H2Config(16, 8, 6, 4, 2), H2Config(32, 4, 4, 4, 2), H2Config(16, 4, 8, 4, 2),
-            H2Config(16, 8, 6, 4, 1, True), H2Config(16, 4, 8, 4, 1, True)]
+            H2Config(16, 8, 6, 4, 1, True), H2Config(16, 4, 8, 4, 1, True),
+            # the next tile's loads pinned ahead of the math (sixteenth session: ptxas had sunk them to the loop's end)
+            H2Config(16, 8, 6, 4, 1, False, True), H2Config(32, 4, 4, 4, 1, False, True), H2Config(16, 8, 6, 4, 2, False, True),
+            H2Config(32, 4, 4, 4, 2, False, True), H2Config(16, 4, 8, 4, 1, True, True)]
 
 
 def main() -> int:

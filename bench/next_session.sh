@@ -40,6 +40,8 @@
 #                                      # with NINFER_TKW=1 against as committed (~9.5 min)
 #   bash bench/next_session.sh tkw2    # a short call: tkw_bench on the three big shapes (PF 3-4 configs), the TKW GPU
 #                                      # tests, the MTP round with TUNED_TKW against NINFER_TKW=0 (~4-8 min)
+#   bash bench/next_session.sh pin     # the decode GEMVs' next-tile loads pinned ahead of the math (NINFER_PIN=1; written
+#                                      # without a GPU): their GPU tests, the 27B and 35B steps against as committed (~9.5 min)
 #   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
@@ -285,6 +287,18 @@ case "${1:-}" in
       --variants "X=1|NINFER_TKW=1" > "$OUT/e27.txt" 2>&1
     echo "27B TKW A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
     rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW=1"
+    ;;
+  pin)
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_h2.py tests/plugins/quant_int/test_gemv_kw.py \
+      -k "every_shape or fast_path" > "$OUT/t.txt" 2>&1
+    echo "pinned GEMV GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
+      --variants "X=1|NINFER_PIN=1|X=1|NINFER_PIN=1" > "$OUT/e27.txt" 2>&1
+    echo "27B pin A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
+      --budget-s 120 --variants "X=1|NINFER_PIN=1|X=1|NINFER_PIN=1" > "$OUT/e35.txt" 2>&1
+    echo "35B pin A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
     ;;
   tkw2)
     t0=$(date +%s)

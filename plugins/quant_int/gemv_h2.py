@@ -450,6 +450,37 @@ def _plain_row(w, hl, hh, j, s_lo, s_hi, l0, l1, l2, l3, h0, h1, h2, h3, FMT: tl
 
 
 @triton.jit
+def _pin_loads(ON: tl.constexpr):
+    """A warp barrier (bar.warp.sync: it orders the warp's memory accesses), so that the next tile's
+    loads issued before it stay ahead of this tile's math: without it ptxas moves them to the end
+    of the loop body (sm_90 SASS, Triton 3.6), one memory latency a trip. It holds where the math
+    loads too (gemv_kw's x operands); math on registers alone can still move above it
+    (`_pinned`). A no-op when off (and in the interpreter). gemv_kw shares it."""
+    if ON:
+        tl.inline_asm_elementwise("bar.warp.sync -1; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _pinned(w, ZERO, ON: tl.constexpr):
+    """w, made to depend on a load issued after the warp barrier that follows the next tile's
+    loads: xor-ed with ZERO[0] (a word that is 0), so the math on w (registers only here: x is
+    prepared before the loop) cannot move above those loads. An asm constant would not do: ptxas
+    folds it. Costs an L1 hit a trip and one LOP3 a word."""
+    if ON:
+        _pin_loads(True)
+        w = w ^ tl.load(ZERO)
+    return w
+
+
+def zero_word(device: torch.device) -> torch.Tensor:
+    """int32 [1] = 0, kept for the life of the process (_pinned reads it; a CUDA graph keeps the
+    pointer): made on first use, which reserve_workspace makes at load."""
+    from ninfer.kernels.triton.launch import lasting
+
+    return lasting("gemv_zero_word", device, (), lambda: torch.zeros(1, dtype=torch.int32, device=device))
+
+
+@triton.jit
 def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr):
     """One trip's words [C, BLOCK_N] (tiles are words-first: every load then has its longest
     contiguity, or a tie, along dim 0 and Triton lays them all out alike, threads along words
@@ -678,7 +709,7 @@ def l2_ahead_trips(p: QK.Prepared, cfg: "H2Config", budget: int | None = None) -
 
 @triton.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES", "N_CHUNKS"])
 def _gemv_h2_kernel(
-    X, W, H, S, Y, WS, CNT, G, RES, NW, HOUT,
+    X, W, H, S, Y, WS, CNT, G, RES, NW, HOUT, ZERO,
     M, N, K,
     stride_xm, stride_wn, stride_hn, stride_sn, stride_ym, stride_res, stride_hout,
     ROWS_PER_CTA, N_SLICES, N_CHUNKS, eps, GOFF,
@@ -698,6 +729,7 @@ def _gemv_h2_kernel(
     PDL: tl.constexpr = False,
     ABLATE: tl.constexpr = 0,
     L2PF: tl.constexpr = 0,
+    PIN: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -747,6 +779,7 @@ def _gemv_h2_kernel(
             d1 = (r1 - r0).to(tl.int64)
             w_b, hl_b, hh_b, s_b = _load_tile(wp + d1 * stride_wn, sp + d1 * stride_sn, hp + d1 * stride_hn,
                                               h_shift, lead, FMT, FAST)
+            w_n = _pinned(w_n, ZERO, PIN and FAST)
             _trip(w_n, hl_n, hh_n, s_n, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
                   FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
@@ -755,6 +788,7 @@ def _gemv_h2_kernel(
             sp += d2 * stride_sn
             hp += d2 * stride_hn
             w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+            w_b = _pinned(w_b, ZERO, PIN and FAST)
             _trip(w_b, hl_b, hh_b, s_b, r1, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
                   FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
@@ -771,6 +805,7 @@ def _gemv_h2_kernel(
                 sp += step * stride_sn
                 hp += step * stride_hn
                 w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+                w = _pinned(w, ZERO, PIN and FAST)
             else:
                 w, hl, hh, s = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
                 wp += BLOCK_N * stride_wn
@@ -812,10 +847,11 @@ class H2Config:
     num_warps: int = 4
     prefetch: int = 1  # 0: load then compute; 1: the next tile loads during this one's math; 2: the same, two tiles a trip (ping-pong, no register copies)
     early: bool = False  # the first tile requested before x is prepared (small matrices)
+    pin: bool = False  # the next tile's loads kept ahead of this tile's math (_pin_loads)
 
     def describe(self) -> str:
         return (f"H2 BN{self.block_n} KBS{self.kbs} C{self.ctas} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
-                + (" early" if self.early else ""))
+                + (" early" if self.early else "") + (" pin" if self.pin else ""))
 
     # the interface kernels.py dispatches through (shared with gemv.GemvConfig)
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
@@ -942,7 +978,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     asm, constr = _asm(p.fmt, block_m)
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
     _gemv_h2_kernel[(chunks, n_slices)](
-        x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout,
+        x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout, zero_word(x2.device) if cfg.pin else ws.counters,
         m, p.n, p.k,
         x2.stride(0), w.stride(0), h.stride(0), s.stride(0), y.stride(0), res.stride(0), hout.stride(0),
         rows_per_cta, n_slices, chunks, eps, p.k if gated else 0,
@@ -961,6 +997,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         GATED=gated,
         ABLATE=ablate,
         L2PF=l2_ahead_trips(p, cfg, l2_budget),
+        PIN=bool(cfg.pin),
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

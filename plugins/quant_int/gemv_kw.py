@@ -326,14 +326,6 @@ def _l2_ahead(W, H, S, rows, it0, n_it, stride_wn, stride_hn, stride_sn, FMT: tl
             PF.l2_prefetch(hl + t * HSTEP, ASM)
 
 
-@triton.jit
-def _pin_loads(ON: tl.constexpr):
-    """A warp barrier (bar.warp.sync: it orders the warp's memory accesses), so the loads issued
-    before it stay ahead of the math after it; a no-op when off (and in the interpreter)."""
-    if ON:
-        tl.inline_asm_elementwise("bar.warp.sync -1; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M", "N", "ITERS", "TRIPS"])
 def _gemv_kw_kernel(
     XP, INV, INVM, W, H, S, Y, WS, CNT, G, X, RDY,
@@ -409,7 +401,7 @@ def _gemv_kw_kernel(
         for i in range(0, n_it, 2):
             d1 = tl.where(i + 1 < n_it, 1, 0)
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
-            _pin_loads(PIN and ASM_PAIRS)
+            H2._pin_loads(PIN and ASM_PAIRS)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
                            FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             d2 = tl.minimum(i + 2, n_it - 1) - i
@@ -417,7 +409,7 @@ def _gemv_kw_kernel(
             sp += d2 * GSTEP
             hp += d2 * HSTEP
             w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-            _pin_loads(PIN and ASM_PAIRS)
+            H2._pin_loads(PIN and ASM_PAIRS)
             if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
                                FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
@@ -435,7 +427,7 @@ def _gemv_kw_kernel(
                 sp += step * GSTEP
                 hp += step * HSTEP
                 w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
-                _pin_loads(PIN and ASM_PAIRS)
+                H2._pin_loads(PIN and ASM_PAIRS)
             else:
                 w, hl, hh, s = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
                 wp += BW

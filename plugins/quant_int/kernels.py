@@ -34,6 +34,7 @@ runs on CPU in CI; the GPU tests check both against the fp32 reference.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -587,8 +588,10 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         if kws:
             gemv_kw.x_scratch(p.device, p.fmt, p.k)
             gemv_kw.ready_counters(p.device)
-    from ninfer_plugins.quant_int import gemv_tkw
+    from ninfer_plugins.quant_int import gemv_h2, gemv_tkw
     from ninfer_plugins.quant_int.tuned import TUNED_TKW
+
+    gemv_h2.zero_word(p.device)  # a pinned f16x2 config's zero (H2Config.pin), made outside any capture
 
     if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
         # likewise the tensor-core K-walk's winners and default (NINFER_TKW may switch after load)
@@ -625,6 +628,15 @@ GEMV_DEFAULT_MAX_N = 65536
 
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
+    """pick_decode's config, with its next tile's loads pinned ahead of the math under NINFER_PIN=1
+    (an A/B switch, read at each launch: H2Config, KWConfig and TKWConfig's `pin`)."""
+    cfg = pick_decode(fmt, m, n, k, sm_count)
+    if cfg is not None and os.environ.get("NINFER_PIN") == "1" and hasattr(cfg, "pin"):
+        cfg = dataclasses.replace(cfg, pin=True)
+    return cfg
+
+
+def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     """The decode kernel for an M <= 8 launch: a tensor-core GEMV config (gemv_tc.py), an f16x2
     GEMV config (gemv_h2.py), a CUDA-core GEMV config (gemv.py), or None where the MMA kernel is
     the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch

@@ -157,6 +157,7 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
         # 3 chunks of 2, 2 and 1 trips (the CPU counts one SM): per-chunk ends and tails
         (1, 80, 512, H.H2Config(16, 2, 6)),
         (4, 80, 512, H.H2Config(16, 2, 6, prefetch=2)),
+        (2, 80, 512, H.H2Config(16, 2, 6, prefetch=2, pin=True)),  # pinned loads (a no-op when interpreted)
     ],
 )
 def test_interpreted_h2_matches_reference(scheme, m, n, k, cfg):
@@ -320,7 +321,11 @@ def test_gpu_h2_every_shape_class(scheme):
     torch.manual_seed(0)
     for n, k in SHAPES:
         p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
-        for cfg in (H.default_config(p.fmt, n, k), H.H2Config(16, 2, 8), H.H2Config(64, 1, 2, 8)):
+        dflt = H.default_config(p.fmt, n, k)
+        # pinned: the next tile's loads kept ahead of the math (pf and ping-pong)
+        pinned = () if dflt is None else (H.H2Config(dflt.block_n, dflt.kbs, dflt.ctas, dflt.num_warps, 1, dflt.early, True),
+                                          H.H2Config(dflt.block_n, dflt.kbs, dflt.ctas, dflt.num_warps, 2, dflt.early, True))
+        for cfg in (dflt, H.H2Config(16, 2, 8), H.H2Config(64, 1, 2, 8), *pinned):
             if cfg is None or not H.supports(p, cfg):
                 continue
             K.Workspace.get(p.device).reserve(*H.workspace_need(p, cfg))

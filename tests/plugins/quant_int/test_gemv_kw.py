@@ -595,3 +595,16 @@ def test_gpu_tuned_table_dispatch_agrees_with_the_kernels_it_replaced(monkeypatc
                 assert torch.equal(kern.apply_gated(gu, p), K.launch(silu_mul(gu[:, :k], gu[:, k:]), p)), what
         del p, deq
         torch.cuda.empty_cache()
+
+
+def test_pin_switch_pins_the_dispatched_config(monkeypatch):
+    """NINFER_PIN=1 (an A/B switch, read at each launch) returns the dispatched f16x2 / K-walk
+    config with its next tile's loads pinned, and nothing else changed."""
+    monkeypatch.delenv("NINFER_PIN", raising=False)
+    shapes = [(5, 1, 5120, 17408), (4, 1, 34816, 5120), (8, 1, 12288, 2048), (5, 1, 5120, 6144)]
+    plain = [K.pick_gemv(*s, 132) for s in shapes]
+    assert all(c is not None and not c.pin for c in plain)
+    monkeypatch.setenv("NINFER_PIN", "1")
+    for s, c in zip(shapes, plain):
+        got = K.pick_gemv(*s, 132)
+        assert got.pin and dataclasses.replace(got, pin=False) == c, (s, got, c)
