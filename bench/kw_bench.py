@@ -186,16 +186,18 @@ WIN = 0.97
 MAX_ERR = 1e-2
 
 
-def tuned_table(rows: list, bits: dict) -> str:
-    """tuned.TUNED_KW entries from the rows: the fastest K-walk config that agrees with the
-    dispatched kernel where it beats it by WIN, else () (it lost there); M = 1 -> "m1",
-    M = 4 -> "m4" (other M are not buckets)."""
-    lines = ["# bench/kw_bench.py: paste into quant_int/tuned.py's TUNED_KW after the step has confirmed them"]
+def tuned_table(rows: list, bits: dict, configs: str = "kw", buckets: dict | None = None,
+                header: str = "bench/kw_bench.py: paste into quant_int/tuned.py's TUNED_KW") -> str:
+    """Tuned-table entries from the rows (their configs under row[configs]; tuned.TUNED_KW's by
+    default): the fastest config that agrees with the dispatched kernel where it beats it by WIN,
+    else () (it lost there); buckets map M to the table's ("m1", "m4"; other M are not buckets)."""
+    buckets = buckets or {1: "m1", 4: "m4"}
+    lines = [f"# {header} after the step has confirmed them"]
     for r in rows:
-        bucket = {1: "m1", 4: "m4"}.get(r["m"])
+        bucket = buckets.get(r["m"])
         if bucket is None:
             continue
-        ok = [c for c in r["kw"] if c["err"] <= MAX_ERR]
+        ok = [c for c in r[configs] if c["err"] <= MAX_ERR]
         best = min(ok, key=lambda c: c["us"], default=None)
         key = f"({bits[r['fmt']]}, {r['n']}, {r['k']}, '{bucket}')"
         if best is not None and best["us"] < WIN * r["dispatched_us"]:

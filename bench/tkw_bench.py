@@ -108,32 +108,12 @@ def main() -> int:
             print("    best M / best M=1: " + ", ".join(f"M={m} {best[m] / best[1]:.3f}x" for m in ms if m != 1), flush=True)
         del copies, p
     QL.write_result(args.out, "tkw_bench.json", dict(copy_tbs=copy_tbs, rows=rows, device=torch.cuda.get_device_name(0)))
-    table = tuned_table(rows, bits)
+    table = KB.tuned_table(rows, bits, "tkw", {1: "m1", 4: "m4", 8: "m8"},
+                           "bench/tkw_bench.py: paste into quant_int/tuned.py's TUNED_TKW")
     print(table, flush=True)
     if args.out:
         Path(args.out, "tuned_tkw.py").write_text(table + "\n")
     return 0
-
-
-def tuned_table(rows: list, bits: dict) -> str:
-    """tuned.TUNED_TKW entries: the fastest agreeing config where it beats the dispatched kernel by
-    kw_bench.WIN, else ()."""
-    import kw_bench as KB
-
-    lines = ["# bench/tkw_bench.py: paste into quant_int/tuned.py's TUNED_TKW after the step has confirmed them"]
-    for r in rows:
-        bucket = {1: "m1", 4: "m4", 8: "m8"}.get(r["m"])
-        if bucket is None:
-            continue
-        ok = [c for c in r["tkw"] if c["err"] <= KB.MAX_ERR]
-        b = min(ok, key=lambda c: c["us"], default=None)
-        key = f"({bits[r['fmt']]}, {r['n']}, {r['k']}, '{bucket}')"
-        if b is not None and b["us"] < KB.WIN * r["dispatched_us"]:
-            lines.append(f"    {key}: {tuple(b['fields'])},  # {b['us']} vs {r['dispatched_us']} us ({r['dispatched']})")
-        else:
-            why = f"best {b['us']} us" if b else "no config agreed with the dispatch"
-            lines.append(f"    {key}: (),  # {why} vs {r['dispatched_us']} us ({r['dispatched']})")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -104,13 +104,18 @@ def _fits(fmt: int, k: int, cfg: KWConfig) -> bool:
         return False
     # K shares of whole trips, ragged where the trips do not divide (q5 down's 17 trips in two:
     # 9 and 8): every share gets at least one
-    trips = row_words(fmt, k) // cfg.bw
-    return (cfg.splits - 1) * _share(trips, cfg.splits) < trips
+    return _shares_fit(row_words(fmt, k) // cfg.bw, cfg.splits)
 
 
 def _share(trips: int, splits: int) -> int:
     """Trips a K share walks (the last share walks what is left)."""
     return -(-trips // splits)
+
+
+def _shares_fit(trips: int, splits: int) -> bool:
+    """Whether `splits` shares of _share(trips, splits) trips leave the last share at least one
+    (gemv_tkw's shares follow the same rule)."""
+    return (splits - 1) * _share(trips, splits) < trips
 
 
 def enabled() -> bool:

@@ -584,14 +584,15 @@ def red_rows(num_warps: int, tokens: int = 8) -> int:
     return max(1, (4 * 32 * num_warps) // tokens)
 
 
-def reference(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
+def reference(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig, w: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's arithmetic in torch (CPU path and test oracle): exact fp32 weights (the
-    kernel multiplies codes by x, then by the fp32 scale), x scaled per token and slice by the
-    same power of two and rounded to fp16, fp32 sums per slice, slices summed in order."""
+    kernel multiplies codes by x, then by the fp32 scale; `w`: p already dequantized), x scaled
+    per token and slice by the same power of two and rounded to fp16, fp32 sums per slice,
+    slices summed in order."""
     from ninfer_plugins.quant_int.linear import dequantize_int_prepared
 
     m = x2.shape[0]
-    w = dequantize_int_prepared(p)  # [n, k]; k is whole slices (supports)
+    w = dequantize_int_prepared(p) if w is None else w  # [n, k]; k is whole slices (supports)
     xs = x2.to(torch.float32)
     slice_k = 128 * cfg.kb
     y = torch.zeros((m, p.n), dtype=torch.float32, device=x2.device)

@@ -46,6 +46,7 @@ from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import gemv_tc as TC
 from ninfer_plugins.quant_int import kernels as QK
+from ninfer_plugins.quant_int.gemv_kw import _share, _shares_fit  # K shares of whole trips, ragged as gemv_kw's
 
 MAX_M = 8
 FORMATS = TC.FORMATS
@@ -80,11 +81,6 @@ def trips_of(k: int, cfg: TKWConfig) -> int:
     return k // (128 * cfg.tb)
 
 
-def _share(trips: int, splits: int) -> int:
-    """Trips a K share walks (the last share walks what is left)."""
-    return -(-trips // splits)
-
-
 def supports(p: QK.Prepared, cfg: TKWConfig) -> bool:
     return _fits(p.fmt, p.k, cfg)
 
@@ -95,7 +91,7 @@ def _fits(fmt: int, k: int, cfg: TKWConfig) -> bool:
     if QK.ROW_PAD % (16 * cfg.num_warps) or cfg.splits < 1 or cfg.splits & (cfg.splits - 1):
         return False
     trips = trips_of(k, cfg)
-    return trips >= 1 and (cfg.splits - 1) * _share(trips, cfg.splits) < trips
+    return trips >= 1 and _shares_fit(trips, cfg.splits)
 
 
 def enabled() -> bool:
@@ -240,10 +236,11 @@ def xq_reference(x2: torch.Tensor, fmt: int, k: int) -> tuple[torch.Tensor, torc
     return q, s
 
 
-def reference(x2: torch.Tensor, p: QK.Prepared) -> torch.Tensor:
+def reference(x2: torch.Tensor, p: QK.Prepared, w: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's arithmetic in torch (CPU path and test oracle): gemv_tc's with one K block a
-    slice (x scaled per token and block by a power of two, rounded to fp16; exact fp32 weights)."""
-    return TC.reference(x2, p, TC.TCConfig(kb=1))
+    slice (x scaled per token and block by a power of two, rounded to fp16; exact fp32 weights,
+    or `w`, p already dequantized)."""
+    return TC.reference(x2, p, TC.TCConfig(kb=1), w)
 
 
 # --- the kernel ------------------------------------------------------------------------------
@@ -387,9 +384,7 @@ if TC.HAVE_GLUON:
                                                 stride_sn, FMT)
                     if PIN:
                         _pin_loads()
-                    d_lo, d_hi, s_lo, s_hi = TC._decode_block(wa, sa, ha, FMT, R, ASM, CONSTR, L5, LH3)
-                    acc = _x_group(acc, d_lo, s_lo, XQ, XS, kb * 2, xoff, xmask, cn, R, MMA, A_L, B_L)
-                    acc = _x_group(acc, d_hi, s_hi, XQ, XS, kb * 2 + 1, xoff, xmask, cn, R, MMA, A_L, B_L)
+                    acc = _x_block(acc, wa, sa, ha, kb, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR, L5, LH3, MMA, A_L, B_L)
                     # the blocks in flight move up one (renamings within the unrolled trip: TB a
                     # multiple of PF leaves no copies at the loop's end)
                     if PF == 1:

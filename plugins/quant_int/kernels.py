@@ -578,35 +578,43 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     from ninfer_plugins.quant_int import gemv_kw
     from ninfer_plugins.quant_int.tuned import TUNED_KW
 
-    if p.fmt in gemv_kw.DECODES:
-        # every K-walk config a launch may pick, whatever NINFER_KW says now (an A/B in one process
-        # may switch it after load): the measured winners and the default config
-        kws = [gemv_kw.KWConfig(*c) for b in ("m1", "m4") if (c := TUNED_KW.get((p.fmt, p.n, p.k, b)))]
-        kws += [c for c in (gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),) if c is not None]
-        for kw in kws:
-            ws.reserve(*kw.workspace(p))
-        if kws:
-            gemv_kw.x_scratch(p.device, p.fmt, p.k)
-            gemv_kw.ready_counters(p.device)
     from ninfer_plugins.quant_int import gemv_h2, gemv_tkw
     from ninfer_plugins.quant_int.tuned import TUNED_TKW
 
-    gemv_h2.zero_word(p.device)  # a pinned f16x2 config's zero (H2Config.pin), made outside any capture
-
+    if p.fmt in gemv_kw.DECODES:
+        _reserve_walk(ws, p, TUNED_KW, ("m1", "m4"), gemv_kw.KWConfig, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),
+                      lambda: (gemv_kw.x_scratch(p.device, p.fmt, p.k), gemv_kw.ready_counters(p.device)))
     if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
-        # likewise the tensor-core K-walk's winners and default (NINFER_TKW may switch after load)
-        tks = [gemv_tkw.TKWConfig(*c) for b in ("m1", "m4", "m8") if (c := TUNED_TKW.get((p.fmt, p.n, p.k, b)))]
-        tks += [c for c in (gemv_tkw.default_config(p.fmt, p.n, p.k, p.sm_count),) if c is not None]
-        for tk in tks:
-            ws.reserve(*tk.workspace(p))
-        if tks:
-            gemv_tkw.xq_scratch(p.device, p.k)
+        _reserve_walk(ws, p, TUNED_TKW, ("m1", "m4", "m8"), gemv_tkw.TKWConfig,
+                      gemv_tkw.default_config(p.fmt, p.n, p.k, p.sm_count), lambda: gemv_tkw.xq_scratch(p.device, p.k))
+    gemv_h2.zero_word(p.device)  # a pinned f16x2 config's zero (H2Config.pin), made outside any capture
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
         split, _, _ = resolve_split(cfg, p.k)
         if split > 1:
             grid_n, grid_m = -(-p.n // cfg.block_n), -(-m // cfg.block_m)
             ws.reserve(grid_n * grid_m * split * cfg.block_n * cfg.block_m, grid_n * grid_m)
+
+
+def _reserve_walk(ws: "Workspace", p: Prepared, table: dict, buckets: tuple, make, default, scratch) -> None:
+    """A K-walk kernel's scratch for every config a launch may pick, whatever its switch says now
+    (an A/B in one process may flip it after load): its measured winners and its default config;
+    then its x scratch (scratch()) if any config exists."""
+    cfgs = [make(*c) for b in buckets if (c := table.get((p.fmt, p.n, p.k, b)))]
+    cfgs += [default] if default is not None else []
+    for cfg in cfgs:
+        ws.reserve(*cfg.workspace(p))
+    if cfgs:
+        scratch()
+
+
+def _tuned_or_default(table: dict, key: tuple, make, enabled: bool, default):
+    """A table-dispatched kernel's config: its measured winner for key, else (with its experiment
+    switch on) default(), else None."""
+    hit = table.get(key)
+    if hit:
+        return make(*hit)
+    return default() if enabled else None
 
 
 def resolve_split(cfg: Config, k: int) -> tuple[int, int, int]:
@@ -661,23 +669,16 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     if fmt in gemv_tkw.FORMATS and gemv_tkw.tuned_allowed():
         # the tensor-core K-walk: its measured winner (unless NINFER_TKW=0); with NINFER_TKW=1
         # (an experiment) its default config wherever it fits, ahead of every other kernel
-        hit = TUNED_TKW.get((fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8"))
-        if hit:
-            return gemv_tkw.TKWConfig(*hit)
-        if gemv_tkw.enabled():
-            cfg = gemv_tkw.default_config(fmt, n, k, sm_count)
-            if cfg is not None:
-                return cfg
-    if m <= 4 and fmt in gemv_kw.DECODES:
-        # the K-walk GEMV: its measured winner (unless NINFER_KW=0); with NINFER_KW=1 (an
-        # experiment) also its default config wherever it fits, ahead of every other winner
-        hit = TUNED_KW.get((fmt, n, k, "m1" if m == 1 else "m4")) if gemv_kw.tuned_allowed() else None
-        if hit:
-            return gemv_kw.KWConfig(*hit)
-        if gemv_kw.enabled():
-            cfg = gemv_kw.default_config(fmt, n, k, sm_count)
-            if cfg is not None:
-                return cfg
+        cfg = _tuned_or_default(TUNED_TKW, (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8"), gemv_tkw.TKWConfig,
+                                gemv_tkw.enabled(), lambda: gemv_tkw.default_config(fmt, n, k, sm_count))
+        if cfg is not None:
+            return cfg
+    if m <= 4 and fmt in gemv_kw.DECODES and gemv_kw.tuned_allowed():
+        # the K-walk GEMV: likewise (NINFER_KW=0 / =1), ahead of every other winner
+        cfg = _tuned_or_default(TUNED_KW, (fmt, n, k, "m1" if m == 1 else "m4"), gemv_kw.KWConfig, gemv_kw.enabled(),
+                                lambda: gemv_kw.default_config(fmt, n, k, sm_count))
+        if cfg is not None:
+            return cfg
     tc_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
     if gemv_tc.enabled() and os.environ.get("NINFER_TCD") == "1" and fmt in gemv_tc.FORMATS:
         # experiment switch (set before the model loads: workspace is reserved then): the direct
