@@ -449,14 +449,26 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
 }
 
 # The tensor-core K-walk GEMV (gemv_tkw.py): (fmt, n, k, "m1" | "m4" | "m8") -> (tb, pf, num_warps,
-# splits) where it beat the kernel dispatched without it, measured by bench/kw_bench.py; () where
-# it lost. Measured on an H100 (BENCHMARKS.md, eighteenth run): it loses to the f16x2 K-walk at
-# M = 1 on every big matrix (60.8 vs 43.6 us on gate+up) and wins only these, by >= 3% alone.
+# splits[, pin]) where it beat the kernel dispatched without it, measured by bench/tkw_bench.py; ()
+# where it lost. m1/m4: measured on the H200 (BENCHMARKS.md, nineteenth run), where the pinned forms
+# (next blocks' loads held at the loop's top) win every big matrix at M = 4 and it loses every M = 1.
+# m8: the H100's winners (eighteenth run; M = 8 is not run on the H200 yet).
 TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
-    (4, 34816, 5120, 'm8'): (4, 1, 4, 4),  # 58.64 vs 64.84 us (TCD KB8 P2 w4 C6)
-    (5, 5120, 17408, 'm8'): (4, 1, 4, 4),  # 39.46 vs 44.07 us (TCD KB17 P2 w4 C8)
-    (5, 16384, 5120, 'm8'): (4, 2, 4, 1),  # 32.27 vs 44.03 us (TCD KB8 P2 w4 C6)
-    (5, 13312, 5120, 'm4'): (4, 2, 4, 1),  # 28.57 vs 29.91 us (TCD KB8 P2 w4 C4)
-    (4, 131072, 5120, 'm1'): (4, 2, 4, 1),  # 168.8 vs 191.25 us (H2 BN32 KBS8 C4 w4 pf): the MTP shortlist head
-    (4, 131072, 5120, 'm4'): (4, 2, 4, 1),  # 171.79 vs 187.06 us (MMA kernel)
+    (4, 34816, 5120, 'm1'): (),  # best 44.16 us vs 33.4 us (KW BN16 BW128 S1 w4 pp)
+    (4, 34816, 5120, 'm4'): (2, 1, 4, 1, True),  # 45.71 vs 52.27 us (KW BN16 BW64 S1 w4 pf)
+    (5, 5120, 17408, 'm1'): (),  # best 31.91 us vs 26.45 us (KW BN8 BW128 S1 w2 pf)
+    (5, 5120, 17408, 'm4'): (4, 2, 4, 4, True),  # 32.27 vs 36.88 us (KW BN8 BW128 S1 w2 pf)
+    (5, 16384, 5120, 'm1'): (),  # best 26.23 us vs 23.95 us (KW BN16 BW128 S1 w4 pf)
+    (5, 16384, 5120, 'm4'): (4, 3, 4, 1, True),  # 26.57 vs 31.72 us (KW BN8 BW128 S1 w2 pf)
+    (5, 13312, 5120, 'm1'): (),  # best 24.03 us vs 17.82 us (KW BN16 BW64 S1 w4 pf)
+    (5, 13312, 5120, 'm4'): (4, 3, 4, 1, True),  # 24.43 vs 26.01 us (TCD KB8 P2 w4 C4)
+    (5, 5120, 6144, 'm1'): (),  # best 13.89 us vs 10.62 us (H2 BN16 KBS8 C6 w4 pf)
+    (5, 5120, 6144, 'm4'): (),  # best 14.15 us vs 13.6 us (TCD KB4 P1 w4 C6)
+    (4, 1024, 5120, 'm1'): (),  # best 7.98 us vs 5.35 us (H2 BN16 KBS8 C6 w4 pf)
+    (4, 1024, 5120, 'm4'): (),  # best 8.1 us vs 8.04 us (None)
+    (4, 131072, 5120, 'm1'): (),  # best 140.06 us vs 134.83 us (H2 BN32 KBS8 C4 w4 pf): the MTP shortlist head
+    (4, 131072, 5120, 'm4'): (4, 2, 4, 1, True),  # 139.9 vs 151.73 us (None)
+    (4, 34816, 5120, 'm8'): (4, 1, 4, 4),  # H100: 58.64 vs 64.84 us (TCD KB8 P2 w4 C6)
+    (5, 5120, 17408, 'm8'): (4, 1, 4, 4),  # H100: 39.46 vs 44.07 us (TCD KB17 P2 w4 C8)
+    (5, 16384, 5120, 'm8'): (4, 2, 4, 1),  # H100: 32.27 vs 44.03 us (TCD KB8 P2 w4 C6)
 }

@@ -270,7 +270,8 @@ def test_h2_rejects_what_it_cannot_do():
 
 
 def test_dispatch_takes_h2_at_one_row(monkeypatch):
-    monkeypatch.setenv("NINFER_KW", "0")  # the dispatch without the K-walk (tuned.TUNED_KW off)
+    monkeypatch.setenv("NINFER_KW", "0")  # the dispatch without the K-walks (tuned.TUNED_KW and TUNED_TKW off)
+    monkeypatch.setenv("NINFER_TKW", "0")
     assert isinstance(K.pick_gemv(4, 1, 34816, 5120, 132), H.H2Config)
     assert isinstance(K.pick_gemv(8, 1, 8192, 2048, 132), H.H2Config)
     # NVFP4 at one row: its tuned winner, and the NVFP4 default where a shape was not tuned

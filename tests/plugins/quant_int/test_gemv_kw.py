@@ -283,6 +283,8 @@ def test_kw_dispatch_only_when_switched_on(monkeypatch):
     dispatch is untouched; M > 4 never (the measured table emptied: its entries come first)."""
     from ninfer_plugins.quant_int import tuned
 
+    monkeypatch.setenv("NINFER_TKW", "0")  # TUNED_TKW's winners come first; here the K-walk's own dispatch
+
     monkeypatch.setattr(tuned, "TUNED_KW", {})
     monkeypatch.delenv("NINFER_KW", raising=False)
     assert not isinstance(K.pick_gemv(5, 1, 5120, 17408, 132), KW.KWConfig)
@@ -305,6 +307,8 @@ def test_tuned_kw_winners_dispatch_unless_switched_off(monkeypatch):
     () means the K-walk lost there (the dispatch goes on as before); NINFER_KW=0 turns the table
     off."""
     from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.setenv("NINFER_TKW", "0")  # TUNED_TKW's winners come first; here the K-walk's own dispatch
 
     monkeypatch.setattr(tuned, "TUNED_KW", {})
     monkeypatch.delenv("NINFER_KW", raising=False)
@@ -422,6 +426,8 @@ def test_measured_table_entries_fit_and_dispatch(monkeypatch):
     """Every TUNED_KW winner is a config the kernel takes for its shape, and is what the dispatch
     picks at its bucket (M = 1 for m1, M = 2..4 for m4) unless NINFER_KW=0."""
     from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.setenv("NINFER_TKW", "0")  # TUNED_TKW's winners come first; here the K-walk's own dispatch
 
     monkeypatch.delenv("NINFER_KW", raising=False)
     assert tuned.TUNED_KW, "the table holds kw_bench's measured winners"
