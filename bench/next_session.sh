@@ -42,6 +42,8 @@
 #                                      # tests, the MTP round with TUNED_TKW against NINFER_TKW=0 (~4-8 min)
 #   bash bench/next_session.sh pin     # the decode GEMVs' next-tile loads pinned ahead of the math (NINFER_PIN=1; written
 #                                      # without a GPU): their GPU tests, the 27B and 35B steps against as committed (~9.5 min)
+#   bash bench/next_session.sh ring    # the tensor-core K-walk's cp.async ring (written without a GPU): GPU tests,
+#                                      # tkw_bench (ring configs), the MTP round with NINFER_TKW_RING=4 (~8 min)
 #   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
@@ -307,6 +309,18 @@ case "${1:-}" in
     timeout 200 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
     echo "TKW GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     rounds $(( 560 - ($(date +%s) - t0) )) "NINFER_TKW=0" "X=1" "NINFER_TKW=0" "X=1"
+    ;;
+  ring)
+    # the tensor-core K-walk's cp.async ring (TKWConfig.ring, written without a GPU): its GPU tests,
+    # tkw_bench over the three big shapes (ring configs against the pinned winners), the 27B MTP round
+    # with every dispatched TKW config on a 4-stage ring against as committed (~8 min)
+    t0=$(date +%s)
+    timeout 170 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py \
+      -k "R2 or R3 or R4 or R6 or graph_replay or xq" > "$OUT/t.txt" 2>&1
+    echo "ring GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    timeout 130 python3 bench/tkw_bench.py --out "$OUT" --first 3 --ms 1,4 --set ring --budget-s 90 > "$OUT/tkw.txt" 2>&1
+    echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|best M" "$OUT/tkw.txt" | cut -c1-100
+    rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW_RING=4" "X=1" "NINFER_TKW_RING=4"
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)

@@ -65,8 +65,13 @@ class TKWConfig:
     # sink them below (without it they all sank to the loop's end: one latency a trip); the
     # ping-pong form always has it
     pin: bool = False
+    # > 0: the weights through a cp.async ring in shared memory of this many trips (2-8; `pf` and
+    # `pin` unused): bytes in flight that cost no registers (`_gemv_tkw_ring_kernel`)
+    ring: int = 0
 
     def describe(self) -> str:
+        if self.ring:
+            return f"TKW TB{self.tb} R{self.ring} w{self.num_warps} S{self.splits}"
         return (f"TKW TB{self.tb} {'PP' if self.pf == 0 else f'P{self.pf}'} w{self.num_warps} S{self.splits}"
                 + (" pin" if self.pin and self.pf else ""))
 
@@ -75,6 +80,17 @@ class TKWConfig:
 
     def run(self, x2: torch.Tensor, p: QK.Prepared, fast: bool | None = None) -> torch.Tensor:
         return launch(x2, p, self)
+
+
+# shared memory a CTA's ring may take (bytes): an H100/H200 SM has 228 KB, two CTAs an SM at least
+RING_SMEM = 96 * 1024
+
+
+def ring_bytes(fmt: int, cfg: TKWConfig) -> int:
+    """The ring's shared memory: per stage TB blocks of R rows, each 64 bytes of words, a 4-byte
+    scale pair and (q5) 32 bytes of bit words."""
+    per_block_row = 64 + 4 + (32 if fmt == 5 else 0)
+    return cfg.ring * cfg.tb * 16 * cfg.num_warps * per_block_row
 
 
 def trips_of(k: int, cfg: TKWConfig) -> int:
@@ -89,6 +105,8 @@ def _fits(fmt: int, k: int, cfg: TKWConfig) -> bool:
     if fmt not in FORMATS or k % (128 * cfg.tb) or cfg.pf not in (0, 1, 2, 3, 4) or (cfg.pf == 0 and cfg.tb not in (1, 2, 4)) or cfg.num_warps not in (1, 2, 4, 8):
         return False
     if QK.ROW_PAD % (16 * cfg.num_warps) or cfg.splits < 1 or cfg.splits & (cfg.splits - 1):
+        return False
+    if cfg.ring and (not 2 <= cfg.ring <= 8 or cfg.tb & (cfg.tb - 1) or cfg.tb > 8 or ring_bytes(fmt, cfg) > RING_SMEM):
         return False
     trips = trips_of(k, cfg)
     return trips >= 1 and _shares_fit(trips, cfg.splits)
@@ -249,6 +267,8 @@ if TC.HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
     _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 
     @gluon.jit
@@ -402,6 +422,14 @@ if TC.HAVE_GLUON:
                         wc_, sc_, hc_ = wd_, sd_, hd_
                         wd_, sd_, hd_ = wn, sn, hn
 
+        _finish(acc, Y, WS, CNT, pid_r, pid_s, row0, cn, M, N, stride_ym, R, SPLITS, RED, MT, PDL, LATE, LRED, MMA)
+
+    @gluon.jit
+    def _finish(acc, Y, WS, CNT, pid_r, pid_s, row0, cn, M, N, stride_ym, R: gl.constexpr, SPLITS: gl.constexpr,
+                RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, LATE: gl.constexpr, LRED: gl.constexpr,
+                MMA: gl.constexpr):
+        """The CTA's [R, 8] tile out: straight to y, or (SPLITS > 1) a partial, the last share to
+        arrive summing them."""
         ym = gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
         rows = row0 + ym
         keep = (rows < N)[:, None] & (cn < M)[None, :]
@@ -419,6 +447,77 @@ if TC.HAVE_GLUON:
             _tbarrier()
             TC._sum_slices(Y, WS, CNT, pid_r, row0, gl.minimum(row0 + R, N), M, N, stride_ym, SPLITS, SPLITS, RED, MT,
                            LRED)
+
+    @gluon.jit(do_not_specialize=["M", "N", "TRIPS", "ITERS"])
+    def _gemv_tkw_ring_kernel(
+        XQ, XS, W, H, S, Y, WS, CNT,
+        M, N, TRIPS, ITERS,
+        stride_wn, stride_hn, stride_sn, stride_ym,
+        FMT: gl.constexpr, TB: gl.constexpr, NS: gl.constexpr, R: gl.constexpr, SPLITS: gl.constexpr,
+        RED: gl.constexpr, MT: gl.constexpr, PDL: gl.constexpr, LATE: gl.constexpr,
+        ASM: gl.constexpr, CONSTR: gl.constexpr,
+        L5: gl.constexpr, LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
+        LCW: gl.constexpr, LCS: gl.constexpr, LCH: gl.constexpr, SH3: gl.constexpr, SH1: gl.constexpr,
+        MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
+    ):
+        """The K-walk with its weights through a cp.async ring: NS stages of one trip each (TB
+        blocks of the CTA's R rows: words, scale pairs, q5 bit words, gemv_tc's `_issue`), NS - 1
+        trips in flight while the warps decode and multiply the oldest. gemv_tc's ring kernel's
+        protocol: wait for the oldest trip's group, a CTA barrier (every warp's copies landed, and
+        every warp is done with the slot about to be refilled), refill, compute."""
+        pid_r = gl.program_id(0)
+        pid_s = gl.program_id(1)
+        row0 = pid_r * R
+        it0 = pid_s * ITERS
+        n_it = gl.minimum(ITERS, TRIPS - it0)  # >= 1 (_fits)
+        kb_first = it0 * TB
+
+        wsm = gl.allocate_shared_memory(gl.int32, [NS, TB * R, 4, 4], SH3)
+        ssm = gl.allocate_shared_memory(gl.int32, [NS, TB * R], SH1)
+        if FMT == 5:
+            hsm = gl.allocate_shared_memory(gl.int32, [NS, TB * R, 4, 2], SH3)
+        else:
+            hsm = ssm
+        # the first trips go out before waiting on the kernel before (weights: no kernel writes them);
+        # past the share's end its last trip again (in bounds, never read)
+        for i in gl.static_range(NS - 1):
+            TC._issue(W, H, S, wsm, hsm, ssm, i, row0, kb_first + gl.minimum(i, n_it - 1) * TB, stride_wn, stride_hn,
+                      stride_sn, FMT, TB, R, LCW, LCS, LCH)
+            cp.commit_group()
+        if PDL:
+            if not LATE:
+                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                          is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+        jh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
+        nx = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
+        tx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LB4))))
+        vx = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LB4))))
+        xoff = (jh[:, None, None, None] * 256 + nx[None, :, None, None] * 32 + tx[None, None, :, None] * 8
+                + vx[None, None, None, :])
+        xmask = ((xoff // 32) % 8) < M
+        cn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
+
+        acc = gl.zeros([R, 8], gl.float32, layout=MMA)
+        for i in range(n_it):
+            cp.wait_group(NS - 2)
+            _tbarrier()
+            slot = i % NS
+            TC._issue(W, H, S, wsm, hsm, ssm, (i + NS - 1) % NS, row0, kb_first + gl.minimum(i + NS - 1, n_it - 1) * TB,
+                      stride_wn, stride_hn, stride_sn, FMT, TB, R, LCW, LCS, LCH)
+            cp.commit_group()
+            for j in gl.static_range(TB):
+                w = wsm.index(slot).slice(j * R, R).load(gl.SliceLayout(3, L5))  # [R, 4 t, 4 j]
+                sc = ssm.index(slot).slice(j * R, R).load(gl.SliceLayout(1, MMA))  # fp16 pair (group 2kb, 2kb + 1)
+                if FMT == 5:
+                    hw = hsm.index(slot).slice(j * R, R).load(LH3)  # [R, 4 t, 2]
+                else:
+                    hw = sc
+                acc = _x_block(acc, w, sc, hw, kb_first + i * TB + j, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR,
+                               L5, LH3, MMA, A_L, B_L)
+        cp.wait_group(0)
+        _finish(acc, Y, WS, CNT, pid_r, pid_s, row0, cn, M, N, stride_ym, R, SPLITS, RED, MT, PDL, LATE, LRED, MMA)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -452,11 +551,26 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
     w = p.qweight.view(torch.int32)
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = p.scales.view(torch.int32)
-    c = TC._consts(p.fmt, TC.TCConfig(kb=1, num_warps=cfg.num_warps))
     trips = trips_of(p.k, cfg)
     mt = 1 << max(0, (m - 1).bit_length())
     pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": True} if COMPILE_ONLY == "pdl" else {})
     R = 16 * cfg.num_warps
+    if cfg.ring:
+        c = TC._consts(p.fmt, TC.TCConfig(kb=cfg.tb, num_warps=cfg.num_warps))
+        _gemv_tkw_ring_kernel[(-(-p.n // R), cfg.splits)](
+            xqb, xsb, w, h, s, y, partials, counters,
+            m, p.n, trips, _share(trips, cfg.splits),
+            w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+            FMT=p.fmt, TB=cfg.tb, NS=cfg.ring, R=R, SPLITS=cfg.splits,
+            RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(),
+            ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
+            LCW=c["LCW"], LCS=c["LCS"], LCH=c["LCH"], SH3=c["SH3"], SH1=c["SH1"],
+            MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
+            num_warps=cfg.num_warps,
+            **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
+        )
+        return y
+    c = TC._consts(p.fmt, TC.TCConfig(kb=1, num_warps=cfg.num_warps))
     _gemv_tkw_kernel[(-(-p.n // R), cfg.splits)](
         xqb, xsb, w, h, s, y, partials, counters,
         m, p.n, trips, _share(trips, cfg.splits),

@@ -637,10 +637,23 @@ GEMV_DEFAULT_MAX_N = 65536
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     """pick_decode's config, with its next tile's loads pinned ahead of the math under NINFER_PIN=1
-    (an A/B switch, read at each launch: H2Config, KWConfig and TKWConfig's `pin`)."""
+    (an A/B switch, read at each launch: H2Config, KWConfig and TKWConfig's `pin`), and a
+    tensor-core K-walk config moved to its cp.async ring of NINFER_TKW_RING stages (2-8, an A/B
+    switch read at each launch; where the ring does not fit the config stays)."""
     cfg = pick_decode(fmt, m, n, k, sm_count)
     if cfg is not None and os.environ.get("NINFER_PIN") == "1" and hasattr(cfg, "pin"):
         cfg = dataclasses.replace(cfg, pin=True)
+    ring = os.environ.get("NINFER_TKW_RING")
+    if ring and cfg is not None and hasattr(cfg, "ring"):
+        from ninfer_plugins.quant_int import gemv_tkw
+
+        try:
+            stages = int(ring)
+        except ValueError:
+            raise ValueError(f"NINFER_TKW_RING={ring!r}: give the ring's stages, 2-8") from None
+        moved = dataclasses.replace(cfg, ring=stages)
+        if gemv_tkw._fits(fmt, k, moved):
+            cfg = moved
     return cfg
 
 

@@ -136,6 +136,37 @@ def test_configs_shares_and_refusals():
     assert TK.workspace_need(p, TK.TKWConfig(tb=1)) == (0, 0)
 
 
+def test_ring_configs_fit_and_describe():
+    assert TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=4))  # 8 blocks
+    assert TK._fits(5, 1024, TK.TKWConfig(tb=1, ring=8, splits=2))
+    assert not TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=1))  # a ring of one stage is no ring
+    assert not TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=9))
+    assert TK._fits(5, 384, TK.TKWConfig(tb=3)) and not TK._fits(5, 384, TK.TKWConfig(tb=3, ring=2))  # TB a power of two
+    # shared memory: stages x TB x R rows x (64 + 4 [+ 32 for q5]) bytes, at most RING_SMEM
+    assert TK.ring_bytes(4, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * 64 * 68
+    assert TK.ring_bytes(5, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * 64 * 100
+    assert not TK._fits(5, 8192, TK.TKWConfig(tb=8, ring=8))  # 8 x 8 x 64 x 100 bytes
+    assert TK.TKWConfig(2, ring=4).describe() == "TKW TB2 R4 w4 S1"
+
+
+def test_ring_switch_moves_tkw_dispatch(monkeypatch):
+    """NINFER_TKW_RING=N moves a dispatched tensor-core K-walk config to its ring form where it
+    fits, leaves other kernels' configs alone, and refuses a value that is not a number."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.setattr(tuned, "TUNED_TKW", {(4, 34816, 5120, "m4"): (2, 1, 4, 1, True)})
+    monkeypatch.delenv("NINFER_TKW", raising=False)
+    before = K.pick_gemv(4, 4, 34816, 5120, 132)
+    assert before == TK.TKWConfig(2, 1, 4, 1, True)
+    m1 = K.pick_gemv(4, 1, 34816, 5120, 132)
+    monkeypatch.setenv("NINFER_TKW_RING", "4")
+    assert K.pick_gemv(4, 4, 34816, 5120, 132) == TK.TKWConfig(2, 1, 4, 1, True, ring=4)
+    assert K.pick_gemv(4, 1, 34816, 5120, 132) == m1  # not a TKW config: untouched
+    monkeypatch.setenv("NINFER_TKW_RING", "four")
+    with pytest.raises(ValueError, match="NINFER_TKW_RING"):
+        K.pick_gemv(4, 4, 34816, 5120, 132)
+
+
 def test_dispatch_switch(monkeypatch):
     """NINFER_TKW=1 sends every q4/q5 M <= 8 launch it fits to this kernel (its tuned winner, else
     the default); NINFER_TKW=0 keeps even the tuned winners out; q6/q8 never take it."""
@@ -173,7 +204,11 @@ CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), T
            # ping-pong trips (pf 0), an odd trip count per share among them (K = 1408 at TB 1: 11 trips)
            TK.TKWConfig(4, 0, 4, 1), TK.TKWConfig(2, 0, 4, 4), TK.TKWConfig(1, 0, 2, 2),
            # the blocks ahead pinned
-           TK.TKWConfig(4, 4, 4, 1, True), TK.TKWConfig(2, 1, 4, 4, True)]
+           TK.TKWConfig(4, 4, 4, 1, True), TK.TKWConfig(2, 1, 4, 4, True),
+           # the cp.async ring: ragged shares, a share shorter than the ring (K = 1408 at TB 2 in 4: 2 trips or
+           # fewer a share against 3 in flight), one trip a stage, 2 and 8 warps
+           TK.TKWConfig(2, ring=4), TK.TKWConfig(1, ring=6, splits=2), TK.TKWConfig(2, ring=3, splits=4),
+           TK.TKWConfig(1, ring=2, num_warps=2, splits=8), TK.TKWConfig(1, ring=4, num_warps=8)]
 _PACKED: dict = {}
 
 
@@ -242,7 +277,9 @@ def test_gpu_tkw_graph_replay_bit_equal_to_eager(pdl, monkeypatch):
     and a launch after a kernel that wrote x reads the new x (PDL: x is read after the wait)."""
     monkeypatch.setenv("NINFER_PDL", pdl)
     torch.manual_seed(7)
-    for scheme, n, k, cfg in (("q5_g64", 5120, 17408, TK.TKWConfig(2, 1, 4, 4)), ("q4_g64", 34816, 5120, TK.TKWConfig())):
+    for scheme, n, k, cfg in (("q5_g64", 5120, 17408, TK.TKWConfig(2, 1, 4, 4)), ("q4_g64", 34816, 5120, TK.TKWConfig()),
+                              ("q5_g64", 5120, 17408, TK.TKWConfig(2, splits=4, ring=4)),
+                              ("q4_g64", 34816, 5120, TK.TKWConfig(2, ring=4))):
         p, deq = _packed(scheme, n, k)
         K.Workspace.get(p.device).reserve(*cfg.workspace(p))
         TK.xq_scratch(p.device, k)
