@@ -43,7 +43,7 @@ CFGS = [(2, 1, 4, 1), (4, 2, 4, 1), (8, 1, 4, 1), (4, 4, 4, 4), (4, 1, 4, 4), (2
 # the cp.async ring (ring = stages; pf and pin unused): bytes in flight that cost no registers
 RING_CFGS = [(2, 1, 4, 1, False, 4), (2, 1, 4, 1, False, 3), (1, 1, 4, 1, False, 6), (4, 1, 4, 1, False, 3),
              (1, 1, 4, 1, False, 4), (2, 1, 4, 2, False, 4), (2, 1, 4, 4, False, 4), (1, 1, 4, 4, False, 6),
-             (2, 1, 8, 1, False, 3), (1, 1, 8, 1, False, 4), (2, 1, 2, 2, False, 4), (2, 1, 4, 1, False, 6)]
+             (2, 1, 8, 1, False, 3), (2, 1, 2, 2, False, 4), (2, 1, 4, 1, False, 6)]
 
 
 def _warm_one(item) -> str:

@@ -90,7 +90,7 @@ def ring_bytes(fmt: int, cfg: TKWConfig) -> int:
     """The ring's shared memory: per stage TB blocks of R rows, each 64 bytes of words, a 4-byte
     scale pair and (q5) 32 bytes of bit words."""
     per_block_row = 64 + 4 + (32 if fmt == 5 else 0)
-    return cfg.ring * cfg.tb * 16 * cfg.num_warps * per_block_row
+    return cfg.ring * cfg.tb * (16 * cfg.num_warps * per_block_row + 2048)  # + x's fragments, 2 KB a block
 
 
 def trips_of(k: int, cfg: TKWConfig) -> int:
@@ -106,7 +106,8 @@ def _fits(fmt: int, k: int, cfg: TKWConfig) -> bool:
         return False
     if QK.ROW_PAD % (16 * cfg.num_warps) or cfg.splits < 1 or cfg.splits & (cfg.splits - 1):
         return False
-    if cfg.ring and (not 2 <= cfg.ring <= 8 or cfg.tb & (cfg.tb - 1) or cfg.tb > 8 or ring_bytes(fmt, cfg) > RING_SMEM):
+    if cfg.ring and (not 2 <= cfg.ring <= 8 or cfg.tb & (cfg.tb - 1) or cfg.tb > 8 or ring_bytes(fmt, cfg) > RING_SMEM
+                     or 4 * cfg.tb < cfg.num_warps):
         return False
     trips = trips_of(k, cfg)
     return trips >= 1 and _shares_fit(trips, cfg.splits)
@@ -274,13 +275,35 @@ if TC.HAVE_GLUON:
     @gluon.jit
     def _x_group(acc, d, sg, XQ, XS, gi, xoff, xmask, cn, R: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
                  B_L: gl.constexpr):
-        """acc += one group's products: codes d (biased) times x's fragments, the bias and x's
-        scaling off in two FMAs, times the rows' group scale."""
+        """acc += one group's products: codes d (biased) times x's fragments (loaded from XQ), the
+        bias and x's scaling off in two FMAs, times the rows' group scale."""
         xb = gl.load(XQ + gi * 512 + xoff, mask=xmask, other=0.0)
+        return _x_group_of(acc, d, sg, xb, XS, gi, cn, R, MMA, A_L, B_L)
+
+    @gluon.jit
+    def _x_group_of(acc, d, sg, xb, XS, gi, cn, R: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
+                    B_L: gl.constexpr):
+        """_x_group with x's fragments xb [2 jh, 8 n, 4 t, 8 v] given (the ring's shared copy)."""
         iv = gl.load(XS + gi * 16 + cn)
         nc = gl.load(XS + gi * 16 + 8 + cn)
         c = TC._group_mma(d, xb, R, MMA, A_L, B_L)
         return acc + (c * iv[None, :] + nc[None, :]) * sg[:, None]
+
+    @gluon.jit
+    def _issue_x(XQ, xsm, slot, kb0, M, TB: gl.constexpr, LCX: gl.constexpr):
+        """cp.async x's fragments of blocks kb0..kb0+TB-1 (XQ's [2 TB groups x 2 jh, 8 n, 4 t, 8 v],
+        contiguous) into ring slot `slot`, 16 bytes a copy; token slots >= M are not read (zeros)."""
+        L3: gl.constexpr = gl.SliceLayout(3, LCX)
+        L2: gl.constexpr = gl.SliceLayout(2, L3)
+        # dim d of the 4-D tile: LCX sliced on every other dim, the highest innermost
+        a0 = gl.arange(0, 4 * TB, layout=gl.SliceLayout(1, L2))
+        a1 = gl.arange(0, 8, layout=gl.SliceLayout(0, L2))
+        a2 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        a3 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LCX))))
+        off = ((a0 * 256)[:, None, None, None] + (a1 * 32)[None, :, None, None] + (a2 * 8)[None, None, :, None]
+               + a3[None, None, None, :])
+        live = (a1 < M)[None, :, None, None] & (a3 < 8)[None, None, None, :]
+        cp.async_copy_global_to_shared(xsm.index(slot), XQ + kb0 * 1024 + off, mask=live)
 
     @gluon.jit
     def _pin_loads():
@@ -458,9 +481,10 @@ if TC.HAVE_GLUON:
         ASM: gl.constexpr, CONSTR: gl.constexpr,
         L5: gl.constexpr, LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
         LCW: gl.constexpr, LCS: gl.constexpr, LCH: gl.constexpr, SH3: gl.constexpr, SH1: gl.constexpr,
+        LCX: gl.constexpr, SH4: gl.constexpr,
         MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
     ):
-        """The K-walk with its weights through a cp.async ring: NS stages of one trip each (TB
+        """The K-walk with its weights and x's fragments through a cp.async ring: NS stages of one trip each (TB
         blocks of the CTA's R rows: words, scale pairs, q5 bit words, gemv_tc's `_issue`), NS - 1
         trips in flight while the warps decode and multiply the oldest. gemv_tc's ring kernel's
         protocol: wait for the oldest trip's group, a CTA barrier (every warp's copies landed, and
@@ -478,35 +502,36 @@ if TC.HAVE_GLUON:
             hsm = gl.allocate_shared_memory(gl.int32, [NS, TB * R, 4, 2], SH3)
         else:
             hsm = ssm
-        # the first trips go out before waiting on the kernel before (weights: no kernel writes them);
-        # past the share's end its last trip again (in bounds, never read)
+        xsm = gl.allocate_shared_memory(gl.float16, [NS, 4 * TB, 8, 4, 8], SH4)  # [group x jh, n, t, v] a trip
+        # the first trips' weights go out before waiting on the kernel before (no kernel writes them),
+        # their x after it (the x preparation writes XQ); past the share's end its last trip again
+        # (in bounds, never read)
         for i in gl.static_range(NS - 1):
             TC._issue(W, H, S, wsm, hsm, ssm, i, row0, kb_first + gl.minimum(i, n_it - 1) * TB, stride_wn, stride_hn,
                       stride_sn, FMT, TB, R, LCW, LCS, LCH)
-            cp.commit_group()
         if PDL:
             if not LATE:
                 gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                           is_pure=False, pack=1)
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        # one commit group a trip: trip i's weights and x (the weights' copies above join the groups
+        # of their trips' x: wait_group counts groups, and the first group holds every early weight)
+        for i in gl.static_range(NS - 1):
+            _issue_x(XQ, xsm, i, kb_first + gl.minimum(i, n_it - 1) * TB, M, TB, LCX)
+            cp.commit_group()
 
-        jh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
-        nx = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
-        tx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LB4))))
-        vx = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LB4))))
-        xoff = (jh[:, None, None, None] * 256 + nx[None, :, None, None] * 32 + tx[None, None, :, None] * 8
-                + vx[None, None, None, :])
-        xmask = ((xoff // 32) % 8) < M
         cn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
-
         acc = gl.zeros([R, 8], gl.float32, layout=MMA)
         for i in range(n_it):
             cp.wait_group(NS - 2)
             _tbarrier()
             slot = i % NS
-            TC._issue(W, H, S, wsm, hsm, ssm, (i + NS - 1) % NS, row0, kb_first + gl.minimum(i + NS - 1, n_it - 1) * TB,
-                      stride_wn, stride_hn, stride_sn, FMT, TB, R, LCW, LCS, LCH)
+            nxt = (i + NS - 1) % NS
+            kb_n = kb_first + gl.minimum(i + NS - 1, n_it - 1) * TB
+            TC._issue(W, H, S, wsm, hsm, ssm, nxt, row0, kb_n, stride_wn, stride_hn, stride_sn, FMT, TB, R, LCW, LCS, LCH)
+            _issue_x(XQ, xsm, nxt, kb_n, M, TB, LCX)
             cp.commit_group()
+            xs_slot = xsm.index(slot)
             for j in gl.static_range(TB):
                 w = wsm.index(slot).slice(j * R, R).load(gl.SliceLayout(3, L5))  # [R, 4 t, 4 j]
                 sc = ssm.index(slot).slice(j * R, R).load(gl.SliceLayout(1, MMA))  # fp16 pair (group 2kb, 2kb + 1)
@@ -514,13 +539,23 @@ if TC.HAVE_GLUON:
                     hw = hsm.index(slot).slice(j * R, R).load(LH3)  # [R, 4 t, 2]
                 else:
                     hw = sc
-                acc = _x_block(acc, w, sc, hw, kb_first + i * TB + j, XQ, XS, xoff, xmask, cn, FMT, R, ASM, CONSTR,
-                               L5, LH3, MMA, A_L, B_L)
+                kb = kb_first + i * TB + j
+                d_lo, d_hi, s_lo, s_hi = TC._decode_block(w, sc, hw, FMT, R, ASM, CONSTR, L5, LH3)
+                acc = _x_group_of(acc, d_lo, s_lo, xs_slot.slice(4 * j, 2).load(LB4), XS, kb * 2, cn, R, MMA, A_L, B_L)
+                acc = _x_group_of(acc, d_hi, s_hi, xs_slot.slice(4 * j + 2, 2).load(LB4), XS, kb * 2 + 1, cn, R, MMA,
+                                  A_L, B_L)
         cp.wait_group(0)
         _finish(acc, Y, WS, CNT, pid_r, pid_s, row0, cn, M, N, stride_ym, R, SPLITS, RED, MT, PDL, LATE, LRED, MMA)
 
 
 # --- host side -------------------------------------------------------------------------------
+
+
+def _x_copy_layout(num_warps: int):
+    """x's fragments of a trip [2 TB groups x 2 jh, 8 n, 4 t, 8 v] as the ring copies them: 8 fp16
+    (16 bytes) a copy, lanes over (n, t), warps over the first dim (no copy twice: 4 TB >=
+    num_warps, `_fits`)."""
+    return gl.BlockedLayout([1, 1, 1, 8], [1, 8, 4, 1], [num_warps, 1, 1, 1], [3, 2, 1, 0])
 
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False) -> torch.Tensor:
@@ -565,6 +600,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
             RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(),
             ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
             LCW=c["LCW"], LCS=c["LCS"], LCH=c["LCH"], SH3=c["SH3"], SH1=c["SH1"],
+            LCX=_x_copy_layout(cfg.num_warps), SH4=c["SH4"],
             MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
             num_warps=cfg.num_warps,
             **({"launch_pdl": True} if pdl and x2.is_cuda else {}),

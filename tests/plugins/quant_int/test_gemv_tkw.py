@@ -142,9 +142,11 @@ def test_ring_configs_fit_and_describe():
     assert not TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=1))  # a ring of one stage is no ring
     assert not TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=9))
     assert TK._fits(5, 384, TK.TKWConfig(tb=3)) and not TK._fits(5, 384, TK.TKWConfig(tb=3, ring=2))  # TB a power of two
-    # shared memory: stages x TB x R rows x (64 + 4 [+ 32 for q5]) bytes, at most RING_SMEM
-    assert TK.ring_bytes(4, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * 64 * 68
-    assert TK.ring_bytes(5, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * 64 * 100
+    # shared memory: stages x TB x (R rows x (64 + 4 [+ 32 for q5]) bytes + x's 2 KB), at most RING_SMEM
+    assert TK.ring_bytes(4, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * (64 * 68 + 2048)
+    assert TK.ring_bytes(5, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * (64 * 100 + 2048)
+    # x's copies take warps over (group, jh): 2 TB x 2 >= num_warps
+    assert TK._fits(4, 1024, TK.TKWConfig(tb=2, ring=3, num_warps=8)) and not TK._fits(4, 1024, TK.TKWConfig(tb=1, ring=3, num_warps=8))
     assert not TK._fits(5, 8192, TK.TKWConfig(tb=8, ring=8))  # 8 x 8 x 64 x 100 bytes
     assert TK.TKWConfig(2, ring=4).describe() == "TKW TB2 R4 w4 S1"
 
@@ -208,7 +210,7 @@ CONFIGS = [TK.TKWConfig(), TK.TKWConfig(2, 2, 4, 1), TK.TKWConfig(1, 1, 2, 2), T
            # the cp.async ring: ragged shares, a share shorter than the ring (K = 1408 at TB 2 in 4: 2 trips or
            # fewer a share against 3 in flight), one trip a stage, 2 and 8 warps
            TK.TKWConfig(2, ring=4), TK.TKWConfig(1, ring=6, splits=2), TK.TKWConfig(2, ring=3, splits=4),
-           TK.TKWConfig(1, ring=2, num_warps=2, splits=8), TK.TKWConfig(1, ring=4, num_warps=8)]
+           TK.TKWConfig(1, ring=2, num_warps=2, splits=8), TK.TKWConfig(2, ring=3, num_warps=8)]
 _PACKED: dict = {}
 
 
