@@ -320,7 +320,7 @@ case "${1:-}" in
     echo "ring GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     timeout 130 python3 bench/tkw_bench.py --out "$OUT" --first 3 --ms 1,4 --set ring --budget-s 90 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|best M" "$OUT/tkw.txt" | cut -c1-100
-    rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW_RING=4" "X=1" "NINFER_TKW_RING=4"
+    rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW_RING=3" "NINFER_TKW_RING=4" "X=1"
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)

@@ -83,7 +83,7 @@ class TKWConfig:
 
 
 # shared memory a CTA's ring may take (bytes): an H100/H200 SM has 228 KB, two CTAs an SM at least
-RING_SMEM = 96 * 1024
+RING_SMEM = 112 * 1024
 
 
 def ring_bytes(fmt: int, cfg: TKWConfig) -> int:
