@@ -639,7 +639,8 @@ def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     """pick_decode's config, with its next tile's loads pinned ahead of the math under NINFER_PIN=1
     (an A/B switch, read at each launch: H2Config, KWConfig and TKWConfig's `pin`), and a
     tensor-core K-walk config moved to its cp.async ring of NINFER_TKW_RING stages (2-8, an A/B
-    switch read at each launch; where the ring does not fit the config stays)."""
+    switch read at each launch; where the ring does not fit the config stays; 0 takes a ring
+    config back to its register form)."""
     cfg = pick_decode(fmt, m, n, k, sm_count)
     if cfg is not None and os.environ.get("NINFER_PIN") == "1" and hasattr(cfg, "pin"):
         cfg = dataclasses.replace(cfg, pin=True)

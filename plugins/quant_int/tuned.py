@@ -449,13 +449,16 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
 }
 
 # The tensor-core K-walk GEMV (gemv_tkw.py): (fmt, n, k, "m1" | "m4" | "m8") -> (tb, pf, num_warps,
-# splits[, pin]) where it beat the kernel dispatched without it, measured by bench/tkw_bench.py; ()
+# splits[, pin[, ring]]) where it beat the kernel dispatched without it, measured by bench/tkw_bench.py; ()
 # where it lost. m1/m4: measured on the H200 (BENCHMARKS.md, nineteenth run), where the pinned forms
 # (next blocks' loads held at the loop's top) win every big matrix at M = 4 and it loses every M = 1.
 # m8: the H100's winners (eighteenth run; M = 8 is not run on the H200 yet).
 TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
     (4, 34816, 5120, 'm1'): (),  # best 44.16 us vs 33.4 us (KW BN16 BW128 S1 w4 pp)
-    (4, 34816, 5120, 'm4'): (2, 1, 4, 1, True),  # 45.71 vs 52.27 us (KW BN16 BW64 S1 w4 pf)
+    # the ring (3 stages, x in the ring; H100 only so far: 43.29 us against this config's pinned
+    # register form 53.38 and the K-walk's 53.13, tkw_bench --set ring, nineteenth run); H200, pinned
+    # registers: 45.71 vs 52.27 us (KW BN16 BW64 S1 w4 pf). NINFER_TKW_RING=0 gives the pinned form back
+    (4, 34816, 5120, 'm4'): (2, 1, 4, 1, True, 3),
     (5, 5120, 17408, 'm1'): (),  # best 31.91 us vs 26.45 us (KW BN8 BW128 S1 w2 pf)
     (5, 5120, 17408, 'm4'): (4, 2, 4, 4, True),  # 32.27 vs 36.88 us (KW BN8 BW128 S1 w2 pf)
     (5, 16384, 5120, 'm1'): (),  # best 26.23 us vs 23.95 us (KW BN16 BW128 S1 w4 pf)

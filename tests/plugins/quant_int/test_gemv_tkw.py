@@ -164,6 +164,9 @@ def test_ring_switch_moves_tkw_dispatch(monkeypatch):
     monkeypatch.setenv("NINFER_TKW_RING", "4")
     assert K.pick_gemv(4, 4, 34816, 5120, 132) == TK.TKWConfig(2, 1, 4, 1, True, ring=4)
     assert K.pick_gemv(4, 1, 34816, 5120, 132) == m1  # not a TKW config: untouched
+    monkeypatch.setattr(tuned, "TUNED_TKW", {(4, 34816, 5120, "m4"): (2, 1, 4, 1, True, 3)})
+    monkeypatch.setenv("NINFER_TKW_RING", "0")  # a ring entry back to its (pinned) register form
+    assert K.pick_gemv(4, 4, 34816, 5120, 132) == TK.TKWConfig(2, 1, 4, 1, True)
     monkeypatch.setenv("NINFER_TKW_RING", "four")
     with pytest.raises(ValueError, match="NINFER_TKW_RING"):
         K.pick_gemv(4, 4, 34816, 5120, 132)
