@@ -44,6 +44,8 @@
 #                                      # without a GPU): their GPU tests, the 27B and 35B steps against as committed (~9.5 min)
 #   bash bench/next_session.sh ring    # the tensor-core K-walk's cp.async ring (written without a GPU): GPU tests,
 #                                      # tkw_bench (ring configs), the MTP round with NINFER_TKW_RING=4 (~8 min)
+#   bash bench/next_session.sh ring2   # next session's first: TKW GPU tests, tkw_bench --set ring on every shape, the
+#                                      # round against NINFER_TKW_RING=0, bench/attn_sweep.py (~9.5 min)
 #   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
@@ -321,6 +323,20 @@ case "${1:-}" in
     timeout 130 python3 bench/tkw_bench.py --out "$OUT" --first 3 --ms 1,4 --set ring --budget-s 90 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|best M" "$OUT/tkw.txt" | cut -c1-100
     rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW_RING=3" "NINFER_TKW_RING=4" "X=1"
+    ;;
+  ring2)
+    # the next session's first call (~9.5 min): the TKW GPU tests (the ring's among them), tkw_bench
+    # --set ring on every shape, the MTP round as committed (gate+up at M = 4 on the 3-stage ring)
+    # against NINFER_TKW_RING=0 (its pinned register form), the decode attention sweep at T = 1, 4
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
+    echo "TKW GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    timeout 170 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 130 > "$OUT/tkw.txt" 2>&1
+    echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|best M|^copy" "$OUT/tkw.txt" | cut -c1-100
+    sed -n '/paste into/,$p' "$OUT/tkw.txt"
+    rounds 150 "X=1" "NINFER_TKW_RING=0" "X=1" "NINFER_TKW_RING=0"
+    timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/attn_sweep.py --out "$OUT" > "$OUT/a.txt" 2>&1
+    echo "attn_sweep rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-120 "$OUT/a.txt" | head -30
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)
