@@ -104,6 +104,10 @@ def main() -> int:
     rows = []
     for name, n, k, p, nbytes, copies in KB.weight_copies(shapes, t_start, args.budget_s):
         fits = [TK.TKWConfig(*c) for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
+        rings = [c for c in fits if c.ring]
+        if rings:
+            print("    ring CTAs an SM / waves: " + ", ".join(
+                f"{c.describe()[4:]} {'%d/%d' % TK.ring_waves(bits[name], n, c, sms)}" for c in rings), flush=True)
 
         def share(ms_: float) -> float:
             return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)

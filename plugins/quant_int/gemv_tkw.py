@@ -93,6 +93,17 @@ def ring_bytes(fmt: int, cfg: TKWConfig) -> int:
     return cfg.ring * cfg.tb * (16 * cfg.num_warps * per_block_row + 2048)  # + x's fragments, 2 KB a block
 
 
+def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int = 228 * 1024) -> tuple[int, int]:
+    """(CTAs an SM, waves) of a ring config's grid, from shared memory and threads alone (1 KB an
+    SM is the driver's; registers do not limit these kernels: 52-104 a thread). A K-walk CTA walks
+    its rows' whole K, so a grid past one wave leaves its last CTAs walking alone: gate+up at M = 4
+    on the H100 took 43.3 us at 3 stages (5 CTAs an SM, one wave) and 56.6 at 4 (4 an SM, 16 CTAs
+    in a second wave; BENCHMARKS.md, nineteenth run)."""
+    per_sm = min(smem_per_sm // (ring_bytes(fmt, cfg) + 1024), 2048 // (32 * cfg.num_warps), 32)
+    grid = -(-n // (16 * cfg.num_warps)) * cfg.splits
+    return per_sm, -(-grid // (max(1, per_sm) * sm_count))
+
+
 def trips_of(k: int, cfg: TKWConfig) -> int:
     return k // (128 * cfg.tb)
 

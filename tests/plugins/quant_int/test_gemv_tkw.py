@@ -151,6 +151,15 @@ def test_ring_configs_fit_and_describe():
     assert TK.TKWConfig(2, ring=4).describe() == "TKW TB2 R4 w4 S1"
 
 
+def test_ring_waves_of_gate_up():
+    """The occupancy rule behind TUNED_TKW's gate+up ring entry: 544 CTAs of 64 rows fit 132 SMs in
+    one wave at 3 stages (38.4 KB a CTA, 5 an SM) and not at 4 (51 KB, 4 an SM)."""
+    assert TK.ring_waves(4, 34816, TK.TKWConfig(2, ring=3), 132) == (5, 1)
+    assert TK.ring_waves(4, 34816, TK.TKWConfig(2, ring=4), 132) == (4, 2)
+    assert TK.ring_waves(5, 5120, TK.TKWConfig(2, ring=4, splits=4), 132) == (3, 1)  # 320 CTAs
+    assert TK.ring_waves(4, 34816, TK.TKWConfig(2, ring=3, num_warps=8), 132) == (3, 1)  # 64.5 KB: 3 an SM, 272 CTAs
+
+
 def test_ring_switch_moves_tkw_dispatch(monkeypatch):
     """NINFER_TKW_RING=N moves a dispatched tensor-core K-walk config to its ring form where it
     fits, leaves other kernels' configs alone, and refuses a value that is not a number."""
