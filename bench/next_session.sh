@@ -325,16 +325,20 @@ case "${1:-}" in
     rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW_RING=3" "NINFER_TKW_RING=4" "X=1"
     ;;
   ring2)
-    # the next session's first call (~9.5 min): the TKW GPU tests (the ring's among them), tkw_bench
-    # --set ring on every shape, the MTP round as committed (gate+up at M = 4 on the 3-stage ring)
-    # against NINFER_TKW_RING=0 (its pinned register form), the decode attention sweep at T = 1, 4
+    # the next session's first call (~9.5 min): the TKW GPU tests (the ring's among them, x's sums
+    # in the ring too), tkw_bench --set ring on every shape and with NINFER_TKW_XS=1 on the big three,
+    # the MTP round as committed (gate+up at M = 4 on the 3-stage ring) against NINFER_TKW_RING=0 (its
+    # pinned register form) and NINFER_TKW_XS=1, the decode attention sweep at T = 1, 4
     t0=$(date +%s)
-    timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
+    timeout 120 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
     echo "TKW GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
-    timeout 170 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 130 > "$OUT/tkw.txt" 2>&1
+    timeout 140 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 100 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|best M|^copy" "$OUT/tkw.txt" | cut -c1-100
     sed -n '/paste into/,$p' "$OUT/tkw.txt"
-    rounds 150 "X=1" "NINFER_TKW_RING=0" "X=1" "NINFER_TKW_RING=0"
+    NINFER_TKW_XS=1 timeout 80 python3 bench/tkw_bench.py --out "$OUT/xs" --first 3 --ms 1,4 --set ring --budget-s 50 \
+      > "$OUT/tkw_xs.txt" 2>&1
+    echo "tkw_bench, x sums in the ring rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|R[0-9] " "$OUT/tkw_xs.txt" | cut -c1-100
+    rounds 150 "X=1" "NINFER_TKW_RING=0" "NINFER_TKW_XS=1" "X=1"
     timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/attn_sweep.py --out "$OUT" > "$OUT/a.txt" 2>&1
     echo "attn_sweep rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-120 "$OUT/a.txt" | head -30
     ;;

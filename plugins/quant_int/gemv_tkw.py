@@ -90,7 +90,8 @@ def ring_bytes(fmt: int, cfg: TKWConfig) -> int:
     """The ring's shared memory: per stage TB blocks of R rows, each 64 bytes of words, a 4-byte
     scale pair and (q5) 32 bytes of bit words."""
     per_block_row = 64 + 4 + (32 if fmt == 5 else 0)
-    return cfg.ring * cfg.tb * (16 * cfg.num_warps * per_block_row + 2048)  # + x's fragments, 2 KB a block
+    # + x's fragments, 2 KB a block, and (NINFER_TKW_XS=1, counted always) its sums, 128 bytes
+    return cfg.ring * cfg.tb * (16 * cfg.num_warps * per_block_row + 2048 + 128)
 
 
 def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int = 228 * 1024) -> tuple[int, int]:
@@ -102,6 +103,13 @@ def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int
     per_sm = min(smem_per_sm // (ring_bytes(fmt, cfg) + 1024), 2048 // (32 * cfg.num_warps), 32)
     grid = -(-n // (16 * cfg.num_warps)) * cfg.splits
     return per_sm, -(-grid // (max(1, per_sm) * sm_count))
+
+
+def xs_in_ring() -> bool:
+    """NINFER_TKW_XS=1 (an experiment, off until timed on a GPU): the ring also streams each
+    group's x scaling and bias sums (XS, 128 bytes a block), which otherwise come from L1/L2 a group
+    at a time; the q5 shapes' CTAs each walk their own K share, so those loads miss L1."""
+    return os.environ.get("NINFER_TKW_XS", "0") == "1"
 
 
 def trips_of(k: int, cfg: TKWConfig) -> int:
@@ -297,8 +305,21 @@ if TC.HAVE_GLUON:
         """_x_group with x's fragments xb [2 jh, 8 n, 4 t, 8 v] given (the ring's shared copy)."""
         iv = gl.load(XS + gi * 16 + cn)
         nc = gl.load(XS + gi * 16 + 8 + cn)
+        return _x_group_sums(acc, d, sg, xb, iv, nc, R, MMA, A_L, B_L)
+
+    @gluon.jit
+    def _x_group_sums(acc, d, sg, xb, iv, nc, R: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
+                      B_L: gl.constexpr):
+        """_x_group_of with the group's x scaling (iv [8]) and bias sums (nc [8]) given as well."""
         c = TC._group_mma(d, xb, R, MMA, A_L, B_L)
         return acc + (c * iv[None, :] + nc[None, :]) * sg[:, None]
+
+    @gluon.jit
+    def _issue_xs(XS, xss, slot, kb0, TB: gl.constexpr, LXS: gl.constexpr):
+        """cp.async the x scalings and bias sums of blocks kb0..kb0+TB-1 (XS's [2 TB groups, 16]
+        fp32, contiguous) into ring slot `slot`, 4 bytes a copy."""
+        e = gl.arange(0, 32 * TB, layout=LXS)
+        cp.async_copy_global_to_shared(xss.index(slot), XS + kb0 * 32 + e)
 
     @gluon.jit
     def _issue_x(XQ, xsm, slot, kb0, M, TB: gl.constexpr, LCX: gl.constexpr):
@@ -492,7 +513,7 @@ if TC.HAVE_GLUON:
         ASM: gl.constexpr, CONSTR: gl.constexpr,
         L5: gl.constexpr, LB4: gl.constexpr, LH3: gl.constexpr, LRED: gl.constexpr,
         LCW: gl.constexpr, LCS: gl.constexpr, LCH: gl.constexpr, SH3: gl.constexpr, SH1: gl.constexpr,
-        LCX: gl.constexpr, SH4: gl.constexpr,
+        LCX: gl.constexpr, SH4: gl.constexpr, XSR: gl.constexpr, LXS: gl.constexpr,
         MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
     ):
         """The K-walk with its weights and x's fragments through a cp.async ring: NS stages of one trip each (TB
@@ -514,6 +535,10 @@ if TC.HAVE_GLUON:
         else:
             hsm = ssm
         xsm = gl.allocate_shared_memory(gl.float16, [NS, 4 * TB, 8, 4, 8], SH4)  # [group x jh, n, t, v] a trip
+        if XSR:
+            xss = gl.allocate_shared_memory(gl.float32, [NS, 32 * TB], SH1)  # [group, (inv, -sum x inv) x 8 n] a trip
+        else:
+            xss = ssm
         # the first trips' weights go out before waiting on the kernel before (no kernel writes them),
         # their x after it (the x preparation writes XQ); past the share's end its last trip again
         # (in bounds, never read)
@@ -529,9 +554,12 @@ if TC.HAVE_GLUON:
         # of their trips' x: wait_group counts groups, and the first group holds every early weight)
         for i in gl.static_range(NS - 1):
             _issue_x(XQ, xsm, i, kb_first + gl.minimum(i, n_it - 1) * TB, M, TB, LCX)
+            if XSR:
+                _issue_xs(XS, xss, i, kb_first + gl.minimum(i, n_it - 1) * TB, TB, LXS)
             cp.commit_group()
 
         cn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
+        LN: gl.constexpr = gl.SliceLayout(0, MMA)
         acc = gl.zeros([R, 8], gl.float32, layout=MMA)
         for i in range(n_it):
             cp.wait_group(NS - 2)
@@ -541,6 +569,8 @@ if TC.HAVE_GLUON:
             kb_n = kb_first + gl.minimum(i + NS - 1, n_it - 1) * TB
             TC._issue(W, H, S, wsm, hsm, ssm, nxt, row0, kb_n, stride_wn, stride_hn, stride_sn, FMT, TB, R, LCW, LCS, LCH)
             _issue_x(XQ, xsm, nxt, kb_n, M, TB, LCX)
+            if XSR:
+                _issue_xs(XS, xss, nxt, kb_n, TB, LXS)
             cp.commit_group()
             xs_slot = xsm.index(slot)
             for j in gl.static_range(TB):
@@ -552,9 +582,18 @@ if TC.HAVE_GLUON:
                     hw = sc
                 kb = kb_first + i * TB + j
                 d_lo, d_hi, s_lo, s_hi = TC._decode_block(w, sc, hw, FMT, R, ASM, CONSTR, L5, LH3)
-                acc = _x_group_of(acc, d_lo, s_lo, xs_slot.slice(4 * j, 2).load(LB4), XS, kb * 2, cn, R, MMA, A_L, B_L)
-                acc = _x_group_of(acc, d_hi, s_hi, xs_slot.slice(4 * j + 2, 2).load(LB4), XS, kb * 2 + 1, cn, R, MMA,
-                                  A_L, B_L)
+                if XSR:
+                    sums = xss.index(slot)
+                    acc = _x_group_sums(acc, d_lo, s_lo, xs_slot.slice(4 * j, 2).load(LB4), sums.slice(32 * j, 8).load(LN),
+                                        sums.slice(32 * j + 8, 8).load(LN), R, MMA, A_L, B_L)
+                    acc = _x_group_sums(acc, d_hi, s_hi, xs_slot.slice(4 * j + 2, 2).load(LB4),
+                                        sums.slice(32 * j + 16, 8).load(LN), sums.slice(32 * j + 24, 8).load(LN), R, MMA,
+                                        A_L, B_L)
+                else:
+                    acc = _x_group_of(acc, d_lo, s_lo, xs_slot.slice(4 * j, 2).load(LB4), XS, kb * 2, cn, R, MMA, A_L,
+                                      B_L)
+                    acc = _x_group_of(acc, d_hi, s_hi, xs_slot.slice(4 * j + 2, 2).load(LB4), XS, kb * 2 + 1, cn, R, MMA,
+                                      A_L, B_L)
         cp.wait_group(0)
         _finish(acc, Y, WS, CNT, pid_r, pid_s, row0, cn, M, N, stride_ym, R, SPLITS, RED, MT, PDL, LATE, LRED, MMA)
 
@@ -611,7 +650,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
             RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(),
             ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
             LCW=c["LCW"], LCS=c["LCS"], LCH=c["LCH"], SH3=c["SH3"], SH1=c["SH1"],
-            LCX=_x_copy_layout(cfg.num_warps), SH4=c["SH4"],
+            LCX=_x_copy_layout(cfg.num_warps), SH4=c["SH4"], XSR=xs_in_ring(),
+            LXS=gl.BlockedLayout([1], [32], [cfg.num_warps], [0]),
             MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
             num_warps=cfg.num_warps,
             **({"launch_pdl": True} if pdl and x2.is_cuda else {}),

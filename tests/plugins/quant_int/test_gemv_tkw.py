@@ -142,9 +142,9 @@ def test_ring_configs_fit_and_describe():
     assert not TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=1))  # a ring of one stage is no ring
     assert not TK._fits(5, 1024, TK.TKWConfig(tb=2, ring=9))
     assert TK._fits(5, 384, TK.TKWConfig(tb=3)) and not TK._fits(5, 384, TK.TKWConfig(tb=3, ring=2))  # TB a power of two
-    # shared memory: stages x TB x (R rows x (64 + 4 [+ 32 for q5]) bytes + x's 2 KB), at most RING_SMEM
-    assert TK.ring_bytes(4, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * (64 * 68 + 2048)
-    assert TK.ring_bytes(5, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * (64 * 100 + 2048)
+    # shared memory: stages x TB x (R rows x (64 + 4 [+ 32 for q5]) bytes + x's 2 KB + its sums), at most RING_SMEM
+    assert TK.ring_bytes(4, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * (64 * 68 + 2048 + 128)
+    assert TK.ring_bytes(5, TK.TKWConfig(tb=2, ring=4)) == 4 * 2 * (64 * 100 + 2048 + 128)
     # x's copies take warps over (group, jh): 2 TB x 2 >= num_warps
     assert TK._fits(4, 1024, TK.TKWConfig(tb=2, ring=3, num_warps=8)) and not TK._fits(4, 1024, TK.TKWConfig(tb=1, ring=3, num_warps=8))
     assert not TK._fits(5, 8192, TK.TKWConfig(tb=8, ring=8))  # 8 x 8 x 64 x 100 bytes
@@ -281,6 +281,30 @@ def test_gpu_tkw_every_shape_class(scheme, cfg):
         gu = torch.randn(4, 2 * k, device="cuda", dtype=torch.bfloat16)
         yg = TK.launch(gu, p, cfg, gated=True)
         assert _row_err(yg, TK.gated_input(gu, k).float() @ deq.float().T) < 6e-3, (scheme, n, k, cfg)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("cfg", [TK.TKWConfig(2, ring=3), TK.TKWConfig(1, ring=6, splits=2), TK.TKWConfig(2, ring=4, splits=4),
+                                 TK.TKWConfig(2, ring=3, num_warps=8)], ids=lambda c: c.describe().replace(" ", "_"))
+def test_gpu_tkw_ring_sums_in_ring(scheme, cfg, monkeypatch):
+    """NINFER_TKW_XS=1 (x's scalings and bias sums through the ring too): the same outputs, bit for
+    bit, as the ring reading them from memory (the same arithmetic in the same order)."""
+    torch.manual_seed(3)
+    for n, k in SHAPES[scheme]:
+        p, deq = _packed(scheme, n, k)
+        if not TK.supports(p, cfg):
+            continue
+        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+        for m in (1, 3, 4, 8):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (4.0 ** torch.arange(m, device="cuda"))[:, None].bfloat16()
+            monkeypatch.delenv("NINFER_TKW_XS", raising=False)
+            want = TK.launch(x, p, cfg)
+            monkeypatch.setenv("NINFER_TKW_XS", "1")
+            got = TK.launch(x, p, cfg)
+            assert torch.equal(got, want), (scheme, n, k, m, cfg)
+            assert _row_err(got, x.float() @ deq.float().T) < 6e-3
 
 
 @gpu
