@@ -19,6 +19,10 @@ import traceback
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"
+# the f16x2 GEMV's own dispatch for its cases (the K-walks' tables would pick their kernels: those
+# compile in bench/h2_sass.py --kw and bench/tc_sass.py --tkw)
+os.environ["NINFER_KW"] = "0"
+os.environ["NINFER_TKW"] = "0"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import skinny_sass as S  # noqa: E402

@@ -17,6 +17,9 @@ the splits by their log-sum-exp and can apply the attention output gate, sigmoid
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -281,11 +284,52 @@ def _decode_merge_kernel(
     tl.store(OUT + b * sout_b + t * sout_t + h * sout_h + offs_d, out.to(OUT.dtype.element_ty))
 
 
-def default_num_splits(batch: int, num_kv_heads: int, capacity: int, device: torch.device, block_n: int = 64) -> int:
-    """Splits per (sequence, KV head): enough programs for about two per SM, never more than
-    the cache's capacity holds blocks. Depends on shapes only, so CUDA graphs can capture it."""
-    want = triton.cdiv(2 * sm_count(str(device)), batch * num_kv_heads)
+def default_num_splits(batch: int, num_kv_heads: int, capacity: int, device: torch.device, block_n: int = 64,
+                       ctas_per_sm: int = 2) -> int:
+    """Splits per (sequence, KV head): enough programs for `ctas_per_sm` per SM (what the split
+    kernel's registers and shared memory let one SM hold, `resident_ctas`), never more than the
+    cache's capacity holds blocks. Depends on shapes only, so CUDA graphs can capture it."""
+    want = triton.cdiv(ctas_per_sm * sm_count(str(device)), batch * num_kv_heads)
     return max(1, min(want, triton.cdiv(capacity, block_n), 256))
+
+
+_RESIDENT: dict = {}
+
+
+def resident_ctas(compiled: Any, num_warps: int, device: torch.device) -> int:
+    """How many programs of a compiled kernel one SM holds at once, from its registers (allocated
+    per warp in units of 256), shared memory and threads. Why: the split kernel at T = 3..8 query
+    rows a KV head (the MTP verify: BLOCK_M 32) takes 150 registers a thread against 115 at T = 1
+    (sm_90, Triton 3.6), so an SM holds one program, not two; the old two-per-SM grid then ran in
+    two waves: 32.2 against 16.7 us a layer for the same KV bytes (H100, bench/graph_kernels.py,
+    BENCHMARKS.md nineteenth run)."""
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    threads_sm = getattr(props, "max_threads_per_multi_processor", 2048)
+    per_warp = -(-compiled.n_regs * 32 // 256) * 256
+    by_regs = regs_sm // max(1, per_warp * num_warps)
+    by_smem = (smem_sm // (compiled.metadata.shared + 1024)) if compiled.metadata.shared else 32
+    return max(1, min(by_regs, by_smem, threads_sm // (32 * num_warps), 32))
+
+
+def _splits_for(kernel: Any, args: tuple, meta: dict, key: tuple, batch: int, hkv: int, capacity: int,
+                device: torch.device, block_n: int) -> int:
+    """default_num_splits for as many programs an SM as the compiled split kernel fits (compiled
+    once per key, not launched; the two-per-SM rule if anything about it fails or under
+    NINFER_ATTN_OCCUPANCY=0)."""
+    per_sm = _RESIDENT.get(key)
+    if per_sm is None:
+        per_sm = 2
+        if os.environ.get("NINFER_ATTN_OCCUPANCY", "1") != "0":
+            try:
+                compiled = kernel.warmup(*args, grid=(1, 1), **meta)
+                per_sm = resident_ctas(compiled, meta["num_warps"], device)
+            except Exception:  # noqa: BLE001 - a tuning hint only: the old rule stands
+                per_sm = 2
+        _RESIDENT[key] = per_sm
+    return default_num_splits(batch, hkv, capacity, device, block_n, per_sm)
 
 
 def decode_attention(
@@ -331,33 +375,43 @@ def decode_attention(
         raise ValueError("decode_attention: an int8 cache needs k_scale and v_scale (unit last stride), head_dim <= 256")
     gqa = HQ // HKV
     capacity = block_table.shape[1] * page
-    splits = num_splits or default_num_splits(B, HKV, capacity, q.device, block_n)
     block_m = max(16, triton.next_power_of_2(T * gqa))
     scale = D**-0.5 if scale is None else scale
+    splits = num_splits or default_num_splits(B, HKV, capacity, q.device, block_n)
 
-    part_o = torch.empty(B, T, HQ, splits, D, dtype=torch.float32, device=q.device)
-    part_l = torch.empty(B, T, HQ, splits, dtype=torch.float32, device=q.device)
-    common = (
-        block_table.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
-        part_l.stride(0), part_l.stride(1), part_l.stride(2),
-        scale * LOG2E,
-        splits, min_chunk,
-    )
     meta = dict(HKV=HKV, T=T, GQA=gqa, D=D, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, DOT_F32=interpreting(),
                 num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(q.device))
     qkv_strides = (q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                    v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     if quant:
-        _decode_split_int8_kernel[(B * HKV, splits)](
-            q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens, part_o, part_l, *qkv_strides,
-            k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
-            v_scale.stride(0), v_scale.stride(1), v_scale.stride(2),
-            *common, GROUP=KV_GROUP, DEQ_ASM=int8_dequant == "asm" and not interpreting(), **meta,
-        )
+        kernel = _decode_split_int8_kernel
+        meta.update(GROUP=KV_GROUP, DEQ_ASM=int8_dequant == "asm" and not interpreting())
+        head = (q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens)
+        mid = (*qkv_strides, k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
+               v_scale.stride(0), v_scale.stride(1), v_scale.stride(2))
     else:
-        _decode_split_kernel[(B * HKV, splits)](
-            q, k_cache, v_cache, block_table, seq_lens, part_o, part_l, *qkv_strides, *common, **meta)
+        kernel = _decode_split_kernel
+        head = (q, k_cache, v_cache, block_table, seq_lens)
+        mid = qkv_strides
+
+    def arguments(n_splits: int) -> tuple:
+        """The split kernel's arguments with partials for n_splits (part_o, part_l last)."""
+        po = torch.empty(B, T, HQ, n_splits, D, dtype=torch.float32, device=q.device)
+        pl = torch.empty(B, T, HQ, n_splits, dtype=torch.float32, device=q.device)
+        common = (block_table.stride(0), po.stride(0), po.stride(1), po.stride(2), po.stride(3),
+                  pl.stride(0), pl.stride(1), pl.stride(2), scale * LOG2E, n_splits, min_chunk)
+        return (*head, po, pl, *mid, *common), po, pl
+
+    args, part_o, part_l = arguments(splits)
+    if num_splits is None and q.is_cuda and not interpreting():
+        # as many splits as the compiled kernel has room for in one wave (`resident_ctas`)
+        key = (getattr(getattr(kernel, "fn", kernel), "__name__", "split"), q.device.index, T, gqa, D, page, block_m, block_n, num_warps,
+               num_stages, tuple(sorted((k, str(v)) for k, v in meta.items())))
+        fitted = _splits_for(kernel, args, meta, key, B, HKV, capacity, q.device, block_n)
+        if fitted != splits:
+            splits = fitted
+            args, part_o, part_l = arguments(splits)
+    kernel[(B * HKV, splits)](*args, **meta)
     if out is None:
         out = torch.empty(B, T, HQ, D, dtype=q.dtype, device=q.device)
     g = gate if gate is not None else out

@@ -133,3 +133,80 @@ def test_per_slot_and_pool_with_append_gpu():
 def test_more_splits_than_one_merge_tile():
     # 300 splits > the merge's 256-wide tile: the merge loops; most splits are empty
     _paged_case(1, 1, 6, 1, 64, 16, (40,), False, seed=13, num_splits=300, block_n=16)
+
+
+class _Compiled:
+    """A compiled kernel's occupancy figures, as Triton's CompiledKernel carries them."""
+
+    def __init__(self, regs, shared):
+        from types import SimpleNamespace
+
+        self.n_regs, self.metadata = regs, SimpleNamespace(shared=shared)
+
+    def _init_handles(self):
+        pass
+
+
+def test_resident_ctas_from_registers_and_shared(monkeypatch):
+    """The split kernel's figures on sm_90 (Triton 3.6): T = 1 115 registers and 74 KB, two programs
+    an SM; T = 4 (the MTP verify, BLOCK_M 32) 150 registers, one; the int8 kernel 128, two."""
+    from types import SimpleNamespace
+
+    from ninfer.kernels.triton import attention as A
+
+    props = SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472,
+                            max_threads_per_multi_processor=2048)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    assert A.resident_ctas(_Compiled(115, 75776), 8, "cuda") == 2
+    assert A.resident_ctas(_Compiled(150, 86016), 8, "cuda") == 1
+    assert A.resident_ctas(_Compiled(128, 43008), 8, "cuda") == 2
+    assert A.resident_ctas(_Compiled(40, 0), 4, "cuda") == 12  # threads: 2048 / 128 = 16; registers: 12
+    assert A.resident_ctas(_Compiled(64, 143360), 4, "cuda") == 1  # shared memory
+
+
+def test_splits_follow_resident_ctas(monkeypatch):
+    from ninfer.kernels.triton import attention as A
+
+    monkeypatch.setattr(A, "sm_count", lambda device: 132)
+    assert A.default_num_splits(1, 4, 8256, "cuda") == 66  # two programs an SM: one wave of 264
+    assert A.default_num_splits(1, 4, 8256, "cuda", ctas_per_sm=1) == 33
+
+    class Broken:
+        def warmup(self, *args, **kwargs):
+            raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(A, "_RESIDENT", {})
+    meta = {"num_warps": 8}
+    assert A._splits_for(Broken(), (), meta, ("k",), 1, 4, 8256, "cuda", 64) == 66  # the old rule stands
+    assert A._RESIDENT == {("k",): 2}
+    monkeypatch.setattr(A, "_RESIDENT", {})
+    monkeypatch.setattr(A, "resident_ctas", lambda compiled, warps, device: 1)
+
+    class Fits:
+        def warmup(self, *args, **kwargs):
+            return object()
+
+    assert A._splits_for(Fits(), (), meta, ("k",), 1, 4, 8256, "cuda", 64) == 33
+    monkeypatch.setattr(A, "_RESIDENT", {})
+    monkeypatch.setenv("NINFER_ATTN_OCCUPANCY", "0")
+    assert A._splits_for(Fits(), (), meta, ("k",), 1, 4, 8256, "cuda", 64) == 66
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("quant", [False, True])
+def test_default_splits_fit_one_wave_gpu(quant):
+    """The 27B's verify shape (T = 4, GQA 6): the default grid fits the SMs in one wave by the
+    compiled kernel's own occupancy, and its output matches the old two-per-SM grid's."""
+    from ninfer.kernels.triton import attention as A
+
+    gen = torch.Generator().manual_seed(4)
+    kc, vc, ks, vs = _cache(1, 8256, 4, 256, quant, gen)
+    bt = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
+    lens = torch.tensor([8192], dtype=torch.int32, device=DEV)
+    q = torch.randn(1, 4, 24, 256, generator=gen).bfloat16().to(DEV)
+    out = decode_attention(q, kc, vc, bt, lens, k_scale=ks, v_scale=vs)
+    per_sm = [v for k, v in A._RESIDENT.items() if k[2] == 4]
+    assert per_sm and 1 <= per_sm[-1] <= 4
+    old = decode_attention(q, kc, vc, bt, lens, k_scale=ks, v_scale=vs, num_splits=A.default_num_splits(1, 4, 8256, q.device))
+    R.assert_close(out, old, "attention_int8" if quant else "attention_bf16")
