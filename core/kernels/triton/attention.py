@@ -320,7 +320,7 @@ def _splits_for(kernel: Any, args: tuple, meta: dict, key: tuple, batch: int, hk
     once per key, not launched; the two-per-SM rule if anything about it fails or under
     NINFER_ATTN_OCCUPANCY=0)."""
     per_sm = _RESIDENT.get(key)
-    if per_sm is None and torch.cuda.is_current_stream_capturing():
+    if per_sm is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         # no compiling or module loading inside a capture (the graph's warm-up runs came first and
         # normally filled the key): the old rule, not remembered
         return default_num_splits(batch, hkv, capacity, device, block_n)
