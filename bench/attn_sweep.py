@@ -67,11 +67,17 @@ def main() -> int:
             ms = QL.graph_ms_per_call(fns * 2)
             results.append(dict(t=t, splits=splits, block_n=bn, warps=warps, stages=stages, us=round(ms * 1e3, 2),
                                 share=round(kv_bytes / (ms * 1e-3) / (copy_tbs * 1e12), 3), err=err))
+        # the default grid (splits from the compiled kernel's occupancy, attention.resident_ctas)
+        fns = [lambda c=c: AT.decode_attention(q, *c, table, lens, gate=gate) for c in caches]
+        ms = QL.graph_ms_per_call(fns * 2)
+        fitted = [v for key, v in AT._RESIDENT.items() if key[2] == t]
+        print(f"T={t} default (occupancy: {fitted[-1] if fitted else '?'} an SM): {ms * 1e3:.2f} us, "
+              f"{100 * kv_bytes / (ms * 1e-3) / (copy_tbs * 1e12):.1f}% of copy", flush=True)
         results.sort(key=lambda r: r["us"])
         dflt = [r for r in results if (r["splits"], r["block_n"], r["warps"], r["stages"]) == (default_splits, 64, 8, 2)]
         if dflt:
             r = dflt[0]
-            print(f"T={t} default S{r['splits']} BN64 w8 s2: {r['us']} us, {100 * r['share']:.1f}% of copy", flush=True)
+            print(f"T={t} two-an-SM rule S{r['splits']} BN64 w8 s2: {r['us']} us, {100 * r['share']:.1f}% of copy", flush=True)
         for r in results[:12]:
             print(f"  T={t} S{r['splits']:3d} BN{r['block_n']:3d} w{r['warps']} s{r['stages']}: {r['us']:7.2f} us "
                   f"{100 * r['share']:5.1f}%  err {r['err']:.1e}", flush=True)
