@@ -330,7 +330,8 @@ case "${1:-}" in
     # the MTP round as committed (gate+up at M = 4 on the 3-stage ring) against NINFER_TKW_RING=0 (its
     # pinned register form) and NINFER_TKW_XS=1, the decode attention sweep at T = 1, 4
     t0=$(date +%s)
-    timeout 120 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
+    timeout 120 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py \
+      tests/core/kernels/test_triton_attention.py > "$OUT/t.txt" 2>&1
     echo "TKW GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
     timeout 140 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 100 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|best M|^copy" "$OUT/tkw.txt" | cut -c1-100
