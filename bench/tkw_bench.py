@@ -93,17 +93,29 @@ def main() -> int:
     ms = [int(v) for v in args.ms.split(",")]
     shapes = SHAPES[: args.first]
     bits = {name: IF.FORMATS[name].bits for name, _, _ in shapes}
+    sms0 = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def shape_cfgs(name: str, n: int, k: int) -> list[tuple]:
+        """The configs that fit this shape: the lists above, and with the ring the one-wave ring
+        configs of this shape (gemv_tkw.one_wave_rings), as tuples."""
+        out = [c for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
+        if args.set != "regs":
+            for c in TK.one_wave_rings(bits[name], n, k, sms0):
+                t = (c.tb, c.pf, c.num_warps, c.splits, c.pin, c.ring)
+                if t not in out:
+                    out.append(t)
+        return out
+
     items = []
     for name, n, k in shapes:
-        fits = [c for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
-        items += [(name, k, c, m) for c in fits for m in ms]
+        items += [(name, k, c, m) for c in shape_cfgs(name, n, k) for m in ms]
     KB.prewarm(sorted(set(items)), fn=_warm_one)
     copy_tbs = QL.copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs, {torch.cuda.get_device_name(0)}", flush=True)
     rows = []
     for name, n, k, p, nbytes, copies in KB.weight_copies(shapes, t_start, args.budget_s):
-        fits = [TK.TKWConfig(*c) for c in CFGS if TK._fits(bits[name], k, TK.TKWConfig(*c))]
+        fits = [TK.TKWConfig(*c) for c in shape_cfgs(name, n, k)]
         rings = [c for c in fits if c.ring]
         if rings:
             print("    ring CTAs an SM / waves: " + ", ".join(

@@ -105,6 +105,24 @@ def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int
     return per_sm, -(-grid // (max(1, per_sm) * sm_count))
 
 
+def one_wave_rings(fmt: int, n: int, k: int, sm_count: int, count: int = 6) -> list[TKWConfig]:
+    """Ring configs whose grid fits the GPU in one wave (`ring_waves`), most warps an SM first, then
+    most bytes in flight (stages x TB), then fewest K shares: the candidates tkw_bench times per
+    shape (the register forms' lists do not depend on the shape; the ring's best does)."""
+    found = []
+    for tb in (1, 2, 4):
+        for ring in (2, 3, 4, 6):
+            for splits in (1, 2, 4, 8):
+                cfg = TKWConfig(tb, 1, 4, splits, False, ring)
+                if not _fits(fmt, k, cfg):
+                    continue
+                per_sm, waves = ring_waves(fmt, n, cfg, sm_count)
+                grid = -(-n // 64) * splits
+                if waves == 1 and grid >= sm_count:
+                    found.append((-min(per_sm, -(-grid // sm_count)), -ring * tb, splits, cfg))
+    return [c for *_, c in sorted(found, key=lambda f: f[:3])][:count]
+
+
 def xs_in_ring() -> bool:
     """NINFER_TKW_XS=1 (an experiment, off until timed on a GPU): the ring also streams each
     group's x scaling and bias sums (XS, 128 bytes a block), which otherwise come from L1/L2 a group

@@ -160,6 +160,16 @@ def test_ring_waves_of_gate_up():
     assert TK.ring_waves(4, 34816, TK.TKWConfig(2, ring=3, num_warps=8), 132) == (3, 1)  # 64.5 KB: 3 an SM, 272 CTAs
 
 
+@pytest.mark.parametrize("fmt,n,k", [(4, 34816, 5120), (5, 5120, 17408), (5, 16384, 5120), (5, 5120, 6144)])
+def test_one_wave_rings(fmt, n, k):
+    found = TK.one_wave_rings(fmt, n, k, 132)
+    assert found and len(set(found)) == len(found)
+    for c in found:
+        assert TK._fits(fmt, k, c) and TK.ring_waves(fmt, n, c, 132)[1] == 1
+    if (fmt, n) == (4, 34816):
+        assert TK.TKWConfig(2, 1, 4, 1, False, 3) in found  # the measured gate+up winner
+
+
 def test_ring_switch_moves_tkw_dispatch(monkeypatch):
     """NINFER_TKW_RING=N moves a dispatched tensor-core K-walk config to its ring form where it
     fits, leaves other kernels' configs alone, and refuses a value that is not a number."""
