@@ -141,6 +141,19 @@ if HAVE_GLUON:
             cp.async_copy_global_to_shared(hsm.index(slot), H + hoff[:, None, None] + (ht // 2)[None, :, None]
                                            + (hh * 2)[None, None, :])
 
+    @gluon.jit
+    def _ring_buffers(NS: gl.constexpr, KB: gl.constexpr, R: gl.constexpr, FMT: gl.constexpr, SH3: gl.constexpr,
+                      SH1: gl.constexpr):
+        """A cp.async ring of NS stages, each KB blocks of R rows (`_issue`'s tile): words [KB x R, 4 t,
+        4 j], scale pairs [KB x R], q5 bit words [KB x R, 4 t, 2] (q4: the scales' buffer again)."""
+        wsm = gl.allocate_shared_memory(gl.int32, [NS, KB * R, 4, 4], SH3)
+        ssm = gl.allocate_shared_memory(gl.int32, [NS, KB * R], SH1)
+        if FMT == 5:
+            hsm = gl.allocate_shared_memory(gl.int32, [NS, KB * R, 4, 2], SH3)
+        else:
+            hsm = ssm
+        return wsm, ssm, hsm
+
     # Triton 3.6's name (the H200's) and Triton 3.9's
     _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 
@@ -230,12 +243,7 @@ if HAVE_GLUON:
         row_hi = gl.minimum(row_lo + ROWS_PER_CTA, N)
         trips = gl.cdiv(row_hi - row_lo, R)
 
-        wsm = gl.allocate_shared_memory(gl.int32, [NS, KB * R, 4, 4], SH3)
-        ssm = gl.allocate_shared_memory(gl.int32, [NS, KB * R], SH1)
-        if FMT == 5:
-            hsm = gl.allocate_shared_memory(gl.int32, [NS, KB * R, 4, 2], SH3)
-        else:
-            hsm = ssm
+        wsm, ssm, hsm = _ring_buffers(NS, KB, R, FMT, SH3, SH1)
         # x per (block, group): [2 jh, 8 n, 4 t, 8 v], v = half + 2 sel + 4 jl (j = jl + 2 jh)
         xsm = gl.allocate_shared_memory(gl.float16, [KB * 2, 2, 8, 4, 8], SH4)
         # per (block, group) and token: sum over the group of bias x stored x (the decode's bias)

@@ -546,12 +546,7 @@ if TC.HAVE_GLUON:
         n_it = gl.minimum(ITERS, TRIPS - it0)  # >= 1 (_fits)
         kb_first = it0 * TB
 
-        wsm = gl.allocate_shared_memory(gl.int32, [NS, TB * R, 4, 4], SH3)
-        ssm = gl.allocate_shared_memory(gl.int32, [NS, TB * R], SH1)
-        if FMT == 5:
-            hsm = gl.allocate_shared_memory(gl.int32, [NS, TB * R, 4, 2], SH3)
-        else:
-            hsm = ssm
+        wsm, ssm, hsm = TC._ring_buffers(NS, TB, R, FMT, SH3, SH1)
         xsm = gl.allocate_shared_memory(gl.float16, [NS, 4 * TB, 8, 4, 8], SH4)  # [group x jh, n, t, v] a trip
         if XSR:
             xss = gl.allocate_shared_memory(gl.float32, [NS, 32 * TB], SH1)  # [group, (inv, -sum x inv) x 8 n] a trip
