@@ -94,13 +94,21 @@ def ring_bytes(fmt: int, cfg: TKWConfig) -> int:
     return cfg.ring * cfg.tb * (16 * cfg.num_warps * per_block_row + 2048 + 128)
 
 
-def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int = 228 * 1024) -> tuple[int, int]:
-    """(CTAs an SM, waves) of a ring config's grid, from shared memory and threads alone (1 KB an
-    SM is the driver's; registers do not limit these kernels: 52-104 a thread). A K-walk CTA walks
-    its rows' whole K, so a grid past one wave leaves its last CTAs walking alone: gate+up at M = 4
-    on the H100 took 43.3 us at 3 stages (5 CTAs an SM, one wave) and 56.6 at 4 (4 an SM, 16 CTAs
-    in a second wave; BENCHMARKS.md, nineteenth run)."""
-    per_sm = min(smem_per_sm // (ring_bytes(fmt, cfg) + 1024), 2048 // (32 * cfg.num_warps), 32)
+# registers a thread of the ring kernel (sm_90, Triton 3.6, `bench/tc_sass.py --tkw`), the most seen
+# over M, warps, stages and K shares for each format and TB: an estimate for `ring_waves`
+RING_REGS = {4: {1: 64, 2: 72, 4: 96, 8: 128}, 5: {1: 82, 2: 104, 4: 112, 8: 168}}
+
+
+def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int = 228 * 1024,
+               regs: int | None = None) -> tuple[int, int]:
+    """(CTAs an SM, waves) of a ring config's grid, from shared memory (1 KB an SM is the
+    driver's), registers (`regs` a thread, else RING_REGS; allocated per warp in units of 256, 64 K
+    an SM) and threads. A K-walk CTA walks its rows' whole K, so a grid past one wave leaves its
+    last CTAs walking alone: gate+up at M = 4 on the H100 took 43.3 us at 3 stages (5 CTAs an SM,
+    one wave) and 56.6 at 4 (4 an SM, 16 CTAs in a second wave; BENCHMARKS.md, nineteenth run)."""
+    regs = regs or RING_REGS[fmt][cfg.tb]
+    by_regs = 65536 // (-(-regs * 32 // 256) * 256 * cfg.num_warps)
+    per_sm = min(smem_per_sm // (ring_bytes(fmt, cfg) + 1024), by_regs, 2048 // (32 * cfg.num_warps), 32)
     grid = -(-n // (16 * cfg.num_warps)) * cfg.splits
     return per_sm, -(-grid // (max(1, per_sm) * sm_count))
 

@@ -17,8 +17,9 @@ the splits by their log-sum-exp and can apply the attention output gate, sigmoid
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import triton
@@ -314,24 +315,23 @@ def resident_ctas(compiled: Any, num_warps: int, device: torch.device) -> int:
     return max(1, min(by_regs, by_smem, threads_sm // (32 * num_warps), 32))
 
 
-def _splits_for(kernel: Any, args: tuple, meta: dict, key: tuple, batch: int, hkv: int, capacity: int,
-                device: torch.device, block_n: int) -> int:
-    """default_num_splits for as many programs an SM as the compiled split kernel fits (compiled
-    once per key, not launched; the two-per-SM rule if anything about it fails or under
-    NINFER_ATTN_OCCUPANCY=0)."""
+def _splits_for(kernel: Any, warm_args: Callable[[], tuple], meta: dict, key: tuple, batch: int, hkv: int,
+                capacity: int, device: torch.device, block_n: int) -> int:
+    """default_num_splits for as many programs an SM as the compiled split kernel fits: compiled
+    (not launched) the first time a key is seen, on `warm_args()` (partials for two splits, so a
+    one-split specialization is never the one measured); the two-per-SM rule if anything about it
+    fails. Inside a CUDA graph capture nothing is compiled or loaded: a key not seen before gets
+    the old rule, not remembered (the graph's warm-up runs come first and normally fill it)."""
     per_sm = _RESIDENT.get(key)
     if per_sm is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        # no compiling or module loading inside a capture (the graph's warm-up runs came first and
-        # normally filled the key): the old rule, not remembered
         return default_num_splits(batch, hkv, capacity, device, block_n)
     if per_sm is None:
-        per_sm = 2
-        if os.environ.get("NINFER_ATTN_OCCUPANCY", "1") != "0":
-            try:
-                compiled = kernel.warmup(*args, grid=(1, 1), **meta)
+        try:
+            with torch.cuda.device(device) if torch.cuda.is_available() else contextlib.nullcontext():
+                compiled = kernel.warmup(*warm_args(), grid=(1, 1), **meta)
                 per_sm = resident_ctas(compiled, meta["num_warps"], device)
-            except Exception:  # noqa: BLE001 - a tuning hint only: the old rule stands
-                per_sm = 2
+        except Exception:  # noqa: BLE001 - a tuning hint only: the old rule stands
+            per_sm = 2
         _RESIDENT[key] = per_sm
     return default_num_splits(batch, hkv, capacity, device, block_n, per_sm)
 
@@ -406,15 +406,14 @@ def decode_attention(
                   pl.stride(0), pl.stride(1), pl.stride(2), scale * LOG2E, n_splits, min_chunk)
         return (*head, po, pl, *mid, *common), po, pl
 
+    if num_splits is None and q.is_cuda and not interpreting() and os.environ.get("NINFER_ATTN_OCCUPANCY", "1") != "0":
+        # as many splits as the compiled kernel has room for in one wave (`resident_ctas`), per
+        # kernel, batch, shape, dtypes and meta-parameters
+        key = (getattr(getattr(kernel, "fn", kernel), "__name__", "split"), q.device.index, B, T, gqa, D, page, capacity,
+               str(q.dtype), str(k_cache.dtype), block_m, block_n, num_warps, num_stages,
+               tuple(sorted((k, str(v)) for k, v in meta.items())))
+        splits = _splits_for(kernel, lambda: arguments(max(2, splits))[0], meta, key, B, HKV, capacity, q.device, block_n)
     args, part_o, part_l = arguments(splits)
-    if num_splits is None and q.is_cuda and not interpreting():
-        # as many splits as the compiled kernel has room for in one wave (`resident_ctas`)
-        key = (getattr(getattr(kernel, "fn", kernel), "__name__", "split"), q.device.index, T, gqa, D, page, block_m, block_n, num_warps,
-               num_stages, tuple(sorted((k, str(v)) for k, v in meta.items())))
-        fitted = _splits_for(kernel, args, meta, key, B, HKV, capacity, q.device, block_n)
-        if fitted != splits:
-            splits = fitted
-            args, part_o, part_l = arguments(splits)
     kernel[(B * HKV, splits)](*args, **meta)
     if out is None:
         out = torch.empty(B, T, HQ, D, dtype=q.dtype, device=q.device)
