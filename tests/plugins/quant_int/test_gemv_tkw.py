@@ -299,8 +299,9 @@ def test_gpu_tkw_every_shape_class(scheme, cfg):
 @pytest.mark.parametrize("cfg", [TK.TKWConfig(2, ring=3), TK.TKWConfig(1, ring=6, splits=2), TK.TKWConfig(2, ring=4, splits=4),
                                  TK.TKWConfig(2, ring=3, num_warps=8)], ids=lambda c: c.describe().replace(" ", "_"))
 def test_gpu_tkw_ring_sums_in_ring(scheme, cfg, monkeypatch):
-    """NINFER_TKW_XS=1 (x's scalings and bias sums through the ring too): the same outputs, bit for
-    bit, as the ring reading them from memory (the same arithmetic in the same order)."""
+    """NINFER_TKW_XS=1 (x's scalings and bias sums through the ring too): the outputs of the ring
+    reading them from memory (the same arithmetic in the same order: equal up to how ptxas fuses
+    the two FMAs; a wrong offset would be a wrong group's scale, errors of order 1)."""
     torch.manual_seed(3)
     for n, k in SHAPES[scheme]:
         p, deq = _packed(scheme, n, k)
@@ -313,7 +314,7 @@ def test_gpu_tkw_ring_sums_in_ring(scheme, cfg, monkeypatch):
             want = TK.launch(x, p, cfg)
             monkeypatch.setenv("NINFER_TKW_XS", "1")
             got = TK.launch(x, p, cfg)
-            assert torch.equal(got, want), (scheme, n, k, m, cfg)
+            assert _row_err(got, want) < 1e-3, (scheme, n, k, m, cfg)
             assert _row_err(got, x.float() @ deq.float().T) < 6e-3
 
 
