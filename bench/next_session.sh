@@ -46,6 +46,8 @@
 #                                      # tkw_bench (ring configs), the MTP round with NINFER_TKW_RING=4 (~8 min)
 #   bash bench/next_session.sh ring2   # next session's first: TKW GPU tests, tkw_bench --set ring on every shape, the
 #                                      # round against NINFER_TKW_RING=0, bench/attn_sweep.py (~9.5 min)
+#   bash bench/next_session.sh ring3   # every q4/q5 decode GEMV on the TKW ring (default configs, 3 stages) against
+#                                      # as committed: the 27B step, then the MTP round (~7 min)
 #   bash bench/next_session.sh go6     # profiles: the 27B and 35B steps and the MTP round, by kernel (~8 min)
 #   bash bench/next_session.sh kw      # the K-walk GEMV (gemv_kw.py, written without a GPU): its GPU tests, then
 #                                      # bench/kw_bench.py against the dispatched kernel, shape by shape (~7 min)
@@ -342,6 +344,16 @@ case "${1:-}" in
     rounds 150 "X=1" "NINFER_TKW_RING=0" "NINFER_TKW_XS=1" "X=1"
     timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/attn_sweep.py --out "$OUT" > "$OUT/a.txt" 2>&1
     echo "attn_sweep rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-120 "$OUT/a.txt" | head -30
+    ;;
+  ring3)
+    # the ring at M = 1 in the real steps, before any table: every q4/q5 decode GEMV on the tensor-core
+    # K-walk's default config moved to a 3-stage ring (mostly one wave: gemv_tkw.ring_waves) against
+    # as committed, the 27B plain step then the MTP round (~7 min)
+    t0=$(date +%s)
+    timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
+      --variants "X=1|NINFER_TKW=1 NINFER_TKW_RING=3|X=1|NINFER_TKW=1 NINFER_TKW_RING=3" > "$OUT/e27.txt" 2>&1
+    echo "27B ring A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW=1 NINFER_TKW_RING=3" "X=1" "NINFER_TKW=1 NINFER_TKW_RING=3"
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)
