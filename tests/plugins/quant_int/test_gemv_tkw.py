@@ -245,6 +245,20 @@ def _packed(scheme: str, n: int, k: int):
     return _PACKED[key]
 
 
+def _fitting(scheme: str, cfg):
+    """(n, k, prepared, dequantized) of each of SHAPES[scheme] the config takes, its workspace reserved."""
+    for n, k in SHAPES[scheme]:
+        p, deq = _packed(scheme, n, k)
+        if TK.supports(p, cfg):
+            K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+            yield n, k, p, deq
+
+
+def _tokens(m: int, k: int) -> torch.Tensor:
+    """m rows of x, every token its own magnitude (a wrong token's scale or sum shows in its row)."""
+    return torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (4.0 ** torch.arange(m, device="cuda"))[:, None].bfloat16()
+
+
 def _row_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     """The worst row's relative error (rows of zeros in ref skipped): a wrong token's scale shows."""
     return max((rel_err(y[i], ref[i]) for i in range(ref.shape[0]) if ref[i].abs().max() > 0), default=0.0)
@@ -270,14 +284,9 @@ def test_gpu_xq_kernel_matches_reference(fmt, m, k):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.describe().replace(" ", "_"))
 def test_gpu_tkw_every_shape_class(scheme, cfg):
     torch.manual_seed(0)
-    for n, k in SHAPES[scheme]:
-        p, deq = _packed(scheme, n, k)
-        if not TK.supports(p, cfg):
-            continue
-        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+    for n, k, p, deq in _fitting(scheme, cfg):
         for m in (1, 2, 3, 4, 5, 8):
-            # every token its own magnitude (a wrong token's scale or sum would show in its row)
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (4.0 ** torch.arange(m, device="cuda"))[:, None].bfloat16()
+            x = _tokens(m, k)
             if m == 3:
                 x[1] = 0  # a zero row next to live ones
                 x[2] *= 1000  # a large-valued row (fp16 would overflow without the scaling)
@@ -303,13 +312,9 @@ def test_gpu_tkw_ring_sums_in_ring(scheme, cfg, monkeypatch):
     reading them from memory (the same arithmetic in the same order: equal up to how ptxas fuses
     the two FMAs; a wrong offset would be a wrong group's scale, errors of order 1)."""
     torch.manual_seed(3)
-    for n, k in SHAPES[scheme]:
-        p, deq = _packed(scheme, n, k)
-        if not TK.supports(p, cfg):
-            continue
-        K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+    for n, k, p, deq in _fitting(scheme, cfg):
         for m in (1, 3, 4, 8):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * (4.0 ** torch.arange(m, device="cuda"))[:, None].bfloat16()
+            x = _tokens(m, k)
             monkeypatch.delenv("NINFER_TKW_XS", raising=False)
             want = TK.launch(x, p, cfg)
             monkeypatch.setenv("NINFER_TKW_XS", "1")
