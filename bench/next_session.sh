@@ -348,8 +348,11 @@ case "${1:-}" in
   ring3)
     # the ring at M = 1 in the real steps, before any table: every q4/q5 decode GEMV on the tensor-core
     # K-walk's default config moved to a 3-stage ring (mostly one wave: gemv_tkw.ring_waves) against
-    # as committed, the 27B plain step then the MTP round (~7 min)
+    # as committed, the 27B plain step then the MTP round; first, bench/wave_tail.py: does the K-walk's
+    # part-full last wave cost a whole walk (gate+up at 4.12 waves, qkv+z at 2.59; ~1 min)? (~8 min)
     t0=$(date +%s)
+    timeout 90 python3 bench/wave_tail.py --out "$OUT" > "$OUT/tail.txt" 2>&1
+    echo "wave_tail rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/tail.txt" | cut -c1-110
     timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
       --variants "X=1|NINFER_TKW=1 NINFER_TKW_RING=3|X=1|NINFER_TKW=1 NINFER_TKW_RING=3" > "$OUT/e27.txt" 2>&1
     echo "27B ring A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150

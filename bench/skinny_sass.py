@@ -57,6 +57,9 @@ class _CompileOnlyDriver:
 
 
 _compiled: list = []
+# the grid each compiled kernel was launched with (a tuple, or None where it was a function), in
+# _compiled's order: bench/occupancy.py's waves
+_grids: list = []
 
 
 def install() -> None:
@@ -66,6 +69,7 @@ def install() -> None:
     def compile_only(self, *args, grid, warmup, **kwargs):
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         _compiled.append(kernel)
+        _grids.append(tuple(grid) if isinstance(grid, (tuple, list)) else None)
         return kernel
 
     jit.JITFunction.run = compile_only
