@@ -8,14 +8,15 @@ bench/occupancy.py (compile-only, sm_90) estimates the M = 1 K-walk GEMV on q4 g
 1,024 CTAs, 3 an SM) at 2.59. A K-walk CTA walks its rows' whole K, so if the GPU runs waves, the
 last 64 gate+up CTAs run a full walk on an almost idle GPU: about 17% of the launch. Prediction:
 µs per 1,000 rows drops by ~15% from 34,816 rows to 33,792 (2,112 CTAs, 4.0 waves) and rises
-again at 35,840 (4.24). If it does, the fix is a grid of whole waves (stream-K or persistent CTAs
-sharing the last row blocks' K), not a faster loop. µs a call in one CUDA graph cycling >= 256 MB
+again at 35,840 (4.24). If it does, the fix is a grid of whole waves, not a faster loop; the real
+row count is then timed with its last wave's row blocks in two K shares (KWConfig.tail). µs a call in one CUDA graph cycling >= 256 MB
 of weight copies, the same config for every row count, the copy share measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # config's CTAs (gate+up: 3.76, 4.0, 4.12 (real), 4.24; qkv+z: 1.98, 2.5, 2.59 (real), 2.99)
 CASES = [("q4_g64", 34816, 5120, [31744, 33792, 34816, 35840]),
          ("q5_g64", 16384, 5120, [12544, 15872, 16384, 18944])]
+# at the real row count, the same config with its part-full last wave's row blocks in K shares
+# (KWConfig.tail, tail_splits): gate+up's last 64 of 2,176 blocks (4 an SM), qkv+z's last 232 of 1,024 (3)
+TAILS = {34816: [(64, 2), (128, 2)], 16384: [(232, 2), (100, 2)]}
 
 
 def main() -> int:
@@ -42,6 +46,7 @@ def main() -> int:
     import quant_linear as QL
 
     from ninfer_plugins.quant_int import formats as IF
+    from ninfer_plugins.quant_int import gemv_kw as KW
     from ninfer_plugins.quant_int import kernels as K
 
     copy_tbs = QL.copy_bandwidth()
@@ -62,6 +67,20 @@ def main() -> int:
                   flush=True)
             rows.append(dict(fmt=name, n=n, k=k, m=args.m, config=cfg.describe(), us=round(ms * 1e3, 2),
                              share=round(share, 4)))
+            want = cfg.run(x, p)
+            for tail, ts in TAILS.get(n, []):
+                tcfg = dataclasses.replace(cfg, tail=tail, tail_splits=ts)
+                if not hasattr(cfg, "tail") or not type(cfg).__module__.endswith("gemv_kw") or not KW.supports(p, tcfg):
+                    print(f"    tail {tail}x{ts}: does not fit {cfg.describe()}", flush=True)
+                    continue
+                K.Workspace.get(p.device).reserve(*tcfg.workspace(p))
+                err = float((tcfg.run(x, p).float() - want.float()).norm() / want.float().norm())
+                ms = QL.graph_ms_per_call([lambda q=q: tcfg.run(x, q) for q in copies])
+                share = nbytes / (ms * 1e-3) / (copy_tbs * 1e12)
+                print(f"    {tcfg.describe()}: {ms * 1e3:7.2f} us, {share:6.1%} of copy, err vs no tail {err:.1e}",
+                      flush=True)
+                rows.append(dict(fmt=name, n=n, k=k, m=args.m, config=tcfg.describe(), us=round(ms * 1e3, 2),
+                                 share=round(share, 4), err=err))
     QL.write_result(args.out, "wave_tail.json", dict(copy_tbs=copy_tbs, rows=rows, device=torch.cuda.get_device_name(0)))
     return 0
 

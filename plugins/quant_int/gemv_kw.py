@@ -74,10 +74,18 @@ class KWConfig:
     # a warp barrier after the next trip's loads, which ptxas then cannot sink below this trip's
     # math (the sm_90 SASS of pf/pp has them issued two thirds into the trip or at its end)
     pin: bool = False
+    # the grid's last `tail` row blocks walk K in `tail_splits` shares of whole trips (summed by the
+    # last to arrive), the others whole: a grid of 4.12 waves (q4 gate+up at BN16, 4 CTAs an SM,
+    # bench/occupancy.py) may leave its last 64 CTAs walking alone on an idle GPU; in 2 shares (its
+    # 5 trips of BW 128 as 3 + 2) they take 3/5 of a walk. 0: off (an experiment, not yet timed:
+    # bench/wave_tail.py first). Only with splits = 1 and x's pairs from their own launch.
+    tail: int = 0
+    tail_splits: int = 0
 
     def describe(self) -> str:
         return (f"KW BN{self.block_n} BW{self.bw} S{self.splits} w{self.num_warps}" + ("", " pf", " pp")[int(self.prefetch)]
-                + (" inline" if self.inline else "") + (" pin" if self.pin else ""))
+                + (" inline" if self.inline else "") + (" pin" if self.pin else "")
+                + (f" T{self.tail}x{self.tail_splits}" if self.tail else ""))
 
     def workspace(self, p: QK.Prepared) -> tuple[int, int]:
         return workspace_need(p, self)
@@ -104,6 +112,12 @@ def _fits(fmt: int, k: int, cfg: KWConfig) -> bool:
         return False
     # K shares of whole trips, ragged where the trips do not divide (q5 down's 17 trips in two:
     # 9 and 8): every share gets at least one
+    if cfg.tail or cfg.tail_splits:
+        ts = cfg.tail_splits
+        if cfg.tail < 1 or ts < 2 or ts & (ts - 1) or cfg.splits != 1 or cfg.inline:
+            return False
+        if not _shares_fit(row_words(fmt, k) // cfg.bw, ts):
+            return False
     return _shares_fit(row_words(fmt, k) // cfg.bw, cfg.splits)
 
 
@@ -148,10 +162,11 @@ def default_config(fmt: int, n: int, k: int, sm_count: int) -> KWConfig | None:
 
 
 def workspace_need(p: QK.Prepared, cfg: KWConfig) -> tuple[int, int]:
-    """(partials, counters): one fp32 a row, split and x row; one counter a row block."""
-    if cfg.splits == 1:
+    """(partials, counters): one fp32 a row, split (or tail share) and x row; one counter a row block."""
+    shares = cfg.tail_splits if cfg.tail else cfg.splits
+    if shares == 1:
         return 0, 0
-    return cfg.splits * MAX_M * p.n, -(-p.n // cfg.block_n)
+    return shares * MAX_M * p.n, -(-p.n // cfg.block_n)
 
 
 # --- x, prepared once a launch ---------------------------------------------------------------------
@@ -331,11 +346,12 @@ def _l2_ahead(W, H, S, rows, it0, n_it, stride_wn, stride_hn, stride_sn, FMT: tl
             PF.l2_prefetch(hl + t * HSTEP, ASM)
 
 
-@triton.jit(do_not_specialize=["M", "N", "ITERS", "TRIPS"])
+@triton.jit(do_not_specialize=["M", "N", "ITERS", "TRIPS", "MAIN", "ITERS_T"])
 def _gemv_kw_kernel(
     XP, INV, INVM, W, H, S, Y, WS, CNT, G, X, RDY,
     M, N, KW, NKB, ITERS, TRIPS, stride_xm, GOFF, PRODUCERS,
     stride_wn, stride_hn, stride_sn, stride_ym,
+    MAIN, ITERS_T,
     FMT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BW: tl.constexpr,
@@ -353,9 +369,19 @@ def _gemv_kw_kernel(
     ASM_PAIRS: tl.constexpr = False,
     L2PF: tl.constexpr = 0,
     PIN: tl.constexpr = False,
+    TAIL_S: tl.constexpr = 0,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
+    iters = ITERS
+    if TAIL_S > 0:
+        # a 1-D grid: programs 0..MAIN-1 walk row blocks 0..MAIN-1 whole; the rest walk the tail's
+        # row blocks in TAIL_S shares of ITERS_T trips each (launched last, they fill the last wave)
+        t = tl.maximum(pid_r - MAIN, 0)
+        in_tail = pid_r >= MAIN
+        pid_s = tl.where(in_tail, t % TAIL_S, 0)
+        pid_r = tl.where(in_tail, MAIN + t // TAIL_S, pid_r)
+        iters = tl.where(in_tail, ITERS_T, TRIPS)
     WPB: tl.constexpr = 32 if FMT == 8 else 16
     KBS: tl.constexpr = BW // WPB  # K blocks a trip
     # a trip's columns, relative to the trip (gemv_h2's slice columns for slice 0 of KBS blocks),
@@ -365,9 +391,9 @@ def _gemv_kw_kernel(
     HSTEP: tl.constexpr = 4 * KBS if FMT == 5 else 8 * KBS
     rn = tl.arange(0, BLOCK_N)
     rows = pid_r * BLOCK_N + rn  # rows are padded to ROW_PAD, a multiple of BLOCK_N: loads need no mask
-    it0 = pid_s * ITERS
+    it0 = pid_s * iters
     # this share's trips: ITERS, or what is left for the last share of a ragged split (>= 1: _fits)
-    n_it = tl.minimum(ITERS, TRIPS - it0)
+    n_it = tl.minimum(iters, TRIPS - it0)
     r64 = rows.to(tl.int64)[None, :]
     wp = W + r64 * stride_wn + (w_cols[:, None] + it0 * BW)
     sp = S + r64 * stride_sn + (g_cols[:, None] + it0 * GSTEP)
@@ -447,14 +473,33 @@ def _gemv_kw_kernel(
     else:
         part = acc
     ok = rows < N
+    if TAIL_S > 0:
+        if pid_r < MAIN:
+            _kw_out(part, rows, ok, cols4, pid_r, pid_s, Y, WS, CNT, G, M, stride_ym, FMT, 1, BLOCK_M)
+        else:
+            _kw_out(part, rows, ok, cols4, pid_r, pid_s, Y, WS, CNT, G, M, stride_ym, FMT, TAIL_S, BLOCK_M)
+    else:
+        _kw_out(part, rows, ok, cols4, pid_r, pid_s, Y, WS, CNT, G, M, stride_ym, FMT, SPLITS, BLOCK_M)
+    if INLINE:
+        tl.debug_barrier()
+        done = tl.atomic_add(RDY + 1, 1, sem="acq_rel")
+        if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+            tl.atomic_xchg(RDY, 0)
+            tl.atomic_xchg(RDY + 1, 0)
+
+
+@triton.jit
+def _kw_out(part, rows, ok, cols4, pid_r, pid_s, Y, WS, CNT, G, M, stride_ym, FMT: tl.constexpr, SPLITS: tl.constexpr,
+            BLOCK_M: tl.constexpr):
+    """A CTA's [4, BLOCK_N] sums out: stored (one share), or one partial a row, share and x row, the
+    last share of the row block to arrive summing them in share order (bit-reproducible) and
+    resetting the counter."""
     if SPLITS == 1:
         if FMT == 16:
             part = part * tl.load(G + rows, mask=ok, other=0.0)[None, :]  # NVFP4's per-row global scale
         dst = Y + cols4 * stride_ym + rows[None, :]
         tl.store(dst, part.to(Y.dtype.element_ty), mask=ok[None, :] & (cols4 < M))
     else:
-        # one partial a row, split and x row; the last split of this row block to arrive sums
-        # them in split order (bit-reproducible) and resets the counter
         tl.store(WS + (rows[None, :].to(tl.int64) * SPLITS + pid_s) * 4 + cols4, part, mask=ok[None, :] & (cols4 < BLOCK_M))
         tl.debug_barrier()
         arrived = tl.atomic_add(CNT + pid_r, 1, sem="acq_rel")
@@ -468,12 +513,6 @@ def _gemv_kw_kernel(
                     y = y * tl.load(G + rows, mask=ok, other=0.0)
                 tl.store(Y + mm * stride_ym + rows, y.to(Y.dtype.element_ty), mask=ok & ((rows * 0 + mm) < M))
             tl.atomic_xchg(CNT + pid_r, 0)
-    if INLINE:
-        tl.debug_barrier()
-        done = tl.atomic_add(RDY + 1, 1, sem="acq_rel")
-        if done == tl.num_programs(0) * tl.num_programs(1) - 1:
-            tl.atomic_xchg(RDY, 0)
-            tl.atomic_xchg(RDY + 1, 0)
 
 
 def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int | None = None) -> int:
@@ -523,7 +562,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
     fast = fast and (not interp or EMULATED_DOT)
     kw = row_words(p.fmt, p.k)
-    if cfg.splits > 1:
+    if cfg.splits > 1 or cfg.tail:
         ws = QK.Workspace.get(x2.device)
         ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
         partials, counters = ws.partials, ws.counters
@@ -534,7 +573,10 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     s = H2.scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
     asm, constr = H2._asm(p.fmt, block_m)
-    grid = (-(-p.n // cfg.block_n), cfg.splits)
+    blocks = -(-p.n // cfg.block_n)
+    tail = min(cfg.tail, blocks) if cfg.tail else 0
+    main = blocks - tail
+    grid = (main + tail * cfg.tail_splits, 1) if tail else (blocks, cfg.splits)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
     # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
     # resident at once (they are the first CTAs dispatched, and an SM holds at least one), or
@@ -545,6 +587,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
         m, p.n, kw, p.k // 128, _share(kw // cfg.bw, cfg.splits), kw // cfg.bw, x2.stride(0), p.k if gated else 0, producers,
         w.stride(0), h.stride(0), s.stride(0), y.stride(0),
+        main, _share(kw // cfg.bw, cfg.tail_splits) if tail else 1,
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,
         BW=cfg.bw,
@@ -561,6 +604,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         ASM_PAIRS=fast and not interp,
         L2PF=l2pf,
         PIN=bool(cfg.pin),
+        TAIL_S=cfg.tail_splits if tail else 0,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

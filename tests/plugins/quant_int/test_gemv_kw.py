@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
 import pytest
 import torch
@@ -51,6 +52,11 @@ DEV = "cuda" if CUDA else "cpu"
         (2, 33, 2176, KW.KWConfig(16, 16, 4, num_warps=2, prefetch=2)),  # row tail
         (4, 40, 2176, KW.KWConfig(8, 32, 4, num_warps=2)),  # q8
         (2, 40, 768, KW.KWConfig(16, 32, 1, prefetch=2, pin=True)),  # pinned loads (a no-op when interpreted)
+        # the grid's last row blocks in K shares (row tail in the tail; a tail of every block; ping-pong)
+        (1, 70, 512, KW.KWConfig(16, 32, tail=2, tail_splits=2)),
+        (3, 48, 1152, KW.KWConfig(16, 16, num_warps=2, tail=1, tail_splits=2)),  # ragged: 9 trips as 5 + 4
+        (2, 40, 1024, KW.KWConfig(8, 32, num_warps=2, prefetch=2, tail=9, tail_splits=4)),
+        (4, 64, 2176, KW.KWConfig(16, 16, num_warps=2, tail=3, tail_splits=4)),
     ],
 )
 def test_interpreted_kw_matches_reference(scheme, m, n, k, cfg):
@@ -264,6 +270,20 @@ def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme):
                     assert torch.equal(got, torch.tensor([float(a), float(b)]).to(torch.float16)), (m, kb, t, part)
 
 
+def test_tail_configs_fit_and_describe():
+    # gate+up (K = 5120) at BW 128: 5 trips, so 2 shares (3 + 2), not 4 (2 + 2 + 1 + 0)
+    assert KW._fits(4, 5120, KW.KWConfig(16, 128, tail=64, tail_splits=2))
+    assert not KW._fits(4, 5120, KW.KWConfig(16, 128, tail=64, tail_splits=4))
+    assert KW._fits(4, 5120, KW.KWConfig(16, 64, tail=64, tail_splits=4))  # 10 trips: 3 + 3 + 3 + 1
+    assert not KW._fits(4, 5120, KW.KWConfig(16, 128, 2, tail=64, tail_splits=2))  # not with K shares already
+    assert not KW._fits(4, 5120, KW.KWConfig(16, 128, inline=True, tail=64, tail_splits=2))
+    assert not KW._fits(4, 5120, KW.KWConfig(16, 64, tail=64, tail_splits=3))  # powers of two
+    assert not KW._fits(4, 5120, KW.KWConfig(16, 128, tail=64))  # a tail needs its shares
+    assert KW.KWConfig(16, 128, tail=64, tail_splits=2).describe() == "KW BN16 BW128 S1 w4 pf T64x2"
+    p = types.SimpleNamespace(n=34816)
+    assert KW.workspace_need(p, KW.KWConfig(16, 128, tail=64, tail_splits=2)) == (2 * KW.MAX_M * 34816, 2176)
+
+
 def test_kw_refuses_bad_inputs():
     g = torch.Generator().manual_seed(1)
     p, _ = packed_and_ref(torch.randn(32, 256, generator=g), "q4_g64")
@@ -356,7 +376,10 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
                     KW.KWConfig(8, 128, 2, 2), KW.KWConfig(8, 128, 4, 2, 2),
                     # the next trip's loads pinned ahead of the math (a warp barrier)
                     KW.KWConfig(16, 128, 1, 4, 1, pin=True), KW.KWConfig(16, 128, 1, 4, 2, pin=True),
-                    KW.KWConfig(8, 128, 2, 2, 1, pin=True)):
+                    KW.KWConfig(8, 128, 2, 2, 1, pin=True),
+                    # the last row blocks in K shares (gate+up's 64 of 2,176: 5 trips as 3 + 2; 10 trips in 4)
+                    KW.KWConfig(16, 128, 1, 4, 2, tail=64, tail_splits=2), KW.KWConfig(16, 64, 1, 4, 1, tail=64, tail_splits=4),
+                    KW.KWConfig(8, 128, 1, 2, 1, tail=13, tail_splits=2)):
             if not KW.supports(p, cfg):
                 continue
             K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
