@@ -69,8 +69,11 @@ def main() -> int:
                              share=round(share, 4)))
             want = cfg.run(x, p)
             for tail, ts in TAILS.get(n, []):
+                if not isinstance(cfg, KW.KWConfig):
+                    print(f"    tail {tail}x{ts}: {cfg.describe()} is not a K-walk config", flush=True)
+                    continue
                 tcfg = dataclasses.replace(cfg, tail=tail, tail_splits=ts)
-                if not hasattr(cfg, "tail") or not type(cfg).__module__.endswith("gemv_kw") or not KW.supports(p, tcfg):
+                if not KW.supports(p, tcfg):
                     print(f"    tail {tail}x{ts}: does not fit {cfg.describe()}", flush=True)
                     continue
                 K.Workspace.get(p.device).reserve(*tcfg.workspace(p))

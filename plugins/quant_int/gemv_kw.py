@@ -374,6 +374,7 @@ def _gemv_kw_kernel(
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
     iters = ITERS
+    tl.static_assert(not (INLINE and TAIL_S > 0), "x's pairs made inline need the grid's own ids: no tail")
     if TAIL_S > 0:
         # a 1-D grid: programs 0..MAIN-1 walk row blocks 0..MAIN-1 whole; the rest walk the tail's
         # row blocks in TAIL_S shares of ITERS_T trips each (launched last, they fill the last wave)
@@ -524,8 +525,10 @@ def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int | None = None) -> 
     trips = row_words(p.fmt, p.k) // cfg.bw
     blocks = -(-p.n // cfg.block_n)
     trip_bytes = p.walked_bytes() * cfg.block_n // max(1, p.qweight.shape[0] * trips)
-    ctas = PF.resident(blocks * cfg.splits, p.sm_count, cfg.num_warps)
-    return PF.l2_trips(budget, ctas, trip_bytes, _share(trips, cfg.splits))
+    tail = min(cfg.tail, blocks) if cfg.tail else 0
+    grid = blocks - tail + tail * cfg.tail_splits if tail else blocks * cfg.splits
+    ctas = PF.resident(grid, p.sm_count, cfg.num_warps)
+    return PF.l2_trips(budget, ctas, trip_bytes, trips if tail else _share(trips, cfg.splits))
 
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = None, gated: bool = False,
