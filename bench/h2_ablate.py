@@ -44,9 +44,7 @@ def main() -> int:
     from ninfer_plugins.quant_int import gemv_h2 as H2
     from ninfer_plugins.quant_int import kernels as K
 
-    copy_tbs = QL.copy_bandwidth()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs", flush=True)
+    copy_tbs, sms = QL.device_and_copy()
     rows = []
     for fmt_name, n, k in SHAPES[: args.first]:
         fmt = IF.FORMATS[fmt_name].bits

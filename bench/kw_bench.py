@@ -151,9 +151,7 @@ def main() -> int:
         for m in ms:
             items += [(name, k, c, m, 0) for c in fits] + [(name, k, fits[0], m, 1)] if fits else []
     prewarm(sorted(set(items)))
-    copy_tbs = QL.copy_bandwidth()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs", flush=True)
+    copy_tbs, sms = QL.device_and_copy()
     rows = []
     for name, n, k, p, nbytes, copies in weight_copies(shapes, t_start, args.budget_s):
         fits = [KW.KWConfig(*c) for c in CFGS if KW._fits(bits[name], k, KW.KWConfig(*c))]

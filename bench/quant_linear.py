@@ -122,6 +122,14 @@ def write_result(out: str | None, name: str, data: dict) -> None:
         (Path(out) / name).write_text(json.dumps(data, indent=1))
 
 
+def device_and_copy() -> tuple[float, int]:
+    """(copy bandwidth TB/s, SM count) of this GPU, printed as the bench scripts' first line."""
+    copy_tbs = copy_bandwidth()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs, {torch.cuda.get_device_name(0)}", flush=True)
+    return copy_tbs, sms
+
+
 def copy_bandwidth() -> float:
     n = 1 << 30
     src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")

@@ -140,9 +140,7 @@ def main() -> int:
         return 0
     import quant_linear as QL
 
-    copy_tbs = QL.copy_bandwidth()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs", flush=True)
+    copy_tbs, sms = QL.device_and_copy()
     rows = []
     for name, n, k, bits in SHAPES:
         nbytes = int(n * k * bits / 8)

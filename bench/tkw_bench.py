@@ -110,9 +110,7 @@ def main() -> int:
     for name, n, k in shapes:
         items += [(name, k, c, m) for c in shape_cfgs(name, n, k) for m in ms]
     KB.prewarm(sorted(set(items)), fn=_warm_one)
-    copy_tbs = QL.copy_bandwidth()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"copy bandwidth {copy_tbs:.3f} TB/s, {sms} SMs, {torch.cuda.get_device_name(0)}", flush=True)
+    copy_tbs, sms = QL.device_and_copy()
     rows = []
     for name, n, k, p, nbytes, copies in KB.weight_copies(shapes, t_start, args.budget_s):
         fits = [TK.TKWConfig(*c) for c in shape_cfgs(name, n, k)]

@@ -49,9 +49,7 @@ def main() -> int:
     from ninfer_plugins.quant_int import gemv_kw as KW
     from ninfer_plugins.quant_int import kernels as K
 
-    copy_tbs = QL.copy_bandwidth()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"copy {copy_tbs:.3f} TB/s, {sms} SMs, {torch.cuda.get_device_name(0)}", flush=True)
+    copy_tbs, sms = QL.device_and_copy()
     rows = []
     for name, n_real, k, ns in CASES:
         bits = IF.FORMATS[name].bits
