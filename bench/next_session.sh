@@ -78,6 +78,18 @@ rounds() {
   grep -E "spec round|^skipped|ERROR" "$OUT/m.txt" | cut -c1-150
 }
 
+# the plain decode step (int4, 8K context) of MODEL under each environment given, in order, in ONE
+# process (dense_27b.py --variants): steps MODEL SECONDS BUDGET FILE LABEL "ENV..." ...; variants that
+# would start past BUDGET seconds are skipped and named; needs t0.
+steps() {
+  local model=$1 limit=$2 budget=$3 file=$4 label=$5 vs
+  shift 5
+  vs=$(printf '%s|' "$@")
+  timeout "$limit" python3 bench/dense_27b.py --skip-tests --model "$model" --only int4_8k --budget-s "$budget" \
+    --variants "${vs%|}" > "$OUT/$file" 2>&1
+  echo "$label rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/$file" | cut -c1-150
+}
+
 case "${1:-}" in
   tests|tests-a|tests-b)
     # everything in one call (a cold machine needs more than the 600 s a call may take: 391 of ~430
@@ -263,9 +275,7 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 150 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_prefill_grouped.py > "$OUT/t.txt" 2>&1
     echo "grouped prefill tests rc=$? $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    timeout 300 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 240 \
-      --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/e.txt" 2>&1
-    echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e.txt" | cut -c1-150
+    steps qwen3.6-35b-a3b 300 240 e.txt "35B prefill A/B" "X=1" "NINFER_MOE_PREFILL=grouped" "X=1" "NINFER_MOE_PREFILL=grouped"
     ;;
   go3)
     # the next session's first call: kw_bench again (ragged K shares for the 5,120-row matrices, the
@@ -277,9 +287,7 @@ case "${1:-}" in
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
     timeout 300 python3 bench/kw_bench.py --out "$OUT" --budget-s 250 > "$OUT/kw.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^  nv|^copy|^prewarm|^#|^    \(" "$OUT/kw.txt" | cut -c1-150
-    timeout $(( 590 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 130 \
-      --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1" > "$OUT/e27.txt" 2>&1
-    echo "27B table A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    steps qwen3.6-27b $(( 590 - ($(date +%s) - t0) )) 130 e27.txt "27B table A/B" "X=1" "NINFER_KW=0" "NINFER_KW=1" "X=1"
     ;;
   tkw)
     t0=$(date +%s)
@@ -289,9 +297,7 @@ case "${1:-}" in
     grep -E "Error|error:|assert" "$OUT/t.txt" | head -8 | cut -c1-300
     timeout 230 python3 bench/tkw_bench.py --out "$OUT" --budget-s 170 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|^    TKW|^copy|^prewarm|^#|^    \(|best M|x prepared" "$OUT/tkw.txt" | cut -c1-150
-    timeout $(( 420 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 60 \
-      --variants "X=1|NINFER_TKW=1" > "$OUT/e27.txt" 2>&1
-    echo "27B TKW A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    steps qwen3.6-27b $(( 420 - ($(date +%s) - t0) )) 60 e27.txt "27B TKW A/B" "X=1" "NINFER_TKW=1"
     rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW=1"
     ;;
   pin)
@@ -299,12 +305,8 @@ case "${1:-}" in
     timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_h2.py tests/plugins/quant_int/test_gemv_kw.py \
       -k "every_shape or fast_path" > "$OUT/t.txt" 2>&1
     echo "pinned GEMV GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
-      --variants "X=1|NINFER_PIN=1|X=1|NINFER_PIN=1" > "$OUT/e27.txt" 2>&1
-    echo "27B pin A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
-    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
-      --budget-s 120 --variants "X=1|NINFER_PIN=1|X=1|NINFER_PIN=1" > "$OUT/e35.txt" 2>&1
-    echo "35B pin A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
+    steps qwen3.6-27b 230 170 e27.txt "27B pin A/B" "X=1" "NINFER_PIN=1" "X=1" "NINFER_PIN=1"
+    steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 120 e35.txt "35B pin A/B" "X=1" "NINFER_PIN=1" "X=1" "NINFER_PIN=1"
     ;;
   tkw2)
     t0=$(date +%s)
@@ -353,23 +355,17 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 90 python3 bench/wave_tail.py --out "$OUT" > "$OUT/tail.txt" 2>&1
     echo "wave_tail rc=$? $(( $(date +%s) - t0 )) s"; cat "$OUT/tail.txt" | cut -c1-110
-    timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
-      --variants "X=1|NINFER_TKW=1 NINFER_TKW_RING=3|X=1|NINFER_TKW=1 NINFER_TKW_RING=3" > "$OUT/e27.txt" 2>&1
-    echo "27B ring A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    steps qwen3.6-27b 230 170 e27.txt "27B ring A/B" "X=1" "NINFER_TKW=1 NINFER_TKW_RING=3" "X=1" "NINFER_TKW=1 NINFER_TKW_RING=3"
     rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW=1 NINFER_TKW_RING=3" "X=1" "NINFER_TKW=1 NINFER_TKW_RING=3"
     ;;
   go4)
     # the MTP round and the 35B step with the table, then the grouped MoE prefill (~9.5 min)
     t0=$(date +%s)
     rounds 170 "X=1" "NINFER_KW=0" "X=1" "NINFER_KW=0"
-    timeout 200 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s 150 \
-      --variants "X=1|NINFER_KW=0|NINFER_KW=1|X=1" > "$OUT/e35.txt" 2>&1
-    echo "35B table A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
+    steps qwen3.6-35b-a3b 200 150 e35.txt "35B table A/B" "X=1" "NINFER_KW=0" "NINFER_KW=1" "X=1"
     timeout 60 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_prefill_grouped.py > "$OUT/t.txt" 2>&1
     echo "grouped prefill tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
-      --budget-s 120 --variants "X=1|NINFER_MOE_PREFILL=grouped|X=1|NINFER_MOE_PREFILL=grouped" > "$OUT/p35.txt" 2>&1
-    echo "35B prefill A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/p35.txt" | cut -c1-150
+    steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 120 p35.txt "35B prefill A/B" "X=1" "NINFER_MOE_PREFILL=grouped" "X=1" "NINFER_MOE_PREFILL=grouped"
     ;;
   go5)
     # weights asked of the L2 during the kernel before (NINFER_L2PF, prefetch.py, written without a
@@ -378,12 +374,8 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 150 python3 bench/l2_ahead.py --out "$OUT" --idle-us 0,4 > "$OUT/l2.txt" 2>&1
     echo "l2_ahead rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-260 "$OUT/l2.txt"
-    timeout 230 python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 170 \
-      --variants "X=1|NINFER_L2PF=16|NINFER_L2PF=32|X=1|NINFER_L2PF=16" > "$OUT/e27.txt" 2>&1
-    echo "27B L2PF A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
-    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k \
-      --budget-s 120 --variants "X=1|NINFER_L2PF=16|NINFER_L2PF=32|X=1" > "$OUT/e35.txt" 2>&1
-    echo "35B L2PF A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
+    steps qwen3.6-27b 230 170 e27.txt "27B L2PF A/B" "X=1" "NINFER_L2PF=16" "NINFER_L2PF=32" "X=1" "NINFER_L2PF=16"
+    steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 120 e35.txt "35B L2PF A/B" "X=1" "NINFER_L2PF=16" "NINFER_L2PF=32" "X=1"
     ;;
   go6)
     # where the steps' time goes now that the K-walk runs the 27B's big GEMVs: torch.profiler over the
@@ -417,9 +409,7 @@ case "${1:-}" in
       --variants "X=1|NINFER_MOE_BLOCK=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1|NINFER_KW=1|NINFER_KW=1 NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1|X=1|NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_NORM=1" \
       > "$OUT/e35.txt" 2>&1
     echo "35B step A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e35.txt" | cut -c1-150
-    timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s 200 \
-      --variants "NINFER_KW=0|X=1|NINFER_KW=1|NINFER_KW=0|NINFER_KW=1" > "$OUT/e27.txt" 2>&1
-    echo "27B KW A/B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/e27.txt" | cut -c1-150
+    steps qwen3.6-27b $(( 580 - ($(date +%s) - t0) )) 200 e27.txt "27B KW A/B" "NINFER_KW=0" "X=1" "NINFER_KW=1" "NINFER_KW=0" "NINFER_KW=1"
     ;;
   ceiling)
     timeout 300 python3 bench/read_ceiling.py --out "$OUT" > "$OUT/ceiling.txt" 2>&1
