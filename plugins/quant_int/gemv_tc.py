@@ -154,6 +154,21 @@ if HAVE_GLUON:
             hsm = ssm
         return wsm, ssm, hsm
 
+    @gluon.jit
+    def _pdl_trigger():
+        """Let the next kernel in the stream launch (programmatic dependent launch)."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+    @gluon.jit
+    def _pdl_wait(PDL: gl.constexpr, LATE: gl.constexpr):
+        """Under PDL: trigger the next kernel now unless LATE (then after the main loop), and wait for
+        the kernel before to finish (its outputs, x among them, are read after this)."""
+        if PDL:
+            if not LATE:
+                _pdl_trigger()
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
     # Triton 3.6's name (the H200's) and Triton 3.9's
     _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
 
@@ -430,11 +445,7 @@ if HAVE_GLUON:
             else:
                 r1 = gl.minimum(row_lo + R, last)
                 wb_, sb_, hb_ = _load_block(wp, sp, hp, r1, kb0, stride_wn, stride_hn, stride_sn, FMT)
-        if PDL:
-            if not LATE:
-                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                          is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        _pdl_wait(PDL, LATE)
 
         inv_n = _prep_x(X, M, stride_xm, kb0, xsm, csm, KB, LX, MMA, XF_A, XF_B, XF_C, XF_D,
                         BIAS_A, BIAS_B, BIAS_C, BIAS_D)
@@ -461,8 +472,7 @@ if HAVE_GLUON:
             gl.store(dst, acc * inv_n[None, :], mask=keep)
 
         if PDL and LATE:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            _pdl_trigger()
         _tbarrier()
         _sum_slices(Y, WS, CNT, pid_c, row_lo, row_hi, M, N, stride_ym, N_SLICES, SLICES_P2, RED, MT, LRED)
 

@@ -109,8 +109,12 @@ def ring_waves(fmt: int, n: int, cfg: TKWConfig, sm_count: int, smem_per_sm: int
     regs = regs or RING_REGS[fmt][cfg.tb]
     by_regs = 65536 // (-(-regs * 32 // 256) * 256 * cfg.num_warps)
     per_sm = min(smem_per_sm // (ring_bytes(fmt, cfg) + 1024), by_regs, 2048 // (32 * cfg.num_warps), 32)
-    grid = -(-n // (16 * cfg.num_warps)) * cfg.splits
-    return per_sm, -(-grid // (max(1, per_sm) * sm_count))
+    return per_sm, -(-grid_ctas(n, cfg) // (max(1, per_sm) * sm_count))
+
+
+def grid_ctas(n: int, cfg: TKWConfig) -> int:
+    """CTAs of a launch over n rows: R = 16 x num_warps rows each, times the K shares."""
+    return -(-n // (16 * cfg.num_warps)) * cfg.splits
 
 
 def one_wave_rings(fmt: int, n: int, k: int, sm_count: int, count: int = 6) -> list[TKWConfig]:
@@ -125,7 +129,7 @@ def one_wave_rings(fmt: int, n: int, k: int, sm_count: int, count: int = 6) -> l
                 if not _fits(fmt, k, cfg):
                     continue
                 per_sm, waves = ring_waves(fmt, n, cfg, sm_count)
-                grid = -(-n // 64) * splits
+                grid = grid_ctas(n, cfg)
                 if waves == 1 and grid >= sm_count:
                     found.append((-min(per_sm, -(-grid // sm_count)), -ring * tb, splits, cfg))
     return [c for *_, c in sorted(found, key=lambda f: f[:3])][:count]
@@ -443,11 +447,7 @@ if TC.HAVE_GLUON:
         if PF >= 4:
             wd_, sd_, hd_ = TC._load_block(wp, sp, hp, row0, gl.minimum(kb_first + 3, kb_last), stride_wn, stride_hn,
                                            stride_sn, FMT)
-        if PDL:
-            if not LATE:
-                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                          is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        TC._pdl_wait(PDL, LATE)
 
         # x's fragments of a group [2 jh, 8 n, 4 t, 8 v]: lane (g = n, t) reads 2 x 16 bytes
         jh = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LB4))))
@@ -516,15 +516,13 @@ if TC.HAVE_GLUON:
         keep = (rows < N)[:, None] & (cn < M)[None, :]
         if SPLITS == 1:
             if PDL and LATE:
-                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                          is_pure=False, pack=1)
+                TC._pdl_trigger()
             gl.store(Y + cn[None, :] * stride_ym + rows[:, None], acc.to(Y.dtype.element_ty), mask=keep)
         else:
             dst = WS + rows.to(gl.int64)[:, None] + ((pid_s * 8 + cn) * N).to(gl.int64)[None, :]
             gl.store(dst, acc, mask=keep)
             if PDL and LATE:
-                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                          is_pure=False, pack=1)
+                TC._pdl_trigger()
             _tbarrier()
             TC._sum_slices(Y, WS, CNT, pid_r, row0, gl.minimum(row0 + R, N), M, N, stride_ym, SPLITS, SPLITS, RED, MT,
                            LRED)
@@ -566,17 +564,14 @@ if TC.HAVE_GLUON:
         for i in gl.static_range(NS - 1):
             TC._issue(W, H, S, wsm, hsm, ssm, i, row0, kb_first + gl.minimum(i, n_it - 1) * TB, stride_wn, stride_hn,
                       stride_sn, FMT, TB, R, LCW, LCS, LCH)
-        if PDL:
-            if not LATE:
-                gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                          is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        TC._pdl_wait(PDL, LATE)
         # one commit group a trip: trip i's weights and x (the weights' copies above join the groups
         # of their trips' x: wait_group counts groups, and the first group holds every early weight)
         for i in gl.static_range(NS - 1):
-            _issue_x(XQ, xsm, i, kb_first + gl.minimum(i, n_it - 1) * TB, M, TB, LCX)
+            kb_i = kb_first + gl.minimum(i, n_it - 1) * TB
+            _issue_x(XQ, xsm, i, kb_i, M, TB, LCX)
             if XSR:
-                _issue_xs(XS, xss, i, kb_first + gl.minimum(i, n_it - 1) * TB, TB, LXS)
+                _issue_xs(XS, xss, i, kb_i, TB, LXS)
             cp.commit_group()
 
         cn = gl.arange(0, 8, layout=gl.SliceLayout(0, MMA))
@@ -661,33 +656,19 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
     mt = 1 << max(0, (m - 1).bit_length())
     pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": True} if COMPILE_ONLY == "pdl" else {})
     R = 16 * cfg.num_warps
+    # the ring's copy layouts depend on its trip (kb = TB); the register forms' layouts do not
+    c = TC._consts(p.fmt, TC.TCConfig(kb=cfg.tb if cfg.ring else 1, num_warps=cfg.num_warps))
+    args = (xqb, xsb, w, h, s, y, partials, counters, m, p.n, trips, _share(trips, cfg.splits),
+            w.stride(0), h.stride(0), s.stride(0), y.stride(0))
+    meta = dict(FMT=p.fmt, TB=cfg.tb, R=R, SPLITS=cfg.splits, RED=TC.red_rows(cfg.num_warps, mt), MT=mt,
+                PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(), ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"],
+                LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"], MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
+                num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl and x2.is_cuda else {}))
     if cfg.ring:
-        c = TC._consts(p.fmt, TC.TCConfig(kb=cfg.tb, num_warps=cfg.num_warps))
         _gemv_tkw_ring_kernel[(-(-p.n // R), cfg.splits)](
-            xqb, xsb, w, h, s, y, partials, counters,
-            m, p.n, trips, _share(trips, cfg.splits),
-            w.stride(0), h.stride(0), s.stride(0), y.stride(0),
-            FMT=p.fmt, TB=cfg.tb, NS=cfg.ring, R=R, SPLITS=cfg.splits,
-            RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(),
-            ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
-            LCW=c["LCW"], LCS=c["LCS"], LCH=c["LCH"], SH3=c["SH3"], SH1=c["SH1"],
+            *args, NS=cfg.ring, LCW=c["LCW"], LCS=c["LCS"], LCH=c["LCH"], SH3=c["SH3"], SH1=c["SH1"],
             LCX=_x_copy_layout(cfg.num_warps), SH4=c["SH4"], XSR=xs_in_ring(),
-            LXS=gl.BlockedLayout([1], [32], [cfg.num_warps], [0]),
-            MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
-            num_warps=cfg.num_warps,
-            **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
-        )
-        return y
-    c = TC._consts(p.fmt, TC.TCConfig(kb=1, num_warps=cfg.num_warps))
-    _gemv_tkw_kernel[(-(-p.n // R), cfg.splits)](
-        xqb, xsb, w, h, s, y, partials, counters,
-        m, p.n, trips, _share(trips, cfg.splits),
-        w.stride(0), h.stride(0), s.stride(0), y.stride(0),
-        FMT=p.fmt, TB=cfg.tb, PF=cfg.pf, R=R, SPLITS=cfg.splits,
-        RED=TC.red_rows(cfg.num_warps, mt), MT=mt, PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(), PIN=bool(cfg.pin),
-        ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"], LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"],
-        MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
-        num_warps=cfg.num_warps,
-        **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
-    )
+            LXS=gl.BlockedLayout([1], [32], [cfg.num_warps], [0]), **meta)
+    else:
+        _gemv_tkw_kernel[(-(-p.n // R), cfg.splits)](*args, PF=cfg.pf, PIN=bool(cfg.pin), **meta)
     return y
