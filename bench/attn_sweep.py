@@ -70,7 +70,7 @@ def main() -> int:
         # the default grid (splits from the compiled kernel's occupancy, attention.resident_ctas)
         fns = [lambda c=c: AT.decode_attention(q, *c, table, lens, gate=gate) for c in caches]
         ms = QL.graph_ms_per_call(fns * 2)
-        fitted = [v for key, v in AT._RESIDENT.items() if key[3] == t]  # (kernel, device, B, T, ...)
+        fitted = [v for key, v in AT._RESIDENT.items() if dict(key[-1])["T"] == t]  # key: (..., meta-parameters)
         print(f"T={t} default (occupancy: {fitted[-1] if fitted else '?'} an SM): {ms * 1e3:.2f} us, "
               f"{100 * kv_bytes / (ms * 1e-3) / (copy_tbs * 1e12):.1f}% of copy", flush=True)
         results.sort(key=lambda r: r["us"])

@@ -523,12 +523,20 @@ def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int | None = None) -> 
     if budget <= 0:
         return 0
     trips = row_words(p.fmt, p.k) // cfg.bw
-    blocks = -(-p.n // cfg.block_n)
     trip_bytes = p.walked_bytes() * cfg.block_n // max(1, p.qweight.shape[0] * trips)
-    tail = min(cfg.tail, blocks) if cfg.tail else 0
-    grid = blocks - tail + tail * cfg.tail_splits if tail else blocks * cfg.splits
-    ctas = PF.resident(grid, p.sm_count, cfg.num_warps)
-    return PF.l2_trips(budget, ctas, trip_bytes, trips if tail else _share(trips, cfg.splits))
+    grid, main = grid_of(p, cfg)
+    ctas = PF.resident(grid[0] * grid[1], p.sm_count, cfg.num_warps)
+    return PF.l2_trips(budget, ctas, trip_bytes, trips if cfg.tail else _share(trips, cfg.splits))
+
+
+def grid_of(p: QK.Prepared, cfg: KWConfig) -> tuple[tuple[int, int], int]:
+    """(the launch grid, the row blocks walked whole): (row blocks, K shares), or with a tail a 1-D
+    grid of the whole-K blocks then the tail's blocks times their shares."""
+    blocks = -(-p.n // cfg.block_n)
+    if not cfg.tail:
+        return (blocks, cfg.splits), blocks
+    main = blocks - min(cfg.tail, blocks)
+    return (main + (blocks - main) * cfg.tail_splits, 1), main
 
 
 def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = None, gated: bool = False,
@@ -576,10 +584,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     s = H2.scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
     asm, constr = H2._asm(p.fmt, block_m)
-    blocks = -(-p.n // cfg.block_n)
-    tail = min(cfg.tail, blocks) if cfg.tail else 0
-    main = blocks - tail
-    grid = (main + tail * cfg.tail_splits, 1) if tail else (blocks, cfg.splits)
+    grid, main = grid_of(p, cfg)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
     # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
     # resident at once (they are the first CTAs dispatched, and an SM holds at least one), or
@@ -590,7 +595,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         xp, inv, invm, w, h, s, y, partials, counters, g, x2, ready_counters(x2.device),
         m, p.n, kw, p.k // 128, _share(kw // cfg.bw, cfg.splits), kw // cfg.bw, x2.stride(0), p.k if gated else 0, producers,
         w.stride(0), h.stride(0), s.stride(0), y.stride(0),
-        main, _share(kw // cfg.bw, cfg.tail_splits) if tail else 1,
+        main, _share(kw // cfg.bw, cfg.tail_splits) if cfg.tail else 1,
         FMT=p.fmt,
         BLOCK_N=cfg.block_n,
         BW=cfg.bw,
@@ -607,7 +612,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         ASM_PAIRS=fast and not interp,
         L2PF=l2pf,
         PIN=bool(cfg.pin),
-        TAIL_S=cfg.tail_splits if tail else 0,
+        TAIL_S=cfg.tail_splits if cfg.tail else 0,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

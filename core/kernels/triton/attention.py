@@ -408,10 +408,8 @@ def decode_attention(
 
     if num_splits is None and q.is_cuda and not interpreting() and os.environ.get("NINFER_ATTN_OCCUPANCY", "1") != "0":
         # as many splits as the compiled kernel has room for in one wave (`resident_ctas`), per
-        # kernel, batch, shape, dtypes and meta-parameters
-        key = (getattr(getattr(kernel, "fn", kernel), "__name__", "split"), q.device.index, B, T, gqa, D, page, capacity,
-               str(q.dtype), str(k_cache.dtype), block_m, block_n, num_warps, num_stages,
-               tuple(sorted((k, str(v)) for k, v in meta.items())))
+        # kernel, device, batch, capacity, dtypes and meta-parameters (T, GQA, D, page, blocks, warps...)
+        key = (kernel, q.device.index, B, capacity, q.dtype, k_cache.dtype, tuple(sorted(meta.items())))
         splits = _splits_for(kernel, lambda: arguments(max(2, splits))[0], meta, key, B, HKV, capacity, q.device, block_n)
     args, part_o, part_l = arguments(splits)
     kernel[(B * HKV, splits)](*args, **meta)

@@ -204,7 +204,7 @@ def test_default_splits_fit_one_wave_gpu(quant):
     lens = torch.tensor([8192], dtype=torch.int32, device=DEV)
     q = torch.randn(1, 4, 24, 256, generator=gen).bfloat16().to(DEV)
     out = decode_attention(q, kc, vc, bt, lens, k_scale=ks, v_scale=vs)
-    per_sm = [v for k, v in A._RESIDENT.items() if k[3] == 4]  # key: (kernel, device, B, T, ...)
+    per_sm = [v for k, v in A._RESIDENT.items() if dict(k[-1])["T"] == 4]  # key: (..., meta-parameters)
     assert per_sm and 1 <= per_sm[-1] <= 4
     old = decode_attention(q, kc, vc, bt, lens, k_scale=ks, v_scale=vs, num_splits=A.default_num_splits(1, 4, 8256, q.device))
     R.assert_close(out, old, "attention_int8" if quant else "attention_bf16")
