@@ -347,6 +347,35 @@ case "${1:-}" in
     timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/attn_sweep.py --out "$OUT" > "$OUT/a.txt" 2>&1
     echo "attn_sweep rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-120 "$OUT/a.txt" | head -30
     ;;
+  tail2)
+    # the eighteenth session's second call (~9.5 min): the GPU tests ring2's 120 s box cut (TKW, the
+    # occupancy-sized decode attention, the K-walk's tail shares), bench/wave_tail.py, then the MTP
+    # round as committed against NINFER_TKW_RING=0 (gate+up at M = 4 pinned, not the ring) and
+    # NINFER_ATTN_OCCUPANCY=0 (the verify's attention at the old two-an-SM split count)
+    t0=$(date +%s)
+    timeout 210 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_tkw.py \
+      tests/core/kernels/test_triton_attention.py tests/plugins/quant_int/test_gemv_kw.py > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
+    timeout 90 python3 bench/wave_tail.py --out "$OUT" > "$OUT/tail.txt" 2>&1
+    echo "wave_tail rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-110 "$OUT/tail.txt"
+    rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_TKW_RING=0" "NINFER_ATTN_OCCUPANCY=0" "X=1"
+    ;;
+  tail3)
+    # the eighteenth session's last call (~9.8 min): GPU tests named one by one (-v: tail2's box cut
+    # them with one failure unnamed), attention, the K-walk (tail shares now dispatched for gate+up
+    # M = 1), the verify's grouped attention (spec_gpu, batched verify rows), TKW last; then the 27B
+    # step as committed against NINFER_KW_TAIL=0 and NINFER_ATTN_WAVES=2, then the MTP round against
+    # NINFER_ATTN_GROUPED=0 (each verify row its own query, as before)
+    t0=$(date +%s)
+    timeout 230 python3 -m pytest -v -rf -m gpu -n $NW tests/core/kernels/test_triton_attention.py \
+      tests/plugins/quant_int/test_gemv_kw.py tests/plugins/spec_mtp/test_spec_gpu.py \
+      "tests/plugins/spec_mtp/test_batched_rounds.py::test_verify_rows_match_decode_steps_and_commit_picks_the_column" \
+      tests/plugins/quant_int/test_gemv_tkw.py > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
+    grep -E "FAILED|ERROR" "$OUT/t.txt" | cut -c1-200 | head -20
+    steps qwen3.6-27b 185 120 e27.txt "27B tail/waves A/B" "X=1" "NINFER_KW_TAIL=0" "NINFER_ATTN_WAVES=2" "X=1"
+    rounds $(( 590 - ($(date +%s) - t0) )) "X=1" "NINFER_ATTN_GROUPED=0" "X=1"
+    ;;
   ring3)
     # the ring at M = 1 in the real steps, before any table: every q4/q5 decode GEMV on the tensor-core
     # K-walk's default config moved to a 3-stage ring (mostly one wave: gemv_tkw.ring_waves) against

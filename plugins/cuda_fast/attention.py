@@ -19,6 +19,7 @@ kernels read as a paged cache of one max_context-token page per slot (block tabl
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import structlog
@@ -47,6 +48,24 @@ class DecodeMeta(NamedTuple):
     slot_mapping: torch.Tensor  # [B] int64: cache row slot * max_context + position (< 0: padding)
     block_table: torch.Tensor  # [B, 1] int32: the slot's stripe is its one page
     seq_lens: torch.Tensor  # [B] int32: position + 1 (0 for padding rows)
+    # (M, block table [B / M, 1], lengths [B / M]) when the rows are B / M sequences of M
+    # consecutive positions each, sequence-major (a speculative verify: `grouped_meta`); None:
+    # every row its own query
+    group: tuple | None = None
+
+
+def grouped_meta(meta: DecodeMeta, m: int) -> DecodeMeta:
+    """`meta` for rows that are sequences of m consecutive positions (row b * m + t at the
+    sequence's start + t): each sequence's m queries then go through the split-K kernel as one
+    program's T = m rows over its K/V read once, not as m rows each reading the whole stripe.
+    The group's length is its last row's (a padded sequence's rows are all length 0)."""
+    return meta._replace(group=(m, meta.block_table[m - 1 :: m], meta.seq_lens[m - 1 :: m].contiguous()))
+
+
+def group_queries() -> bool:
+    """NINFER_ATTN_GROUPED=0 (an A/B switch, read at each verify): the verify's rows each their own
+    query, as before (T = 1 at B = b * M)."""
+    return os.environ.get("NINFER_ATTN_GROUPED", "1") != "0"
 
 
 def decode_meta_torch(max_context: int, slots: torch.Tensor, positions: torch.Tensor) -> DecodeMeta:
@@ -150,6 +169,11 @@ class FlashFullAttention(ReferenceFullAttention):
     def decode_meta(self, cache, slots: torch.Tensor, positions: torch.Tensor) -> DecodeMeta:
         return decode_meta(cache.max_context, slots, positions)
 
+    def group_meta(self, meta: DecodeMeta, m: int) -> DecodeMeta:
+        """A verify's meta (rows: sequences of m consecutive positions) with its queries grouped
+        by sequence (`grouped_meta`), unless NINFER_ATTN_GROUPED=0."""
+        return grouped_meta(meta, m) if group_queries() else meta
+
     def gated_attention(self, qg, k, v, layer, kv, slots, positions, *, prefill=None, meta=None) -> torch.Tensor:
         """qg [N, Hq, 2D] (per head [q | gate]), k, v [N, Hkv, D] raw projections; kv the layer's
         (K, V, K scales, V scales); `layer` gives q_norm, k_norm, rotary, eps, scale, head_dim.
@@ -166,6 +190,12 @@ class FlashFullAttention(ReferenceFullAttention):
             k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale, eps=layer.eps,
         )  # fmt: skip
         scales = dict(k_scale=k_scale, v_scale=v_scale, scale=layer.scale)
+        if prefill is None and meta.group is not None:
+            m, table, lens = meta.group
+            b = n // m
+            out = decode_attention(qn.view(b, m, *qn.shape[1:]), k_cache, v_cache, table, lens,
+                                   gate=gate.view(b, m, *gate.shape[1:]), **scales)
+            return out.view(n, -1)
         if prefill is None:
             out = decode_attention(qn[:, None], k_cache, v_cache, meta.block_table, meta.seq_lens, gate=gate[:, None], **scales)
             return out.view(n, -1)

@@ -637,13 +637,16 @@ GEMV_DEFAULT_MAX_N = 65536
 
 def pick_gemv(fmt: int, m: int, n: int, k: int, sm_count: int):
     """pick_decode's config, with its next tile's loads pinned ahead of the math under NINFER_PIN=1
-    (an A/B switch, read at each launch: H2Config, KWConfig and TKWConfig's `pin`), and a
+    (an A/B switch, read at each launch: H2Config, KWConfig and TKWConfig's `pin`), a K-walk
+    config's tail shares dropped under NINFER_KW_TAIL=0 (an A/B switch read at each launch), and a
     tensor-core K-walk config moved to its cp.async ring of NINFER_TKW_RING stages (2-8, an A/B
     switch read at each launch; where the ring does not fit the config stays; 0 takes a ring
     config back to its register form)."""
     cfg = pick_decode(fmt, m, n, k, sm_count)
     if cfg is not None and os.environ.get("NINFER_PIN") == "1" and hasattr(cfg, "pin"):
         cfg = dataclasses.replace(cfg, pin=True)
+    if cfg is not None and getattr(cfg, "tail", 0) and os.environ.get("NINFER_KW_TAIL") == "0":
+        cfg = dataclasses.replace(cfg, tail=0, tail_splits=0)
     ring = os.environ.get("NINFER_TKW_RING")
     if ring and cfg is not None and hasattr(cfg, "ring"):
         from ninfer_plugins.quant_int import gemv_tkw

@@ -428,7 +428,10 @@ TUNED_TC: dict[tuple[int, int, int, str], tuple] = {
 # "Seventeenth run"); this table (each shape's winner, M = 4 only where it won) is not yet timed
 # in the step, nor on an H200.
 TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
-    (4, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),  # 38.31 vs 54.37 us (H2 BN16 KBS8 C6 w4 pf)
+    # 38.31 vs 54.37 us (H2 BN16 KBS8 C6 w4 pf). Its grid's last 64 row blocks in two K shares
+    # (KWConfig tail 64, tail_splits 2) timed 40.04 against 43.70 us alone, but the 27B step lost
+    # with them: 8.41 / 8.38 against 8.32 ms (H100, BENCHMARKS.md twentieth run)
+    (4, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
     (4, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),  # 54.32 vs 56.82 us (TC KB8 S2 w4 C2)
     (5, 5120, 17408, 'm1'): (8, 128, 1, 2, 1, False),  # 28.9 vs 36.49 us (H2 BN16 KBS8 C6 w4 pf)
     (5, 5120, 17408, 'm4'): (8, 128, 1, 2, 1, False),  # 38.63 vs 48.05 us (TCD KB8 P2 w4 C6)

@@ -67,6 +67,9 @@ class HybridVerifier:
         meta = None
         if model.dtype in getattr(model.full_backend, "fused_dtypes", ()):
             meta = model.full_backend.decode_meta(cache, row_slots, row_pos)
+            group = getattr(model.full_backend, "group_meta", None)
+            if group is not None and self.m > 1:
+                meta = group(meta, self.m)
 
         def mix(layer: Any, h: torch.Tensor) -> torch.Tensor:
             if isinstance(layer.mixer, GatedDeltaNet):

@@ -333,7 +333,18 @@ def _splits_for(kernel: Any, warm_args: Callable[[], tuple], meta: dict, key: tu
         except Exception:  # noqa: BLE001 - a tuning hint only: the old rule stands
             per_sm = 2
         _RESIDENT[key] = per_sm
-    return default_num_splits(batch, hkv, capacity, device, block_n, per_sm)
+    return default_num_splits(batch, hkv, capacity, device, block_n, per_sm * attn_waves())
+
+
+def attn_waves() -> int:
+    """NINFER_ATTN_WAVES (an experiment, read at each launch; default 1): the occupancy-sized grid
+    times this many waves. At T = 1, 8K context, two waves of one-block splits (S132) beat one
+    (S66): 20.9 against 22.7 us (H100, bench/attn_sweep.py, BENCHMARKS.md twentieth run); at T = 4
+    one wave won (24.6-25.2 against 27.5)."""
+    try:
+        return max(1, int(os.environ.get("NINFER_ATTN_WAVES", "1")))
+    except ValueError:
+        return 1
 
 
 def decode_attention(
