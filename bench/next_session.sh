@@ -32,6 +32,7 @@
 #                                      # the read ceiling with the tile walk on every shape (~6 min)
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
+#   bash bench/next_session.sh next1   # on an H200: tkw_bench's ring set, the round grouped / not, the 27B and 35B steps
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
@@ -346,6 +347,19 @@ case "${1:-}" in
     rounds 150 "X=1" "NINFER_TKW_RING=0" "NINFER_TKW_XS=1" "X=1"
     timeout $(( 580 - ($(date +%s) - t0) )) python3 bench/attn_sweep.py --out "$OUT" > "$OUT/a.txt" 2>&1
     echo "attn_sweep rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-120 "$OUT/a.txt" | head -30
+    ;;
+  next1)
+    # the nineteenth session's first call (~9.5 min), for an H200 (every call of the eighteenth got
+    # an H100): tkw_bench's ring set on every shape (the ring at M = 1 and the q4 shortlist head have
+    # only H100 times), the MTP round as committed (the verify's attention grouped by sequence)
+    # against NINFER_ATTN_GROUPED=0 and NINFER_TKW_RING=0, then the 27B and 35B steps as committed
+    t0=$(date +%s)
+    timeout 170 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 130 > "$OUT/tkw.txt" 2>&1
+    echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^copy|^  q|best M" "$OUT/tkw.txt" | cut -c1-100
+    sed -n '/paste into/,$p' "$OUT/tkw.txt"
+    rounds 230 "X=1" "NINFER_ATTN_GROUPED=0" "NINFER_TKW_RING=0" "X=1"
+    steps qwen3.6-27b 90 60 e27.txt "27B step" "X=1"
+    steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 60 e35.txt "35B step" "X=1"
     ;;
   tail2)
     # the eighteenth session's second call (~9.5 min): the GPU tests ring2's 120 s box cut (TKW, the

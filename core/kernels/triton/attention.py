@@ -340,7 +340,8 @@ def attn_waves() -> int:
     """NINFER_ATTN_WAVES (an experiment, read at each launch; default 1): the occupancy-sized grid
     times this many waves. At T = 1, 8K context, two waves of one-block splits (S132) beat one
     (S66): 20.9 against 22.7 us (H100, bench/attn_sweep.py, BENCHMARKS.md twentieth run); at T = 4
-    one wave won (24.6-25.2 against 27.5)."""
+    one wave won (24.6-25.2 against 27.5). In the 27B step two waves did not win (119.5 against
+    118.8 / 119.4 tok/s, same run), so the default stays one."""
     try:
         return max(1, int(os.environ.get("NINFER_ATTN_WAVES", "1")))
     except ValueError:
