@@ -563,7 +563,7 @@ class SpeculativeRound:
             # only the seed columns go past the MTP's attention (every column's K/V is written);
             # NINFER_MTP_SEED_ROWS=0: all columns through the layer, the seeds picked after (A/B)
             keep = self._row0[:b] + accepted
-            seed_rows = self.drafter.align_seeds(rows, tokens, seen, pos.reshape(-1), verify_len, keep)
+            seed_rows = self.drafter.align_seeds(rows, tokens, seen, pos.reshape(-1), verify_len, keep, columns=m)
         else:
             out = self.drafter.align_rows(rows, tokens, seen, pos.reshape(-1), verify_len)
             seed_rows = out.view(b, m, -1).gather(1, at[:, :, None].expand(b, 1, out.shape[-1]))[:, 0]

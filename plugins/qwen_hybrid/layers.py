@@ -606,13 +606,17 @@ class DecoderLayer(nn.Module):
         return self._block(x, lambda h: self.mixer.prefill(h, cache, slot, start_pos), final_norm=final_norm)
 
     def decode(self, x, cache, slots, positions, max_len: int | None = None, keep: torch.Tensor | None = None,
-               final_norm: torch.Tensor | None = None) -> torch.Tensor:
+               final_norm: torch.Tensor | None = None, meta=None) -> torch.Tensor:
         """keep [B]: every row's K/V is appended, but only rows `keep` go on past attention (an
-        attention mixer's `decode_attention`, then o_proj) and are returned."""
+        attention mixer's `decode_attention`, then o_proj) and are returned. meta: what an
+        attention mixer's fused backend derived from (slots, positions) (its `decode_meta`), or
+        None (it derives its own)."""
+        extra = {} if meta is None else {"meta": meta}
         if keep is None:
-            return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len), final_norm=final_norm)
+            return self._block(x, lambda h: self.mixer.decode(h, cache, slots, positions, max_len, **extra),
+                               final_norm=final_norm)
         mixer = self.mixer
         return self._block(
-            x, lambda h: mixer.o_proj(mixer.decode_attention(h, cache, slots, positions, max_len).index_select(0, keep)),
+            x, lambda h: mixer.o_proj(mixer.decode_attention(h, cache, slots, positions, max_len, **extra).index_select(0, keep)),
             keep, final_norm,
         )

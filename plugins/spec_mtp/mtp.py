@@ -135,14 +135,23 @@ class MtpLayer(nn.Module):
 
     @torch.no_grad()
     def decode_kept(
-        self, model: Any, token_ids, hidden, cache: MtpCache, slots, positions, max_len: int | None, keep: torch.Tensor
+        self, model: Any, token_ids, hidden, cache: MtpCache, slots, positions, max_len: int | None, keep: torch.Tensor,
+        columns: int | None = None,
     ) -> torch.Tensor:
         """`decode` over N columns, every column's K/V written, but o_proj, the MLP and mtp.norm
         only for the rows `keep` [B] (indices into N, on the device): -> [B, H]. What the other
         rows would output is never read (a round drafts from one column a sequence), and at
-        M = B instead of M = N the q8 o_proj / gate_up / down cost about M = 1's."""
+        M = B instead of M = N the q8 o_proj / gate_up / down cost about M = 1's.
+
+        columns: the rows are N / columns sequences of `columns` consecutive positions each,
+        sequence-major (a round's verify columns); a fused attention backend then takes each
+        sequence's queries in one program (its `group_meta`, as the target's verify does)."""
+        meta = None
+        backend = self.layers[0].mixer.backend
+        if columns and columns > 1 and model.dtype in getattr(backend, "fused_dtypes", ()) and hasattr(backend, "group_meta"):
+            meta = backend.group_meta(backend.decode_meta(cache, slots, positions), columns)
         return self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len, keep=keep,
-                                     final_norm=self.norm.weight)
+                                     final_norm=self.norm.weight, meta=meta)
 
 
 class MtpDrafter:
@@ -222,12 +231,14 @@ class MtpDrafter:
 
     def align_seeds(
         self, slots: torch.Tensor, next_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-        max_len: int | None, keep: torch.Tensor,
+        max_len: int | None, keep: torch.Tensor, columns: int | None = None,
     ) -> torch.Tensor:
         """`align_rows`, returning only the rows `keep` [B] (indices into N, on the device: each
         sequence's last kept column, the seed of its drafts); every column's K/V is still
-        written. The layer after attention runs on B rows instead of N (`MtpLayer.decode_kept`)."""
-        return self.layer.decode_kept(self.model, next_ids, hidden, self.cache, slots, positions, max_len, keep)
+        written. The layer after attention runs on B rows instead of N (`MtpLayer.decode_kept`).
+        columns: the rows are sequences of that many consecutive positions, sequence-major (the
+        round's), so attention may take each sequence's queries together."""
+        return self.layer.decode_kept(self.model, next_ids, hidden, self.cache, slots, positions, max_len, keep, columns)
 
     def draft(self, slots: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, max_len: int | None) -> torch.Tensor:
         """K drafts [B, K] for B sequences: seeds [B, H] are the MTP outputs of each sequence's last

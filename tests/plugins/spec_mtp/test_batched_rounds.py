@@ -171,3 +171,37 @@ def test_the_mtp_layer_runs_the_targets_fused_small_ops(tmp_path):
         m.ops = TORCH_OPS
     plain = layer.decode(model, ids, hidden, MtpCache(model.shape, 2, 16, model.dtype, dev), slots, pos, None)
     assert _rel(fused, plain) < 3e-2
+
+
+def test_the_mtp_alignment_groups_each_sequences_queries(tmp_path, monkeypatch):
+    """The round's alignment (`align_seeds(..., columns=M)`) on the fused backend takes each
+    sequence's M queries in one attention program (grouped_meta), like the target's verify: the
+    seed rows agree with each row its own query, and every column's K/V is written alike."""
+    import ninfer_plugins.cuda_fast.attention as FA
+    from ninfer_plugins.spec_mtp.mtp import MtpDrafter
+
+    device = "cuda" if CUDA else "cpu"
+    model = _model(make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4), device, torch.bfloat16, True)
+    dev, h = model.device, model.shape.hidden_size
+    gen = torch.Generator().manual_seed(3)
+    b, m = 2, 4
+    slots = torch.tensor([2, 0], device=dev).repeat_interleave(m)
+    positions = torch.tensor([9, 17], device=dev)[:, None].add(torch.arange(m, device=dev)).reshape(-1)
+    ids = torch.randint(0, VOCAB, (b * m,), generator=gen).to(dev)
+    hidden = torch.randn(b * m, h, generator=gen).to(dev, torch.bfloat16)
+    keep = torch.tensor([1, m + 3], device=dev)
+    grouped, real = [], FA.grouped_meta
+    monkeypatch.setattr(FA, "grouped_meta", lambda meta, cols: grouped.append(cols) or real(meta, cols))
+    outs, kvs = [], []
+    for mode in ("1", "0"):
+        monkeypatch.setenv("NINFER_ATTN_GROUPED", mode)
+        drafter = MtpDrafter(model, 3, 64, 3)
+        for slot, n in ((2, 9), (0, 17)):  # history before the columns
+            g = torch.Generator().manual_seed(slot)
+            drafter.align(slot, torch.randint(0, VOCAB, (n,), generator=g).to(dev),
+                          torch.randn(n, h, generator=g).to(dev, torch.bfloat16), 0)
+        outs.append(drafter.align_seeds(slots, ids, hidden, positions, None, keep, columns=m))
+        kvs.append((drafter.cache.k.clone(), drafter.cache.v.clone()))
+    assert grouped == [m]
+    assert _rel(outs[0], outs[1]) < 3e-2
+    assert all(torch.equal(a, b_) for a, b_ in zip(kvs[0], kvs[1]))
