@@ -350,15 +350,22 @@ case "${1:-}" in
     ;;
   next1)
     # the nineteenth session's first call (~9.5 min), for an H200 (every call of the eighteenth got
-    # an H100): tkw_bench's ring set on every shape (the ring at M = 1 and the q4 shortlist head have
-    # only H100 times), the MTP round as committed (the verify's attention grouped by sequence)
-    # against NINFER_ATTN_GROUPED=0 and NINFER_TKW_RING=0, then the 27B and 35B steps as committed
+    # an H100): GPU tests of the GDN replay and the grouped MTP alignment, tkw_bench's ring set on
+    # every shape (the ring at M = 1 and the q4 shortlist head have only H100 times), the MTP round as
+    # committed against NINFER_GDN_REPLAY=1 and NINFER_ATTN_GROUPED=0, then the 27B and 35B steps
     t0=$(date +%s)
-    timeout 170 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 130 > "$OUT/tkw.txt" 2>&1
+    # the GDN verify's replay buffers and commit (NINFER_GDN_REPLAY=1, written without a GPU) and the
+    # MTP alignment's grouped attention: their GPU tests first, -v so a failure is named
+    NINFER_GDN_REPLAY=1 timeout 100 python3 -m pytest -v -rf -m "gpu or not gpu" -n $NW \
+      "tests/core/kernels/test_triton_gdn.py::test_verify_replay_real_shapes_gpu" \
+      tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
+    grep -E "FAILED|ERROR" "$OUT/t.txt" | cut -c1-200 | head -20
+    timeout 150 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 110 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^copy|^  q|best M" "$OUT/tkw.txt" | cut -c1-100
     sed -n '/paste into/,$p' "$OUT/tkw.txt"
-    rounds 230 "X=1" "NINFER_ATTN_GROUPED=0" "NINFER_TKW_RING=0" "X=1"
-    steps qwen3.6-27b 90 60 e27.txt "27B step" "X=1"
+    rounds 200 "X=1" "NINFER_GDN_REPLAY=1" "NINFER_ATTN_GROUPED=0" "X=1" "NINFER_GDN_REPLAY=1"
+    steps qwen3.6-27b 70 40 e27.txt "27B step" "X=1"
     steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 60 e35.txt "35B step" "X=1"
     ;;
   tail2)

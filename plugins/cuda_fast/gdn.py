@@ -113,11 +113,12 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gated_rmsnorm(o, z.view(o.shape), layer.norm_weight, layer.eps)
 
     def gdn_verify(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, col_conv, col_rec, slots, m,
-                   ab_input=None) -> torch.Tensor:
+                   ab_input=None, replay=None) -> torch.Tensor:
         """A speculative verify's M tokens of each sequence in one launch (rows sequence-major):
         the slots' state is read, the state after each token goes to column slot * M + t of
         col_conv / col_rec -> gated-normed o [B * M, Hv, Dv]. a = b = None with ab_input as
-        gdn_decode's: the gates computed in the launch."""
+        gdn_decode's: the gates computed in the launch. replay = (g, k, delta) buffers: each
+        token's update goes there instead of its state (col_rec unused; `gdn_commit_replay`)."""
         from ninfer.kernels.triton import gdn_verify_columns
 
         if layer.kernel != 4:
@@ -125,8 +126,15 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gdn_verify_columns(
             mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state, col_conv, col_rec,
             slots, m=m, num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, z=z,
-            norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input,
+            norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input, replay=replay,
         )  # fmt: skip
+
+    def gdn_commit_replay(self, state, g, k, delta, slots, column) -> None:
+        """The rollback after a verify with replay buffers: state[l, slots[b]] through tokens
+        0..column[b]'s stored updates, every GDN layer in one launch (`commit_replay`)."""
+        from ninfer.kernels.triton import commit_replay
+
+        commit_replay(state, g, k, delta, slots, column)
 
     def gdn_commit(self, dst, src, slots, column) -> None:
         """A speculative round's rollback: dst[l, slots[b]] = src[l, slots[b], column[b]] for all

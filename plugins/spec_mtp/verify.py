@@ -55,6 +55,22 @@ class HybridVerifier:
             self.col_rec_all = rec0.new_zeros(len(cache.recurrent), rec0.shape[0], m, *rec0.shape[1:])
             self.col_conv = list(self.col_conv_all.unbind(0))
             self.col_rec = list(self.col_rec_all.unbind(0))
+        # NINFER_GDN_REPLAY=1 (an A/B switch, read at each verify): the fused verify stores what
+        # each token's state update was (g, normed k, delta: 33 KB a token and layer for the 27B)
+        # instead of the state after it (3.1 MB), and the commit replays the accepted tokens on
+        # the slot's state; the M state columns a round wrote were 0.6 GB for the 27B
+        self.replay = None
+        self._replayed = False
+        backend = self.gdn[0].backend if self.gdn else None
+        rec_all = getattr(cache, "recurrent_all", None)
+        if (self.col_conv_all is not None and rec_all is not None and rec_all.dtype == torch.float32
+                and rec_all.is_contiguous() and getattr(cache, "conv_all", None) is not None
+                and hasattr(backend, "gdn_commit_replay")):
+            lay, n_l, slots_n = self.gdn[0], len(cache.recurrent), cache.recurrent[0].shape[0]
+            dev = cache.recurrent[0].device
+            self.replay = (torch.zeros(n_l, slots_n * m, lay.hv, device=dev),
+                           torch.zeros(n_l, slots_n * m, lay.hk, lay.dk, device=dev),
+                           torch.zeros(n_l, slots_n * m, lay.hv, lay.dv, device=dev))
 
     def forward(
         self, ids: torch.Tensor, row_slots: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor, max_len: int | None
@@ -63,6 +79,9 @@ class HybridVerifier:
         Writes K/V at every row's position and the GDN columns; `max_len` (> every position, or None
         on the fused path) bounds the reference attention's reads without a host sync."""
         model, cache = self.model, self.cache
+        backend = self.gdn[0].backend if self.gdn else None
+        self._replayed = (self.replay is not None and model.dtype in getattr(backend, "fused_dtypes", ())
+                          and os.environ.get("NINFER_GDN_REPLAY", "0") == "1")
         x = model.embed(ids)
         meta = None
         if model.dtype in getattr(model.full_backend, "fused_dtypes", ()):
@@ -87,16 +106,21 @@ class HybridVerifier:
         if fused:
             verify = getattr(layer.backend, "gdn_verify", None)
             w_ab = layer._ab_in_step(x) if verify is not None else None
+            extra = {}
+            if self._replayed and verify is not None:
+                i = layer.state_index
+                extra = {"replay": tuple(t[i] for t in self.replay)}
+                cr = None
             if w_ab is not None:
                 # in_proj_a / in_proj_b inside the verify launch, as in the decode step (the gates
                 # come out alike: fp32 dot products in both)
                 qkv, z = layer._projections_qkvz(x)
-                out = verify(qkv, None, None, z, layer, conv, rec, cc, cr, slots, m, ab_input=(x, w_ab))
+                out = verify(qkv, None, None, z, layer, conv, rec, cc, cr, slots, m, ab_input=(x, w_ab), **extra)
                 return layer.out_proj(out.reshape(b * m, -1))
             qkv, z, a, beta = layer.projections(x)
             if verify is not None:
                 # all M tokens in one launch: 1 kernel a layer instead of 4 copies + 1 step per token
-                out = verify(qkv, a, beta, z, layer, conv, rec, cc, cr, slots, m)
+                out = verify(qkv, a, beta, z, layer, conv, rec, cc, cr, slots, m, **extra)
                 return layer.out_proj(out.reshape(b * m, -1))
         outs = []
         for t in range(m):
@@ -123,6 +147,11 @@ class HybridVerifier:
             backend = self.gdn[0].backend if self.gdn else None
             # NINFER_GDN_COMMIT=0: the torch form below (an A/B switch)
             commit = getattr(backend, "gdn_commit", None) if os.environ.get("NINFER_GDN_COMMIT", "1") != "0" else None
+            if self._replayed:
+                # the verify stored each token's update, not its state: replay the accepted ones
+                backend.gdn_commit(conv_all, self.col_conv_all, slots, column)
+                backend.gdn_commit_replay(rec_all, *self.replay, slots, column)
+                return
             if commit is not None and self.model.dtype in getattr(backend, "fused_dtypes", ()):
                 # one launch a tensor, each kept column read once (the torch form below gathers
                 # into a temporary first: twice the bytes)

@@ -17,13 +17,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from ninfer.kernels.triton.attention import decode_attention, default_num_splits  # noqa: E402
-from ninfer.kernels.triton.gdn import commit_columns, gdn_decode_step, gdn_prefill_conv, gdn_verify_columns  # noqa: E402
+from ninfer.kernels.triton.gdn import commit_columns, commit_replay, gdn_decode_step, gdn_prefill_conv, gdn_verify_columns  # noqa: E402
 from ninfer.kernels.triton.norms import gated_rmsnorm, rmsnorm, sigmoid_gate, swiglu  # noqa: E402
 from ninfer.kernels.triton.rope import append_kv, qk_norm_rope, qk_norm_rope_append  # noqa: E402
 
 __all__ = [
     "append_kv",
     "commit_columns",
+    "commit_replay",
     "decode_attention",
     "default_num_splits",
     "gated_rmsnorm",

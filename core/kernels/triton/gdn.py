@@ -100,9 +100,23 @@ def _sum2(a, b):
 
 @triton.jit
 def _delta_rule_token(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED: tl.constexpr = False):
+    """`_delta_rule_parts` -> (new state [Dk, BV], readout [BV])."""
+    st, o, g, k, delta = _delta_rule_parts(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED)
+    return st, o
+
+
+@triton.jit
+def _replay_update(st, g, k, delta):
+    """The state update a token's (decay g, L2-normed k [Dk], delta [BV]) make: S' = g S + k delta^T,
+    as `_delta_rule_parts` writes it (a commit that replays stored tokens gives the verify's state)."""
+    return st * g + k[:, None] * delta[None, :]
+
+
+@triton.jit
+def _delta_rule_parts(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED: tl.constexpr = False):
     """One token through the gated delta rule: L2-normed q (scaled) and k, decay g = A_neg *
     softplus(u) (u = a + dt_bias), beta = sigmoid(b); the error uses the decayed state.
-    -> (new state [Dk, BV], readout [BV]).
+    -> (new state [Dk, BV], readout [BV], g, normed k [Dk], delta [BV]): S' = g S + k delta^T.
 
     PAIRED: the same in two reductions across the program's threads instead of four, each a pass
     through shared memory with barriers that the token's chain waits on: (q.q, k.k, q.k) in one,
@@ -118,16 +132,16 @@ def _delta_rule_token(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED: tl.constexp
         g = tl.exp(A_neg * softplus)
         sk, sq = _sum2(st * k[:, None], st * q[:, None])
         delta = tl.sigmoid(b_raw) * (v - g * sk)
-        st = st * g + k[:, None] * delta[None, :]
-        return st, g * sq + (qk * rq * rk) * delta
+        st = _replay_update(st, g, k, delta)
+        return st, g * sq + (qk * rq * rk) * delta, g, k, delta
     q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
     k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
     softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
     beta = tl.sigmoid(b_raw)
-    st = st * tl.exp(A_neg * softplus)
-    delta = beta * (v - tl.sum(st * k[:, None], 0))
-    st = st + k[:, None] * delta[None, :]
-    return st, tl.sum(st * q[:, None], 0)
+    g = tl.exp(A_neg * softplus)
+    delta = beta * (v - tl.sum((st * g) * k[:, None], 0))
+    st = _replay_update(st, g, k, delta)
+    return st, tl.sum(st * q[:, None], 0), g, k, delta
 
 
 @triton.jit
@@ -369,7 +383,7 @@ def _gdn_columns_kernel(
     FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0, BH: tl.constexpr = 1024,
     HP: tl.constexpr = 0, HR: tl.constexpr = 0, MP: tl.constexpr = 2,
     PDL: tl.constexpr = False, SPLIT_NORM: tl.constexpr = False, OS=None, NCNT=None, PAIRED: tl.constexpr = False,
-    AHEAD: tl.constexpr = False,
+    AHEAD: tl.constexpr = False, REPLAY: tl.constexpr = False, RG=None, RK=None, RD=None,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -454,8 +468,19 @@ def _gdn_columns_kernel(
         else:
             a_raw = tl.load(A + row * sa_b + j).to(tl.float32)
             b_raw = tl.load(Bg + row * sb_b + j).to(tl.float32)
-        st, o = _delta_rule_token(st, q, k, v, a_raw + dtb, b_raw, A_neg, q_scale, PAIRED)
-        tl.store(CR + col * scr_n + j * scr_h + dk[:, None] * DV + (vb * BV + bv)[None, :], st)
+        if REPLAY:
+            # what the token's update needs, not the state it leaves: the commit replays the
+            # accepted tokens on the slot's state (`commit_replay`): g [Hv], k [Hk, Dk] and delta
+            # [Hv, Dv] a column (fp32, contiguous) instead of a whole [Hv, Dk, Dv] state
+            st, o, g, kn, delta = _delta_rule_parts(st, q, k, v, a_raw + dtb, b_raw, A_neg, q_scale, PAIRED)
+            tl.store(RD + (col * HV + j) * DV + vb * BV + bv, delta)
+            if vb == 0:
+                tl.store(RG + col * HV + j, g)
+            if lead:
+                tl.store(RK + (col * HK + h) * DK + dk, kn)
+        else:
+            st, o = _delta_rule_token(st, q, k, v, a_raw + dtb, b_raw, A_neg, q_scale, PAIRED)
+            tl.store(CR + col * scr_n + j * scr_h + dk[:, None] * DV + (vb * BV + bv)[None, :], st)
         _shift_state(CC, v_ch, col, scc_n, scc_c, scc_t, v0, v1, v2)
         if lead:
             _shift_state(CC, q_ch, col, scc_n, scc_c, scc_t, q0, q1, q2)
@@ -534,6 +559,7 @@ def gdn_verify_columns(
     block_v: int | None = None,
     num_warps: int | None = None,
     ab_input: tuple[torch.Tensor, torch.Tensor] | None = None,
+    replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """M tokens of each of B sequences through the GDN core in one launch, for a speculative
     verify: rows are sequence-major (row b*M + t is token t of sequence b, whose state is slot
@@ -543,7 +569,12 @@ def gdn_verify_columns(
     leave there). a = b = None with ab_input = (x [B*M, H], W [2 Hv, H]): the raw gates computed
     in the kernel in fp32, as gdn_decode_step does (the rows of W loaded once for the M tokens).
     block_v = None with z: whole heads with the norm inside, unless `split_heads` says the grid
-    would be too small. Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv]."""
+    would be too small. Other arguments as gdn_decode_step. Returns o [B*M, Hv, Dv].
+
+    replay = (g [slots*M, Hv], k [slots*M, Hk, Dk], delta [slots*M, Hv, Dv]), fp32 and contiguous:
+    instead of the state after each token (col_state, then unused: None), what each token's update
+    was (`commit_replay` then makes the accepted column's state from the slot's): 33 KB a token
+    and layer for the 27B against a 3.1 MB state."""
     BM = mixed_qkv.shape[0]
     fuse_ab = a is None
     if fuse_ab:
@@ -564,6 +595,15 @@ def gdn_verify_columns(
         raise ValueError(f"gdn_verify_columns: {BM} rows for {B} sequences of {m} tokens")
     if HV % HK or mixed_qkv.shape[1] != 2 * HK * DK + HV * DV:
         raise ValueError(f"gdn_verify_columns: conv_dim {mixed_qkv.shape[1]} != 2*{HK}*{DK} + {HV}*{DV}")
+    if replay is not None:
+        rg, rk, rd = replay
+        n_col = col_conv.shape[0]
+        want = ((n_col, HV), (n_col, HK, DK), (n_col, HV, DV))
+        if any(t.shape != w or t.dtype != torch.float32 or not t.is_contiguous() for t, w in zip(replay, want)):
+            raise ValueError(f"gdn_verify_columns: replay needs fp32 contiguous g {want[0]}, k {want[1]}, delta {want[2]}")
+        col_state = ssm_state  # never written
+    else:
+        rg = rk = rd = None
     for name, s in (("ssm_state", ssm_state), ("col_state", col_state)):
         if s.stride(3) != 1 or s.stride(2) != DV:
             raise ValueError(f"gdn_verify_columns: {name} needs contiguous [Dk, Dv] per head")
@@ -603,7 +643,7 @@ def gdn_verify_columns(
         M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
         MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, PAIRED=paired_reductions(),
-        AHEAD=conv_inputs_ahead(),
+        AHEAD=conv_inputs_ahead(), REPLAY=replay is not None, RG=rg, RK=rk, RD=rd,
         **pdl_kwargs(mixed_qkv.device), **extra,
     )
     if z is not None and not fuse and not split_norm:
@@ -723,3 +763,57 @@ def commit_columns(dst: torch.Tensor, src: torch.Tensor, slots: torch.Tensor, co
         return
     _commit_columns_kernel[(triton.cdiv(E, block), B, L)](
         dst, src, slots, column, E, S, M=M, BLOCK=block, num_warps=4, **pdl_kwargs(dst.device))
+
+
+@triton.jit
+def _commit_replay_kernel(ST, RG, RK, RD, SLOTS, COL, S, HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr,
+                          DV: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, PDL: tl.constexpr = False):
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    j = pid // (DV // BV)
+    vb = pid % (DV // BV)
+    h = j // (HV // HK)
+    dk = tl.arange(0, DK)
+    cv = vb * BV + tl.arange(0, BV)
+    pdl_prologue(PDL)  # the accepted columns come from the launch before (the round's judge)
+    slot = tl.load(SLOTS + b).to(tl.int64)
+    col = tl.load(COL + b).to(tl.int32)
+    ptr = ST + ((layer * S + slot) * HV + j) * (DK * DV) + dk[:, None] * DV + cv[None, :]
+    st = tl.load(ptr)
+    base = (layer * S + slot) * M
+    for t in range(0, col + 1):
+        c = base + t
+        g = tl.load(RG + c * HV + j)
+        k = tl.load(RK + (c * HK + h) * DK + dk)
+        delta = tl.load(RD + (c * HV + j) * DV + cv)
+        st = _replay_update(st, g, k, delta)
+    tl.store(ptr, st)
+
+
+def commit_replay(state: torch.Tensor, g: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, slots: torch.Tensor,
+                  column: torch.Tensor, block_v: int = 32) -> None:
+    """A speculative round's recurrent-state rollback by replay, for every GDN layer in one
+    launch: state[l, slots[b]] (the state before the verify, [L, S, Hv, Dk, Dv] fp32, contiguous)
+    goes through the updates of tokens 0..column[b] that the verify stored
+    (`gdn_verify_columns(..., replay=...)`: g [L, S*M, Hv], k [L, S*M, Hk, Dk], delta [L, S*M,
+    Hv, Dv]), in place. Reads and writes the state once, as `commit_columns` does, but the verify
+    then writes 33 KB a token and layer instead of a 3.1 MB state (27B)."""
+    L, S, HV, DK, DV = state.shape
+    if g.dim() != 3 or g.shape[0] != L or g.shape[1] % S or g.shape[2] != HV:
+        raise ValueError(f"commit_replay: g {tuple(g.shape)} does not fit state {tuple(state.shape)}")
+    M = g.shape[1] // S
+    HK = k.shape[2]
+    if k.shape != (L, S * M, HK, DK) or delta.shape != (L, S * M, HV, DV) or HV % HK:
+        raise ValueError(f"commit_replay: k {tuple(k.shape)} / delta {tuple(delta.shape)} do not fit g {tuple(g.shape)}")
+    if not all(t.is_contiguous() and t.dtype == torch.float32 for t in (state, g, k, delta)):
+        raise ValueError("commit_replay: state, g, k and delta must be fp32 and contiguous")
+    if slots.shape != column.shape or slots.dim() != 1:
+        raise ValueError(f"commit_replay: slots {tuple(slots.shape)} and column {tuple(column.shape)} must be [B]")
+    bv = min(block_v, DV)
+    B = slots.shape[0]
+    if B == 0 or L == 0:
+        return
+    _commit_replay_kernel[(HV * (DV // bv), B, L)](
+        state, g, k, delta, slots, column, S, HV=HV, HK=HK, DK=DK, DV=DV, BV=bv, M=M, num_warps=4,
+        **pdl_kwargs(state.device))

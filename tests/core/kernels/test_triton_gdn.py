@@ -20,12 +20,12 @@ def reductions(request, monkeypatch):
     """ahead: paired, and the verify columns' conv inputs loaded a token ahead (NINFER_GDN_AHEAD=1,
     an experiment that only the verify columns read: checked against the token-by-token steps, on
     the CPU and at the real shapes on the GPU)."""
-    if request.param == "ahead" and not any(t in request.node.name for t in ("columns_equal", "columns_real")):
+    if request.param == "ahead" and not any(t in request.node.name for t in ("columns_equal", "columns_real", "replay_then")):
         pytest.skip("NINFER_GDN_AHEAD: checked by the verify columns' step-by-step tests")
     # the four reductions (NINFER_GDN_PAIRED=0, the off switch) on the CPU: the decode step's and the
     # verify's step-by-step tests; every test on the GPU
     if request.param == "4red" and "gpu" not in request.node.name and not any(
-        t in request.node.name for t in ("test_small", "columns_equal", "slots_and_padded")
+        t in request.node.name for t in ("test_small", "columns_equal", "slots_and_padded", "replay_then")
     ):
         pytest.skip("NINFER_GDN_PAIRED=0: checked by the step-by-step tests")
     monkeypatch.setenv("NINFER_GDN_PAIRED", "0" if request.param == "4red" else "1")
@@ -216,6 +216,73 @@ def _columns_vs_steps(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed):
 @pytest.mark.parametrize("m", [1, 4])
 def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
     _columns_vs_steps(2, 4, 16, 16, m, [3, 1], fuse, block_v, seed=m)
+
+
+def _replay_vs_columns(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed, layers=2):
+    """The verify with replay buffers (what each token's update was) gives the columns verify's
+    outputs and conv columns, writes no state column, and `commit_replay` then leaves in each
+    slot, for every layer at once, the state of the column accepted: token 0..column[b] replayed
+    on the slot's own state. Slots not in the batch keep theirs."""
+    from ninfer.kernels.triton import commit_replay, gdn_verify_columns
+
+    n_slots = max(slots_list) + 2
+    slots = torch.tensor(slots_list, dtype=torch.int32, device=DEV)
+    B = len(slots)
+    column = torch.tensor([(seed + i) % m for i in range(B)], dtype=torch.int64, device=DEV)
+    state_all = torch.empty(layers, n_slots, HV, DK, DV, device=DEV)
+    rg = torch.zeros(layers, n_slots * m, HV, device=DEV)
+    rk = torch.zeros(layers, n_slots * m, HK, DK, device=DEV)
+    rd = torch.zeros(layers, n_slots * m, HV, DV, device=DEV)
+    want = []
+    for layer in range(layers):
+        L = Layer(HK, HV, DK, DV, slots=n_slots, seed=seed + 10 * layer)
+        state_all[layer] = L.ssm_state
+        x, a, b, z = L.inputs(B * m, fuse)
+        kw = dict(m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight if fuse else None,
+                  block_v=block_v)
+        cc = torch.zeros(n_slots * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+        cr = torch.zeros(n_slots * m, HV, DK, DV, device=DEV)
+        o = gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots, **kw)
+        cc2 = torch.zeros_like(cc)
+        o2 = gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, state_all[layer], cc2, None,
+                                slots, replay=(rg[layer], rk[layer], rd[layer]), **kw)
+        assert torch.equal(o2, o) and torch.equal(cc2, cc)
+        expect = state_all[layer].clone()
+        for i, s in enumerate(slots_list):
+            expect[s] = cr[s * m + int(column[i])]
+        want.append(expect)
+    commit_replay(state_all, rg, rk, rd, slots, column)
+    for layer in range(layers):
+        R.assert_close(state_all[layer], want[layer], "gdn_state_fp32")
+
+
+@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8)])
+@pytest.mark.parametrize("m", [1, 4])
+def test_verify_replay_then_commit_gives_the_accepted_column(m, fuse, block_v):
+    _replay_vs_columns(2, 4, 16, 16, m, [3, 0], fuse, block_v, seed=m)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("slots_list", [[1], [4, 0]])
+def test_verify_replay_real_shapes_gpu(slots_list):
+    _replay_vs_columns(16, 48, 128, 128, 4, slots_list, True, None, seed=len(slots_list), layers=3)
+
+
+def test_commit_replay_refuses_bad_shapes():
+    from ninfer.kernels.triton import commit_replay
+
+    st = torch.zeros(2, 3, 4, 16, 16, device=DEV)
+    g, k, d = torch.zeros(2, 12, 4, device=DEV), torch.zeros(2, 12, 2, 16, device=DEV), torch.zeros(2, 12, 4, 16, device=DEV)
+    one = torch.zeros(1, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="g"):
+        commit_replay(st, g[:, :11], k, d, one, one)
+    with pytest.raises(ValueError, match="delta"):
+        commit_replay(st, g, k, d[:, :, :3], one, one)
+    with pytest.raises(ValueError, match="fp32"):
+        commit_replay(st, g, k.double(), d, one, one)
+    with pytest.raises(ValueError, match="slots"):
+        commit_replay(st, g, k, d, one, torch.zeros(2, dtype=torch.int64, device=DEV))
 
 
 # whole: one program a head, the norm inside (what runs once B x Hv >= SMs); split: heads over

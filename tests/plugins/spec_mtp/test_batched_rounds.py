@@ -42,7 +42,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
 
 
-@pytest.mark.parametrize("kind", ["reference fp32", "fused bf16", "fused bf16, rows one query each"])
+@pytest.mark.parametrize("kind", ["reference fp32", "fused bf16", "fused bf16, rows one query each", "fused bf16, replay"])
 def test_verify_rows_match_decode_steps_and_commit_picks_the_column(tmp_path, kind, monkeypatch):
     """B=2 sequences (slots 0 and 2 of 3) x M=3 verify rows against three plain decode steps from
     the same prefilled state; committing column A leaves the slot's GDN state after token A. The
@@ -56,6 +56,9 @@ def test_verify_rows_match_decode_steps_and_commit_picks_the_column(tmp_path, ki
     monkeypatch.setattr(FA, "grouped_meta", lambda meta, m: grouped.append(m) or real(meta, m))
     if kind.endswith("each"):
         monkeypatch.setenv("NINFER_ATTN_GROUPED", "0")
+    # replay: the GDN verify stores each token's update and the commit replays the accepted ones
+    # (NINFER_GDN_REPLAY=1) instead of writing and copying state columns
+    monkeypatch.setenv("NINFER_GDN_REPLAY", "1" if kind.endswith("replay") else "0")
     model = _model(make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4), device, torch.bfloat16 if fused else torch.float32, fused)
     assert model.graph_decode == fused
     dev = model.device
@@ -72,7 +75,8 @@ def test_verify_rows_match_decode_steps_and_commit_picks_the_column(tmp_path, ki
     pos = starts[:, None] + torch.arange(m, device=dev)
     hidden = verifier.forward(ids.reshape(-1), slots.repeat_interleave(m), pos.reshape(-1), slots, None if fused else 64)
     hidden = hidden.view(2, m, -1)
-    assert grouped == ([m] if kind == "fused bf16" else [])
+    assert grouped == ([m] if kind in ("fused bf16", "fused bf16, replay") else [])
+    assert verifier._replayed == kind.endswith("replay")
 
     accepted = [1, 2]
     want_state = {}
