@@ -325,9 +325,17 @@ class SpeculativeRound:
         e, ids, snap = self._last[slot]
         r.num_computed = e + kept
         if ids is None:
-            # a batched round: its columns still hold every verified token's state
-            one = torch.tensor([slot], dtype=torch.long, device=self.device)
-            self.verifier.commit(one, torch.tensor([kept - 1], dtype=torch.long, device=self.device))
+            if getattr(self.verifier, "replayed", False):
+                # the round's commit replayed the kept tokens on the slot's state in place
+                # (NINFER_GDN_REPLAY=1): there is no earlier state to cut back to. Only a request
+                # that ends here is cut, and its slot is reset before it is used again.
+                if not r.finished:
+                    raise RuntimeError(f"request {r.id}: cut inside a round whose GDN commit replayed in place, "
+                                       "and not finished")
+            else:
+                # a batched round: its columns still hold every verified token's state
+                one = torch.tensor([slot], dtype=torch.long, device=self.device)
+                self.verifier.commit(one, torch.tensor([kept - 1], dtype=torch.long, device=self.device))
             self.history.forget(slot)
         elif self.rollback == "columns":
             self.cache.use_column(slot, kept - 1)

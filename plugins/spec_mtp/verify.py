@@ -58,19 +58,34 @@ class HybridVerifier:
         # NINFER_GDN_REPLAY=1 (an A/B switch, read at each verify): the fused verify stores what
         # each token's state update was (g, normed k, delta: 33 KB a token and layer for the 27B)
         # instead of the state after it (3.1 MB), and the commit replays the accepted tokens on
-        # the slot's state; the M state columns a round wrote were 0.6 GB for the 27B
-        self.replay = None
+        # the slot's state; the M state columns a round wrote were 0.6 GB for the 27B. The
+        # buffers are made on the first verify that asks for them (never inside a capture: the
+        # capture's warm-up runs first)
+        self.replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._replayed = False
-        backend = self.gdn[0].backend if self.gdn else None
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the last verify stored token updates and its commit replays them on the slots'
+        state in place: the state from before the verify is then gone, so that commit cannot be
+        redone with another column (`SpeculativeRound.truncate`)."""
+        return self._replayed
+
+    def _replay_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if self.replay is not None:
+            return self.replay
+        cache, backend = self.cache, (self.gdn[0].backend if self.gdn else None)
         rec_all = getattr(cache, "recurrent_all", None)
-        if (self.col_conv_all is not None and rec_all is not None and rec_all.dtype == torch.float32
-                and rec_all.is_contiguous() and getattr(cache, "conv_all", None) is not None
-                and hasattr(backend, "gdn_commit_replay")):
-            lay, n_l, slots_n = self.gdn[0], len(cache.recurrent), cache.recurrent[0].shape[0]
-            dev = cache.recurrent[0].device
-            self.replay = (torch.zeros(n_l, slots_n * m, lay.hv, device=dev),
-                           torch.zeros(n_l, slots_n * m, lay.hk, lay.dk, device=dev),
-                           torch.zeros(n_l, slots_n * m, lay.hv, lay.dv, device=dev))
+        if (self.col_conv_all is None or rec_all is None or rec_all.dtype != torch.float32 or not rec_all.is_contiguous()
+                or getattr(cache, "conv_all", None) is None or not hasattr(backend, "gdn_commit_replay")
+                or (rec_all.is_cuda and torch.cuda.is_current_stream_capturing())):
+            return None
+        lay, n_l, slots_n, m = self.gdn[0], rec_all.shape[0], rec_all.shape[1], self.m
+        dev = rec_all.device
+        self.replay = (torch.zeros(n_l, slots_n * m, lay.hv, device=dev),
+                       torch.zeros(n_l, slots_n * m, lay.hk, lay.dk, device=dev),
+                       torch.zeros(n_l, slots_n * m, lay.hv, lay.dv, device=dev))
+        return self.replay
 
     def forward(
         self, ids: torch.Tensor, row_slots: torch.Tensor, row_pos: torch.Tensor, slots: torch.Tensor, max_len: int | None
@@ -80,8 +95,8 @@ class HybridVerifier:
         on the fused path) bounds the reference attention's reads without a host sync."""
         model, cache = self.model, self.cache
         backend = self.gdn[0].backend if self.gdn else None
-        self._replayed = (self.replay is not None and model.dtype in getattr(backend, "fused_dtypes", ())
-                          and os.environ.get("NINFER_GDN_REPLAY", "0") == "1")
+        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "0") == "1"
+                          and model.dtype in getattr(backend, "fused_dtypes", ()) and self._replay_buffers() is not None)
         x = model.embed(ids)
         meta = None
         if model.dtype in getattr(model.full_backend, "fused_dtypes", ()):

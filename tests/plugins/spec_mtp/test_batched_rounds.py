@@ -209,3 +209,33 @@ def test_the_mtp_alignment_groups_each_sequences_queries(tmp_path, monkeypatch):
     assert grouped == [m]
     assert _rel(outs[0], outs[1]) < 3e-2
     assert all(torch.equal(a, b_) for a, b_ in zip(kvs[0], kvs[1]))
+
+
+def test_rounds_with_the_gdn_replay_commit_and_a_cut_round(tmp_path, tok, monkeypatch):
+    """NINFER_GDN_REPLAY=1 (the verify stores each token's update, the commit replays the kept
+    ones on the slot's state) on the fused backend: the same greedy tokens as the state columns,
+    rounds cut by a length limit included. A cut can no longer move the slot back (the commit
+    replayed in place), so it is refused for a request that goes on, and allowed for one that
+    ends there (its slot is reset before reuse)."""
+    from types import SimpleNamespace
+
+    from spec_helpers import ScriptedDrafter
+
+    model = _model(make_tiny("qwen3.6-27b", tmp_path, vocab=VOCAB, layers=4), "cuda" if CUDA else "cpu",
+                   torch.bfloat16, True)
+    # drafts of the known greedy continuation, right for a scripted count of each round (the tiny
+    # model's own MTP drafts are never accepted: every round would keep one token, and none be cut)
+    ref = greedy_generate(model, PROMPT, 24)
+    got, cuts = {}, {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("NINFER_GDN_REPLAY", mode)
+        eng = make_engine(model, tok, drafter=ScriptedDrafter(PROMPT + ref, 3), max_batch=2)
+        spec = eng.speculative
+        real, cuts[mode] = spec.truncate, []
+        monkeypatch.setattr(spec, "truncate", lambda r, slot, kept: cuts[mode].append(kept) or real(r, slot, kept))
+        got[mode] = eng.generate(PROMPT, params(max_new_tokens=19)).new_token_ids  # the last round cut
+        assert spec.verifier.replayed == (mode == "1")
+    assert got["1"] == got["0"] and cuts["1"] and cuts["1"] == cuts["0"]
+    assert spec._last[0][1] is None  # slot 0's last round was a batched one
+    with pytest.raises(RuntimeError, match="replayed in place"):
+        real(SimpleNamespace(id="x", finished=False), 0, 1)
