@@ -364,7 +364,7 @@ case "${1:-}" in
     timeout 150 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 110 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^copy|^  q|best M" "$OUT/tkw.txt" | cut -c1-100
     sed -n '/paste into/,$p' "$OUT/tkw.txt"
-    rounds 200 "X=1" "NINFER_GDN_REPLAY=1" "NINFER_ATTN_GROUPED=0" "X=1" "NINFER_GDN_REPLAY=1"
+    rounds 200 "X=1" "NINFER_GDN_REPLAY=1" "NINFER_TKW_TRY=1" "NINFER_ATTN_GROUPED=0" "X=1" "NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1"
     steps qwen3.6-27b 70 40 e27.txt "27B step" "X=1"
     steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 60 e35.txt "35B step" "X=1"
     ;;

@@ -579,13 +579,13 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     from ninfer_plugins.quant_int.tuned import TUNED_KW
 
     from ninfer_plugins.quant_int import gemv_h2, gemv_tkw
-    from ninfer_plugins.quant_int.tuned import TUNED_TKW
+    from ninfer_plugins.quant_int.tuned import TUNED_TKW, TUNED_TKW_TRY
 
     if p.fmt in gemv_kw.DECODES:
         _reserve_walk(ws, p, TUNED_KW, ("m1", "m4"), gemv_kw.KWConfig, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),
                       lambda: (gemv_kw.x_scratch(p.device, p.fmt, p.k), gemv_kw.ready_counters(p.device)))
     if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
-        _reserve_walk(ws, p, TUNED_TKW, ("m1", "m4", "m8"), gemv_tkw.TKWConfig,
+        _reserve_walk(ws, p, {**TUNED_TKW, **TUNED_TKW_TRY}, ("m1", "m4", "m8"), gemv_tkw.TKWConfig,
                       gemv_tkw.default_config(p.fmt, p.n, p.k, p.sm_count), lambda: gemv_tkw.xq_scratch(p.device, p.k))
     gemv_h2.zero_word(p.device)  # a pinned f16x2 config's zero (H2Config.pin), made outside any capture
     for m in sorted({1, 8, min(16, max_m), max_m}):
@@ -681,13 +681,16 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     if m > 8:
         return None
     from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc, gemv_tkw
-    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_TC, TUNED_TKW
+    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_TC, TUNED_TKW, TUNED_TKW_TRY
 
     if fmt in gemv_tkw.FORMATS and gemv_tkw.tuned_allowed():
-        # the tensor-core K-walk: its measured winner (unless NINFER_TKW=0); with NINFER_TKW=1
-        # (an experiment) its default config wherever it fits, ahead of every other kernel
-        cfg = _tuned_or_default(TUNED_TKW, (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8"), gemv_tkw.TKWConfig,
-                                gemv_tkw.enabled(), lambda: gemv_tkw.default_config(fmt, n, k, sm_count))
+        # the tensor-core K-walk: its measured winner (unless NINFER_TKW=0; under NINFER_TKW_TRY=1
+        # a candidate of TUNED_TKW_TRY first); with NINFER_TKW=1 (an experiment) its default config
+        # wherever it fits, ahead of every other kernel
+        tkw_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
+        table = {**TUNED_TKW, **TUNED_TKW_TRY} if os.environ.get("NINFER_TKW_TRY") == "1" else TUNED_TKW
+        cfg = _tuned_or_default(table, tkw_key, gemv_tkw.TKWConfig, gemv_tkw.enabled(),
+                                lambda: gemv_tkw.default_config(fmt, n, k, sm_count))
         if cfg is not None:
             return cfg
     if m <= 4 and fmt in gemv_kw.DECODES and gemv_kw.tuned_allowed():

@@ -478,3 +478,12 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
     (5, 5120, 17408, 'm8'): (4, 1, 4, 4),  # H100: 39.46 vs 44.07 us (TCD KB17 P2 w4 C8)
     (5, 16384, 5120, 'm8'): (4, 2, 4, 1),  # H100: 32.27 vs 44.03 us (TCD KB8 P2 w4 C6)
 }
+
+# Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
+# H200, dispatched ahead of TUNED_TKW only under NINFER_TKW_TRY=1 (an A/B switch read at each launch,
+# for `dense_27b.py --variants`): the q4 shortlist head at M = 1 on a 4-stage ring, 153.64 against the
+# f16x2 GEMV's 192.13 us on an H100 (tkw_bench --set ring, BENCHMARKS.md twentieth run); on the H200
+# only the register forms were timed there (140.06 against 134.83 us).
+TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
+    (4, 131072, 5120, 'm1'): (2, 1, 4, 1, False, 4),
+}

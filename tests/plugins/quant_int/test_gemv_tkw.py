@@ -191,6 +191,25 @@ def test_ring_switch_moves_tkw_dispatch(monkeypatch):
         K.pick_gemv(4, 4, 34816, 5120, 132)
 
 
+def test_try_switch_puts_candidates_first(monkeypatch):
+    """NINFER_TKW_TRY=1 dispatches TUNED_TKW_TRY's candidates ahead of TUNED_TKW (and of the
+    kernels a () entry leaves in place); without it they are never picked; the load-time
+    reservation counts them either way."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.delenv("NINFER_TKW", raising=False)
+    monkeypatch.delenv("NINFER_TKW_TRY", raising=False)
+    monkeypatch.setattr(tuned, "TUNED_TKW", {(4, 131072, 5120, "m1"): ()})
+    monkeypatch.setattr(tuned, "TUNED_TKW_TRY", {(4, 131072, 5120, "m1"): (2, 1, 4, 1, False, 4)})
+    before = K.pick_gemv(4, 1, 131072, 5120, 132)
+    assert not isinstance(before, TK.TKWConfig)
+    monkeypatch.setenv("NINFER_TKW_TRY", "1")
+    assert K.pick_gemv(4, 1, 131072, 5120, 132) == TK.TKWConfig(2, 1, 4, 1, False, 4)
+    assert K.pick_gemv(4, 4, 131072, 5120, 132) == K.pick_gemv(4, 4, 131072, 5120, 132)  # other buckets as before
+    monkeypatch.setenv("NINFER_TKW_TRY", "0")
+    assert K.pick_gemv(4, 1, 131072, 5120, 132) == before
+
+
 def test_dispatch_switch(monkeypatch):
     """NINFER_TKW=1 sends every q4/q5 M <= 8 launch it fits to this kernel (its tuned winner, else
     the default); NINFER_TKW=0 keeps even the tuned winners out; q6/q8 never take it."""
