@@ -7,6 +7,9 @@ A step of a gated-attention layer, from the raw projections (`gated_attention`):
 2. decode (one token per row): the split-K Triton kernel over each row's stripe, with
    sigmoid(gate) applied in its merge; nothing reads a length on the host, so the step can be
    captured in a CUDA graph, and a row with slot -1 / position -1 is padding (length 0, no write).
+   Rows that are sequences of M consecutive positions (a speculative verify, the MTP alignment:
+   `grouped_meta`) go through the same kernel as one program's T = M queries a sequence, causal
+   among themselves, so each sequence's K/V is read once.
    prefill (a chunk of one sequence at start): short chunks (speculative verify, <= 8 tokens) take
    the same split-K kernel; longer ones flash attention (torch SDPA) over the chunk, causal, and,
    past the first chunk, over the cached prefix as a second flash pass whose log-sum-exp merges
