@@ -169,13 +169,12 @@ class FlashFullAttention(ReferenceFullAttention):
         # whether the flash op with log-sum-exp works here (checked once, on first use)
         self._merge_ok: bool | None = None
 
-    def decode_meta(self, cache, slots: torch.Tensor, positions: torch.Tensor) -> DecodeMeta:
-        return decode_meta(cache.max_context, slots, positions)
-
-    def group_meta(self, meta: DecodeMeta, m: int) -> DecodeMeta:
-        """A verify's meta (rows: sequences of m consecutive positions) with its queries grouped
-        by sequence (`grouped_meta`), unless NINFER_ATTN_GROUPED=0."""
-        return grouped_meta(meta, m) if group_queries() else meta
+    def decode_meta(self, cache, slots: torch.Tensor, positions: torch.Tensor, columns: int = 1) -> DecodeMeta:
+        """columns > 1: the rows are sequences of that many consecutive positions, sequence-major
+        (a speculative verify, the MTP alignment), and attention takes each sequence's queries
+        together (`grouped_meta`), unless NINFER_ATTN_GROUPED=0."""
+        meta = decode_meta(cache.max_context, slots, positions)
+        return grouped_meta(meta, columns) if columns > 1 and group_queries() else meta
 
     def gated_attention(self, qg, k, v, layer, kv, slots, positions, *, prefill=None, meta=None) -> torch.Tensor:
         """qg [N, Hq, 2D] (per head [q | gate]), k, v [N, Hkv, D] raw projections; kv the layer's

@@ -688,7 +688,7 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
         # a candidate of TUNED_TKW_TRY first); with NINFER_TKW=1 (an experiment) its default config
         # wherever it fits, ahead of every other kernel
         tkw_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
-        table = {**TUNED_TKW, **TUNED_TKW_TRY} if os.environ.get("NINFER_TKW_TRY") == "1" else TUNED_TKW
+        table = TUNED_TKW_TRY if tkw_key in TUNED_TKW_TRY and os.environ.get("NINFER_TKW_TRY") == "1" else TUNED_TKW
         cfg = _tuned_or_default(table, tkw_key, gemv_tkw.TKWConfig, gemv_tkw.enabled(),
                                 lambda: gemv_tkw.default_config(fmt, n, k, sm_count))
         if cfg is not None:

@@ -145,11 +145,12 @@ class MtpLayer(nn.Module):
 
         columns: the rows are N / columns sequences of `columns` consecutive positions each,
         sequence-major (a round's verify columns); a fused attention backend then takes each
-        sequence's queries in one program (its `group_meta`, as the target's verify does)."""
+        sequence's queries in one program (its `decode_meta(..., columns)`, as the target's verify
+        does)."""
         meta = None
         backend = self.layers[0].mixer.backend
-        if columns and columns > 1 and model.dtype in getattr(backend, "fused_dtypes", ()) and hasattr(backend, "group_meta"):
-            meta = backend.group_meta(backend.decode_meta(cache, slots, positions), columns)
+        if columns and columns > 1 and model.dtype in getattr(backend, "fused_dtypes", ()):
+            meta = backend.decode_meta(cache, slots, positions, columns=columns)
         return self.layers[0].decode(self._stem(model, token_ids, hidden), cache, slots, positions, max_len, keep=keep,
                                      final_norm=self.norm.weight, meta=meta)
 

@@ -100,10 +100,7 @@ class HybridVerifier:
         x = model.embed(ids)
         meta = None
         if model.dtype in getattr(model.full_backend, "fused_dtypes", ()):
-            meta = model.full_backend.decode_meta(cache, row_slots, row_pos)
-            group = getattr(model.full_backend, "group_meta", None)
-            if group is not None and self.m > 1:
-                meta = group(meta, self.m)
+            meta = model.full_backend.decode_meta(cache, row_slots, row_pos, columns=self.m)
 
         def mix(layer: Any, h: torch.Tensor) -> torch.Tensor:
             if isinstance(layer.mixer, GatedDeltaNet):
