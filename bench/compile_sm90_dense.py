@@ -13,7 +13,9 @@ Exit status 1 when a kernel fails to compile.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -54,6 +56,10 @@ def cases():
         e(1, C, dtype=BF), None, None, cw, cs, al, al, st, num_k_heads=HK, head_k_dim=D,
         head_v_dim=D, state_indices=idx, z=e(1, HV * D, dtype=BF), norm_weight=nw,
         ab_input=(e(1, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)))
+    yield "gdn_decode_step (gates in the step, state before the wait)", lambda: G.gdn_decode_step(
+        e(1, C, dtype=BF), None, None, cw, cs, al, al, st, num_k_heads=HK, head_k_dim=D,
+        head_v_dim=D, state_indices=idx, z=e(1, HV * D, dtype=BF), norm_weight=nw,
+        ab_input=(e(1, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)), state_early=True)
     yield "gdn_verify_columns", lambda: G.gdn_verify_columns(
         e(4, C, dtype=BF), e(4, HV, dtype=BF), e(4, HV, dtype=BF), cw, cs, al, al, st, e(16, C, 3, dtype=BF),
         e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),
@@ -90,6 +96,20 @@ def cases():
         e(48, 2, C, 3, dtype=BF), e(48, 2, 4, C, 3, dtype=BF), sl2, sl2)
     yield "gdn_prefill_conv", lambda: G.gdn_prefill_conv(e(8192, C, dtype=BF), cs[0], cw, num_k_heads=HK, num_v_heads=HV, head_dim=D)
     yield "rmsnorm", lambda: N.rmsnorm(e(1, 5120, dtype=BF), e(5120, dtype=BF), 1e-6)
+    from ninfer_plugins.quant_int import gemv_kw as KW
+
+    for fmt, k, n in ((4, 5120, 1), (5, 5120, 1), (6, 5120, 1), (8, 2048, 1), (16, 5120, 1), (5, 5120, 4)):
+        # the norm that writes the K-walk GEMV's x pairs (NINFER_KW_XREUSE=1), with the residual add
+        yield f"norm_pairs q{fmt} K={k} M={n}", lambda fmt=fmt, k=k, n=n: KW.norm_pairs(
+            e(n, k, dtype=BF), e(k, dtype=BF), 1e-6, fmt, residual=e(n, k, dtype=BF))
+        yield f"xpairs q{fmt} K={k} M={n}", lambda fmt=fmt, k=k, n=n: KW.xpairs(e(n, k, dtype=BF), fmt, k, n, True)
+    from ninfer_plugins.quant_int import gemv_tkw as TKW
+
+    for fmt, k, n in ((4, 5120, 4), (5, 5120, 4), (5, 17408, 1)):
+        # the norm that writes the tensor-core K-walk's x (the MTP verify's M = 4), and xq itself
+        yield f"norm_xq q{fmt} K={k} M={n}", lambda fmt=fmt, k=k, n=n: TKW.norm_xq(
+            e(n, k, dtype=BF), e(k, dtype=BF), 1e-6, fmt, residual=e(n, k, dtype=BF))
+        yield f"xq q{fmt} K={k} M={n}", lambda fmt=fmt, k=k, n=n: TKW.xq(e(n, k, dtype=BF), fmt, k)
     from ninfer_plugins.cuda_fast import attention as FA
 
     yield "decode_meta", lambda: FA.decode_meta(8192, torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
@@ -164,33 +184,65 @@ def cases():
         yield f"h2 q{fmt} {n}x{k} M=1 ablated", lambda p=p, k=k, cfg=cfg: H2.launch(e(1, k, dtype=BF), p, cfg, ablate=1)
     from ninfer_plugins.quant_int import gemv_tc as TC
 
-    TC.COMPILE_ONLY = True
+    # the Gluon kernels launched on CPU tensors; "pdl": with the PDL constexpr (main sets it per pass)
     for fmt, n, k in ((4, 34816, 5120), (5, 5120, 17408)):
         p = S.empty_prepared(fmt, n, k)
-        for cfg in (TC.TCConfig(), TC.TCConfig(4, 4, 1, 8), TC.TCConfig(8, 2, 4, 2)):
+        for cfg in (TC.TCConfig(), TC.TCConfig(4, 4, 1, 8), TC.TCConfig(8, 2, 4, 2), TC.TCConfig(8, 2, 4, 4, direct=2)):
             K.Workspace.get(p.device).reserve(*cfg.workspace(p))
             yield f"tc q{fmt} {n}x{k} {cfg.describe()}", lambda p=p, k=k, cfg=cfg: TC.launch(e(1, k, dtype=BF), p, cfg)
+    p = S.empty_prepared(5, 16384, 5120)
+    for cfg in (TKW.TKWConfig(4, 3, 4, 1, pin=True), TKW.TKWConfig(2, 1, 4, 2), TKW.TKWConfig(2, 1, 4, 1, ring=3)):
+        K.Workspace.get(p.device).reserve(*TKW.workspace_need(p, cfg))
+        yield f"tkw q5 16384x5120 M=4 {cfg.describe()}", lambda cfg=cfg: TKW.launch(e(4, 5120, dtype=BF), p, cfg)
+
+
+# launches that ask pdl_kwargs(..., scoped=False): x's preparation, never the last launch before a
+# kernel that reads early (launch.late_dependents)
+UNSCOPED = {"_xpairs_kernel", "_xq_kernel"}
+
+
+def late_lint(k) -> None:
+    """A kernel compiled inside late_dependents: PDL = 2 and its PTX waits before any trigger,
+    or one of UNSCOPED."""
+    names = list(k.src.fn.arg_names)
+    pdl = k.src.constants.get((names.index("PDL"),)) if "PDL" in names else None
+    ops = re.findall(r"griddepcontrol\.(\w+)", k.asm["ptx"])
+    if k.name in UNSCOPED or pdl is None and not ops:
+        return
+    if pdl != 2 or (ops and ops[0] != "wait"):
+        raise AssertionError(f"{k.name}: inside late_dependents it has PDL = {pdl} and its PTX starts {ops[:3]}")
 
 
 def main() -> int:
     # --regs: each compiled kernel's registers, local (spilled) and shared bytes after its "ok" line
     regs = "--regs" in sys.argv[1:]
     failed = 0
-    for pdl in (False, True):
+    # "late": every launch inside launch.late_dependents (PDL = 2: the trigger after the wait); each
+    # kernel's PTX must then wait before any trigger (else a kernel after it could read early what
+    # the kernels before it still write)
+    from ninfer_plugins.quant_int import gemv_tc as TC
+    from ninfer_plugins.quant_int import gemv_tkw as TKW
+
+    for pdl in (False, True, "late"):
         L.pdl_enabled = (lambda device: True) if pdl else (lambda device: False)
+        TC.COMPILE_ONLY = TKW.COMPILE_ONLY = "pdl" if pdl else True
         for name, run in cases():
             try:
                 before = len(S._compiled)
-                run()
+                with L.late_dependents() if pdl == "late" else contextlib.nullcontext():
+                    run()
+                if pdl == "late":
+                    for k in S._compiled[before:]:
+                        late_lint(k)
                 usage = ""
                 if regs:
                     usage = "  " + ", ".join(
                         f"{k.name}: {r} regs{f', {lo} B local' if lo else ''}, {sm} B shared"
                         for k in S._compiled[before:] for r, lo, sm in [S.resources(k)])
-                print(f"ok    {name} (PDL {'on' if pdl else 'off'}){usage}", flush=True)
+                print(f"ok    {name} (PDL {pdl if pdl == 'late' else 'on' if pdl else 'off'}){usage}", flush=True)
             except Exception:  # noqa: BLE001 - report every failure, then fail
                 failed += 1
-                print(f"FAIL  {name} (PDL {'on' if pdl else 'off'})\n{traceback.format_exc(limit=3)}", flush=True)
+                print(f"FAIL  {name} (PDL {pdl if pdl == 'late' else 'on' if pdl else 'off'})\n{traceback.format_exc(limit=3)}", flush=True)
     print(f"{len(S._compiled)} kernels compiled, {failed} failed")
     return 1 if failed else 0
 

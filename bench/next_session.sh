@@ -33,6 +33,10 @@
 #   bash bench/next_session.sh ceiling # read-only kernels over the 27B's big q4/q5 matrices: a flat stream and the
 #                                      # f16x2 GEMV's tile walk, no decode (bench/read_ceiling.py, ~2 min)
 #   bash bench/next_session.sh next1   # on an H200: tkw_bench's ring set, the round grouped / not, the 27B and 35B steps
+#   bash bench/next_session.sh early   # reads before the PDL wait (NINFER_GDN_EARLY, NINFER_MOE_EARLY) and the K-walk's
+#                                      # x pairs from the norms (NINFER_KW_XREUSE), written without a GPU: their GPU
+#                                      # tests and the 35B step with and without (~9.5 min); early2: the 27B step and
+#                                      # the MTP round with and without (~9.5 min)
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
@@ -367,6 +371,37 @@ case "${1:-}" in
     rounds 200 "X=1" "NINFER_GDN_REPLAY=1" "NINFER_TKW_TRY=1" "NINFER_ATTN_GROUPED=0" "X=1" "NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1"
     steps qwen3.6-27b 70 40 e27.txt "27B step" "X=1"
     steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 60 e35.txt "35B step" "X=1"
+    ;;
+  early)
+    # the nineteenth session's work, written without a GPU (~9.5 min), all off by default: reads
+    # before the PDL wait that launch.late_dependents allows, the GDN decode step's recurrent state
+    # (NINFER_GDN_EARLY=1) and the MoE pair down kernel's expert ids and weights (NINFER_MOE_EARLY=1);
+    # the K-walk GEMV's x pairs written by the norm before it and reused (NINFER_KW_XREUSE=1). Their
+    # GPU tests first (-v: bit-equal to the default, graph = eager, replay over changing routings),
+    # then the 35B step and the 27B step, variants alternated in one process each
+    t0=$(date +%s)
+    timeout 200 python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
+      "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_early_pairs_replay_over_changing_routings" \
+      "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
+      "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
+      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \
+      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_pairs_from_the_norm_change_no_bit" \
+      "tests/plugins/quant_int/test_gemv_kw.py::test_norm_pairs_is_rmsnorm_then_xpairs" \
+      > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
+    grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
+    ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
+    steps qwen3.6-35b-a3b $(( 570 - ($(date +%s) - t0) )) 300 e35.txt "35B step" "X=1" "NINFER_MOE_EARLY=1" \
+      "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1" "$ALL" "X=1" "$ALL"
+    ;;
+  early2)
+    # the 27B step with and without NINFER_GDN_EARLY / NINFER_KW_XREUSE, then the MTP round with the
+    # K-walk's x pairs from the norms (its verify's K-walk launches at M = 4, the drafter's at M = 1)
+    # against as committed (~9.5 min)
+    t0=$(date +%s)
+    steps qwen3.6-27b 250 190 e27.txt "27B step" "X=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1" \
+      "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
+    rounds $(( 570 - ($(date +%s) - t0) )) "X=1" "NINFER_KW_XREUSE=1" "X=1" "NINFER_KW_XREUSE=1"
     ;;
   tail2)
     # the eighteenth session's second call (~9.5 min): the GPU tests ring2's 120 s box cut (TKW, the

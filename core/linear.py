@@ -160,6 +160,17 @@ class QLinear(nn.Module):
                 return y
         return self.kernel.apply(x, self.prepared)
 
+    def norm_input(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The (1 + weight) RMSNorm that makes this linear's input (after `residual += x` in place,
+        when given), made by this linear's kernel where it does more in that launch (kernels with
+        `norm_input`: quant_int's K-walk GEMV takes its x pairs from it, NINFER_KW_XREUSE=1); None
+        where it does not (the caller norms as usual)."""
+        fn = getattr(self.kernel, "norm_input", None)
+        if fn is None or self.prepared is None:
+            return None
+        return fn(self.prepared, x, weight, eps, residual)
+
     def forward_gated(self, gu: torch.Tensor) -> torch.Tensor | None:
         """y = (silu(gate) * up) @ W.T for gu = [gate | up] [..., 2k], where the kernel can take
         the activation into its own launch (`apply_gated`); None otherwise (the caller runs the

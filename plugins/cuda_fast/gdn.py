@@ -15,6 +15,9 @@ the fp32 state in place, the readout and the gated RMSNorm; a row with slot -1 i
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import structlog
 import torch
 
@@ -148,11 +151,30 @@ class TritonLinearAttention(ReferenceLinearAttention):
     # inside the step
     fuses_ab = True
 
-    def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots, ab_input=None) -> torch.Tensor:
+    @staticmethod
+    def decode_inputs_scope():
+        """A context for the launches that make gdn_decode's inputs (the layer's projections); it
+        yields whether gdn_decode may then read its state before its PDL wait (`state_early`).
+        NINFER_GDN_EARLY=1 (off until an H200 A/B): those launches go through
+        launch.late_dependents, so the step's recurrent state streams while the projection runs."""
+        if os.environ.get("NINFER_GDN_EARLY", "0") != "1":
+            return contextlib.nullcontext(False)
+        from ninfer.kernels.triton.launch import late_dependents
+
+        @contextlib.contextmanager
+        def scope():
+            with late_dependents():
+                yield True
+
+        return scope()
+
+    def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots, ab_input=None,
+                   state_early: bool = False) -> torch.Tensor:
         """mixed_qkv [B, conv_dim] (pre-conv), a, b [B, Hv], z [B, Hv*Dv] raw projections (or a =
         b = None and ab_input = (x [B, H], W [2 Hv, H]): the gates computed in the step); the
         layer's conv taps, A_log, dt_bias, norm weight and dims; the cache's conv and recurrent
-        state, updated in place for rows slots[b] -> gated-normed o [B, Hv, Dv]."""
+        state, updated in place for rows slots[b] -> gated-normed o [B, Hv, Dv]. state_early: the
+        inputs were made inside `decode_inputs_scope()`, which said so."""
         from ninfer.kernels.triton import gdn_decode_step
 
         if layer.kernel != 4:
@@ -160,5 +182,5 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gdn_decode_step(
             mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state,
             num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, state_indices=slots,
-            z=z, norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input,
+            z=z, norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input, state_early=state_early,
         )  # fmt: skip

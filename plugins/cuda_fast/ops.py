@@ -65,12 +65,17 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 class TritonOps:
     name = "triton"
 
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        return rmsnorm(x, w, eps)
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, into=None) -> torch.Tensor:
+        """into: the QLinear that reads the result first, whose kernel may make the norm itself
+        (QLinear.norm_input)."""
+        h = into.norm_input(x, w, eps) if into is not None else None
+        return h if h is not None else rmsnorm(x, w, eps)
 
-    def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
-        """residual += delta in place (rounded to its dtype), then its (1+w) norm: one pass."""
-        return residual, rmsnorm(delta, w, eps, residual=residual)
+    def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, into=None):
+        """residual += delta in place (rounded to its dtype), then its (1+w) norm: one pass. into:
+        as rms_norm's."""
+        h = into.norm_input(delta, w, eps, residual=residual) if into is not None else None
+        return residual, (h if h is not None else rmsnorm(delta, w, eps, residual=residual))
 
     def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor, eps: float):
         """cat((1+wa) norm(a), (1+wb) norm(b)) [N, 2H]: one launch instead of two norms and a cat."""

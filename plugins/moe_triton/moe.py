@@ -338,12 +338,15 @@ class TritonMoe:
         """The grouped kernels over a routing; plans it first when it has none. `add_norm`: see
         forward_layer (taken by the pair kernels only)."""
         if r.slots > r.top_k and self.takes_pairs(r.num_tokens, w, shared):
-            h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast)
+            # one value for both launches: a down launched early must follow a gate_up launched so
+            early = PG.early()
+            h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast,
+                           early_down=early)
             fold = None
             if self._gemv_norm(add_norm, x, w):
                 fold = (add_norm.residual, add_norm.weight, add_norm.eps, torch.empty_like(add_norm.residual))
             y = PG.down(h, r.ids, r.weights, w.down, shared.down, w.hidden, w.num_experts, x.dtype, fast=self.fast,
-                        add_norm=fold)
+                        add_norm=fold, early_down=early)
             if fold is not None:
                 add_norm.out = fold[3]
             return y

@@ -250,7 +250,7 @@ def _moe_block_kernel(
                       HID, E, SLOTS, DN_SLICES, pairs, T, DN_CHUNKS,
                       shb, so, sdw, sdwh, sdws, ssdw, ssdwh, ssdws, 0, 0, 0.0,
                       DFMT, DSFMT, DBN, DKBS, DROWS, DSP2, SLOTS_P2, DHEAD, DSHEAD, DASM, DCONSTR, DSASM, DSCONSTR,
-                      FAST, False, True)
+                      FAST, False, True, False, False)
         if combined:
             # the last row chunk combined: every item was handed out, every router and gate_up
             # CTA is past its last use of the counters and every down CTA past its wait, so the

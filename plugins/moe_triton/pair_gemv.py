@@ -25,6 +25,7 @@ both K (hidden and inner), the expert widths a multiple of the rows per trip. `s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ import torch
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
-from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.launch import interpreting, pdl_early_trigger, pdl_kwargs, pdl_prologue, pdl_wait
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
@@ -80,16 +81,26 @@ def configs_for(hidden: int, inner: int) -> tuple[PairConfig, PairConfig] | None
 @triton.jit
 def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, pid_s, ws_row0, ws_off1, rows,
                     SEGS: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr,
-                    HEAD: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr):
+                    HEAD: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
+                    PRELOAD: tl.constexpr, WAIT: tl.constexpr):
     """Partials of x_row's K slice `pid_s` against `rows` rows from W0 (and SEGS = 2: as many from
     W1), pointers already at the chunk's first row, stored to WS_p rows ws_row0.. (W1's at
-    ws_row0 + ws_off1), laid out as gemv_h2's workspace: [row, slice, 4] with lane 0 used."""
+    ws_row0 + ws_off1), laid out as gemv_h2's workspace: [row, slice, 4] with lane 0 used.
+    PRELOAD (SEGS = 1): the tile is requested before x is read and prepared, so the weights are
+    in flight during x's round trip (else after it); WAIT (with PRELOAD): the PDL wait sits
+    between the two, so the weights stream during the previous kernel (the caller must know its
+    expert without reading anything that kernel writes)."""
     w_cols, g_cols, h_cols, h_shift, lead, jj, base = H2.slice_columns(pid_s, FMT, KBS)
     rn = tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)[None, :]
+    if PRELOAD:
+        tl.static_assert(SEGS == 1, "the pair kernels preload one segment's tile (the down kernel's)")
+        w_a, hl_a, hh_a, s_a = H2._load_tile(W0 + rn64 * sw + w_cols[:, None], S0 + rn64 * ss + g_cols[:, None],
+                                             H0 + rn64 * sh + h_cols[:, None], h_shift, lead, FMT, FAST)
+        pdl_wait(WAIT)
     xa, xb, xc, xd, p0, p1, p2, p3, inv0 = H2._xrow_prep(X_row, 0, 0, 1, base, FMT, HEAD, FAST, 0, False)
     cols4 = tl.arange(0, 4)[:, None]
     inv = tl.where(cols4 == 0, inv0, 0.0)
-    rn64 = rn.to(tl.int64)[None, :]
     for seg in tl.static_range(SEGS):
         if seg == 0:
             wp = W0 + rn64 * sw + w_cols[:, None]
@@ -101,7 +112,10 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
             sp = S1 + rn64 * ss + g_cols[:, None]
             hp = H1 + rn64 * sh + h_cols[:, None]
             r_base = ws_row0 + ws_off1
-        w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
+        if PRELOAD:
+            w_n, hl_n, hh_n, s_n = w_a, hl_a, hh_a, s_a
+        else:
+            w_n, hl_n, hh_n, s_n = H2._load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
         for r0 in range(0, rows, BLOCK_N):
             w = w_n
             hl = hl_n
@@ -161,14 +175,14 @@ def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
         _slice_partials(x_row, GW + r64 * sgw, GWH + r64 * sgwh, GWS + r64 * sgws,
                         UW + r64 * sgw, UWH + r64 * sgwh, UWS + r64 * sgws, sgw, sgwh, sgws,
                         ws_p, N_SLICES, pid_s, row0, INNER, ROWS,
-                        2, SFMT, BLOCK_N, KBS, SHEAD, SASM, SCONSTR, FAST)
+                        2, SFMT, BLOCK_N, KBS, SHEAD, SASM, SCONSTR, FAST, False, False)
     else:
         g64 = e.to(tl.int64) * 2 * INNER + row0
         u64 = g64 + INNER
         _slice_partials(x_row, W + g64 * sw, WH + g64 * swh, WS_ + g64 * sws,
                         W + u64 * sw, WH + u64 * swh, WS_ + u64 * sws, sw, swh, sws,
                         ws_p, N_SLICES, pid_s, row0, INNER, ROWS,
-                        2, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST)
+                        2, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST, False, False)
     tl.debug_barrier()
     cnt = CNT + p * CHUNKS + pid_c
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
@@ -218,10 +232,12 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
                FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
                SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
                ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
-               FAST: tl.constexpr, ADD_NORM: tl.constexpr, FRESH: tl.constexpr):
+               FAST: tl.constexpr, ADD_NORM: tl.constexpr, FRESH: tl.constexpr,
+               PRELOAD: tl.constexpr, WAIT: tl.constexpr):
     """One CTA of down: pair p (expert e), row chunk pid_c, K slice pid_s; the chunk's last CTA
     over every pair and slice combines (returns whether this CTA did). FRESH: ids and weights were written during this launch
-    (the fused block): the combine reads them past L1."""
+    (the fused block): the combine reads them past L1. PRELOAD / WAIT: _slice_partials's (WAIT:
+    this CTA has not waited yet; its weight tile loads before the wait)."""
     x_row = HIN + p.to(tl.int64) * shin
     row0 = pid_c * ROWS
     ws_p = WS + p.to(tl.int64) * N * N_SLICES * 4
@@ -229,12 +245,12 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
         r64 = row0.to(tl.int64)
         _slice_partials(x_row, SW + r64 * ssw, SWH + r64 * sswh, SWS + r64 * ssws, SW, SWH, SWS, ssw, sswh, ssws,
                         ws_p, N_SLICES, pid_s, row0, 0, ROWS,
-                        1, SFMT, BLOCK_N, KBS, SHEAD, SASM, SCONSTR, FAST)
+                        1, SFMT, BLOCK_N, KBS, SHEAD, SASM, SCONSTR, FAST, PRELOAD, WAIT)
     else:
         r64 = e.to(tl.int64) * N + row0
         _slice_partials(x_row, W + r64 * sw, WH + r64 * swh, WS_ + r64 * sws, W, WH, WS_, sw, swh, sws,
                         ws_p, N_SLICES, pid_s, row0, 0, ROWS,
-                        1, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST)
+                        1, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST, PRELOAD, WAIT)
     tl.debug_barrier()
     arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
     combines = arrived == N_PAIRS * N_SLICES - 1
@@ -285,16 +301,24 @@ def _pair_down_kernel(
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
     SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
-    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    pdl_prologue(PDL)
     p = tl.program_id(2)
-    _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, tl.load(IDS + p), tl.program_id(0), tl.program_id(1),
+    if EARLY:
+        # after a gate_up launched EARLY: this CTA was scheduled once the router had completed,
+        # so its pair's expert id (read past L1) and weight tile are loaded before the wait on
+        # gate_up, and stream while gate_up finishes
+        pdl_early_trigger(PDL)
+        e = tl.load(IDS + p, cache_modifier=".cg")
+    else:
+        pdl_prologue(PDL)
+        e = tl.load(IDS + p)
+    _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, tl.program_id(0), tl.program_id(1),
                W, WH, WS_, SW, SWH, SWS, WG, SWG, RES, NW, HOUT,
                N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
                shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
                FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, SLOTS_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR,
-               FAST, ADD_NORM, False)
+               FAST, ADD_NORM, False, EARLY, PDL)
 
 
 # --- host side --------------------------------------------------------------------------------------
@@ -355,13 +379,23 @@ def reserve(device: torch.device, slots: int, hidden: int, inner: int) -> None:
         QK.Workspace.get(device).reserve(*workspace_need(PAIR_MAX, slots, hidden, inner))
 
 
+def early() -> bool:
+    """NINFER_MOE_EARLY=1 (off until an H200 A/B, read at each call): gate_up lets the down launch
+    go only past its PDL wait (PDL = 2, launch.late_dependents), and down loads its expert id and
+    weight tile before its own wait, and so before preparing x. A down launched early must follow
+    a gate_up launched early (TritonMoe.run passes one value to both)."""
+    return os.environ.get("NINFER_MOE_EARLY", "0") == "1"
+
+
 def _fast(fast: bool | None) -> bool:
     return (True if fast is None else fast) and not interpreting()
 
 
 def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Matrix, shared_up: Matrix,
-            inner: int, num_experts: int, cfg: PairConfig | None = None, fast: bool | None = None) -> torch.Tensor:
-    """h [T * slots, I] = silu(G_e x_t) * U_e x_t for every pair (e = ids[t, j]; e == E: shared)."""
+            inner: int, num_experts: int, cfg: PairConfig | None = None, fast: bool | None = None,
+            early_down: bool | None = None) -> torch.Tensor:
+    """h [T * slots, I] = silu(G_e x_t) * U_e x_t for every pair (e = ids[t, j]; e == E: shared).
+    early_down (default: `early()`): the down launch that follows will be launched early."""
     T, slots = ids.shape
     pairs = T * slots
     hidden = x.shape[1]
@@ -387,8 +421,13 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
         x.stride(0), h.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), gw.stride(0), gwh.stride(0), gws.stride(0),
         FMT=routed.fmt, SFMT=shared_gate.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
         SLICES_P2=triton.next_power_of_2(n_slices), HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared_gate.fmt],
-        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), num_warps=cfg.num_warps,
-        **pdl_kwargs(x.device),
+        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast),
+        num_warps=cfg.num_warps,
+        # early: the down launch after this one is scheduled only past this one's wait, so it may
+        # read the router's ids before its own (launch.late_dependents). The tiles stay after x's
+        # preparation here: requested before it they took 95 -> 116 registers on sm_90 (10 -> 8
+        # CTAs an SM: the 35B's 1,152 CTAs would no longer fit one wave)
+        **pdl_kwargs(x.device, late=early() if early_down is None else early_down),
     )
     return h
 
@@ -396,8 +435,10 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matrix, shared: Matrix,
          hidden: int, num_experts: int, dtype: torch.dtype, cfg: PairConfig | None = None,
          fast: bool | None = None,
-         add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None) -> torch.Tensor:
+         add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
+         early_down: bool | None = None) -> torch.Tensor:
     """out [T, H] = sum_j weights[t, j] * D_e h_{t, j}, summed in slot order, rounded once.
+    early_down (default: `early()`): launched early, right after a gate_up given the same value.
 
     add_norm = (residual [T, H], norm weight [H], eps, normed [T, H]): in the same launch, the
     last row chunk to finish adds out to the residual (rounded to its dtype) and writes the
@@ -430,6 +471,6 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
         SLICES_P2=triton.next_power_of_2(n_slices), SLOTS_P2=triton.next_power_of_2(slots),
         HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],
         ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), ADD_NORM=add_norm is not None,
-        num_warps=cfg.num_warps, **pdl_kwargs(h.device),
+        EARLY=early() if early_down is None else early_down, num_warps=cfg.num_warps, **pdl_kwargs(h.device),
     )
     return out

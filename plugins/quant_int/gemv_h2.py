@@ -319,27 +319,39 @@ def _xval(X, xr, ok, GOFF, GATED: tl.constexpr):
 
 
 @triton.jit
-def _x_scaled(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, GOFF, GATED: tl.constexpr):
+def _amax4(a, b, c, d, ROWS: tl.constexpr):
+    """max |.| over four tensors: all of it ([C] -> a scalar), or per row (ROWS: [R, C] -> [R, 1])."""
+    v = tl.maximum(tl.maximum(tl.abs(a), tl.abs(b)), tl.maximum(tl.abs(c), tl.abs(d)))
+    if ROWS:
+        return tl.max(v, 1, keep_dims=True)
+    else:
+        return tl.max(v, 0)
+
+
+@triton.jit
+def _x_scaled(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, GOFF, GATED: tl.constexpr,
+              ROWS: tl.constexpr = False):
     """Row m of x at the word columns' elements (base: each word's byte 0, low group; the high
     group HI_OFFSET later; q8 has none): l0..l3, h0..h3 as fp32 (zeros past M); the power of two
     e that brings their max |x| under 2^(HEAD + 1), and the factors of the pairs A, B, C, D
     (2^e times 1 / the factor each pair's decode leaves on its codes, X_FACTORS). gemv_kw.py's
     x pairs share it. GATED: x is silu(gate) * up of a row [gate | up] whose up half starts GOFF
-    elements after the gate's."""
+    elements after the gate's. ROWS: base is [K blocks, word columns], one scaling a K block
+    (e and the factors [K blocks, 1]); else [word columns] of one block (scalars)."""
     ok = (base * 0 + m) < M
     xr = X + m * stride_xm + base
     l0 = _xval(X, xr + 0, ok, GOFF, GATED)
     l1 = _xval(X, xr + 1, ok, GOFF, GATED)
     l2 = _xval(X, xr + 2, ok, GOFF, GATED)
     l3 = _xval(X, xr + 3, ok, GOFF, GATED)
-    amax = tl.max(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))), 0)
+    amax = _amax4(l0, l1, l2, l3, ROWS)
     if FMT != 8:
         HI: tl.constexpr = 8 if FMT == 16 else 64  # HI_OFFSET
         h0 = _xval(X, xr + HI, ok, GOFF, GATED)
         h1 = _xval(X, xr + HI + 1, ok, GOFF, GATED)
         h2 = _xval(X, xr + HI + 2, ok, GOFF, GATED)
         h3 = _xval(X, xr + HI + 3, ok, GOFF, GATED)
-        amax = tl.maximum(amax, tl.max(tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))), 0))
+        amax = tl.maximum(amax, _amax4(h0, h1, h2, h3, ROWS))
     else:
         h0 = l0
         h1 = l1

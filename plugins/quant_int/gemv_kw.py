@@ -43,6 +43,7 @@ the kernels that produce x, they would not be), and each trip re-reads x's pairs
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,8 @@ import triton
 import triton.language as tl
 
 from ninfer.kernels.triton import prefetch as PF
-from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.launch import interpreting, lasting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.norms import rmsnorm_row
 from ninfer.kernels.triton.sync import wait_at_least
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
@@ -179,23 +181,35 @@ def _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
     (XP [4 rows][4 parts][KW words]); INVM [4, NKB]: 1/scale of (m, kb); INV [KW]: the 1/scale the
     fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's 2^22). Rows m >= M
     are zeros. ASM_PAIRS: the fp32 -> f16x2 conversions in PTX (else plain Triton, same rounding)."""
+    _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb + tl.zeros([1, 1], tl.int32),
+                   FMT, HEAD, ASM_PAIRS, GATED)
+
+
+@triton.jit
+def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
+                   FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr):
+    """_xpairs_item for the K blocks kb [R, 1] at once, each scaled on its own; blocks kb >= NKB
+    (a power-of-two tile's padding) store nothing."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
-    t = tl.arange(0, WPB)
+    t = tl.arange(0, WPB)[None, :]
+    ok = (kb < NKB) & (t >= 0)
+    kbc = tl.minimum(kb, NKB - 1)
     if FMT == 16:
-        base = kb * 128 + (t // 2) * 16 + (t % 2) * 4
+        base = kbc * 128 + (t // 2) * 16 + (t % 2) * 4
     else:
-        base = kb * 128 + t * 4
-    l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = H2._x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED)
+        base = kbc * 128 + t * 4
+    l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = H2._x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED,
+                                                                    True)
     inv = H2._pow2(-e)
     inv_fast = H2._pow2(22 - e) if FMT == 16 else inv  # NVFP4: the decode's 2^-22 undone with the scaling
-    col = kb * WPB + t
+    col = kbc * WPB + t
     xp = XP + m * 4 * KW + col
-    tl.store(xp, H2._pair(l0 * f, l2 * f, ASM_PAIRS))
-    tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, ASM_PAIRS))
-    tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, ASM_PAIRS))
-    tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, ASM_PAIRS))
-    tl.store(INV + col, tl.broadcast_to(inv_fast, t.shape), mask=(t % 4) == m)
-    tl.store(INVM + m * NKB + kb, inv)
+    tl.store(xp, H2._pair(l0 * f, l2 * f, ASM_PAIRS), mask=ok)
+    tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, ASM_PAIRS), mask=ok)
+    tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), mask=ok)
+    tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), mask=ok)
+    tl.store(INV + col, tl.broadcast_to(inv_fast, col.shape), mask=ok & ((t % 4) == m))
+    tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
 
 
 @triton.jit
@@ -237,9 +251,103 @@ def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: 
     xp, inv, invm = x_scratch(x2.device, fmt, k)
     _xpairs_kernel[(block_m, nkb)](
         x2, xp, inv, invm, x2.shape[0], kw, nkb, x2.stride(0), k if gated else 0,
-        FMT=fmt, HEAD=H2.HEAD[fmt], FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device),
+        FMT=fmt, HEAD=H2.HEAD[fmt], FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device, scoped=False),
     )
+    if reuse_inputs():
+        note_input(_pairs_key(x2.device, fmt, k), x2, (block_m, gated))
     return xp, inv, invm
+
+
+# --- x's pairs made once an x (NINFER_KW_XREUSE=1) -----------------------------------------------------
+#
+# Off until an H200 A/B. x_scratch then remembers whose pairs it holds: a K-walk launch on that same
+# x (the tensor or a view of it, unchanged since: its version counter), rows and format skips its
+# x-pairs launch, and the norm that makes a K-walk GEMV's input writes them in its own launch
+# (`norm_pairs`, through QLinear.norm_input). Each removes one launch from the step's chain of
+# dependent kernels (x's pairs alone: 0.9-1.3 us on an H100, BENCHMARKS.md seventeenth run): the
+# 27B's input and post-mixer norms feed K-walk GEMVs (qkv+z, q+v, gate+up) in 129 places a step,
+# the head included; the 35B's in 41. The tensor-core K-walk's prepared x (gemv_tkw.xq, the MTP
+# verify's M = 4 launches) is kept the same way. Whether a launch skips is decided on the host,
+# once, so a CUDA graph captures the launches that ran.
+
+# scratch key (kind, device, ...) -> what that scratch holds: (weakref to the x tensor, data_ptr,
+# shape, strides, version, tag: what else the contents depend on)
+_HELD: dict[tuple, tuple] = {}
+
+
+def xreuse() -> bool:
+    return os.environ.get("NINFER_KW_XREUSE", "0") == "1"
+
+
+def reuse_inputs() -> bool:
+    """xreuse(), forgetting what the scratch holds when off (launches then make pairs unnoted)."""
+    if xreuse():
+        return True
+    _HELD.clear()
+    return False
+
+
+def _pairs_key(device: torch.device, fmt: int, k: int) -> tuple:
+    return ("kw", str(device), fmt, k)
+
+
+def note_input(key: tuple, x2: torch.Tensor, tag: tuple) -> None:
+    """The scratch `key` now holds what was made from x2 (as it is now) and `tag`."""
+    base = x2 if x2._base is None else x2._base
+    _HELD[key] = (weakref.ref(base), x2.data_ptr(), tuple(x2.shape), tuple(x2.stride()), x2._version, tag)
+
+
+def holds_input(key: tuple, x2: torch.Tensor, tag: tuple) -> bool:
+    """Whether the scratch `key` holds what was made from x2 as it is now (the same tensor or a
+    view of it, same place, shape and strides, not written since) and `tag`."""
+    held = _HELD.get(key)
+    if held is None:
+        return False
+    ref, ptr, shape, strides, version, was = held
+    base = ref()
+    return (base is not None and (x2 is base or x2._base is base) and x2.data_ptr() == ptr and tuple(x2.shape) == shape
+            and tuple(x2.stride()) == strides and x2._version == version and was == tag)
+
+
+@triton.jit
+def _norm_pairs_kernel(X, RES, W, Y, XP, INV, INVM, sx, sr, sy, n_cols, eps, KW, NKB,
+                       BLOCK: tl.constexpr, HAS_RES: tl.constexpr, NKB_P2: tl.constexpr, FMT: tl.constexpr,
+                       HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, PDL: tl.constexpr = False):
+    """Row m: norms.rmsnorm's (1 + w) RMSNorm (after residual += x with HAS_RES) into Y, then the
+    K-walk GEMV's pairs of that row over all its K blocks at once, read back from Y as xpairs
+    reads x (a barrier between: this CTA's own stores)."""
+    pdl_prologue(PDL)
+    m = tl.program_id(0)
+    rmsnorm_row(X, RES, W, Y, m.to(tl.int64), sx, sr, sy, n_cols, eps, BLOCK, True, HAS_RES)
+    tl.debug_barrier()
+    _xpairs_blocks(Y, XP, INV, INVM, tl.num_programs(0), KW, NKB, sy, 0, m, tl.arange(0, NKB_P2)[:, None],
+                   FMT, HEAD, ASM_PAIRS, False)
+
+
+def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, residual: torch.Tensor | None = None,
+               fast: bool = True) -> torch.Tensor:
+    """norms.rmsnorm(x, weight, eps, residual=residual) (the Qwen (1 + w) form; residual += x in
+    place first, when given) and, in the same launch, the K-walk GEMV's x pairs of the result for
+    a weight of format `fmt` with K = the row width, noted so that the GEMV on the result skips
+    its own x-pairs launch. x [N, K] with N = 1, 2 or 4 (the GEMV's row blocks), K a multiple of 128."""
+    n, k = x.shape
+    if n not in (1, 2, 4) or k % 128 or fmt not in DECODES:
+        raise ValueError(f"norm_pairs takes 1, 2 or 4 rows of a multiple of 128 in a K-walk format, got {n} x {k}, format {fmt}")
+    res = residual if residual is not None else x
+    if x.stride(1) != 1 or res.stride(1) != 1 or (residual is not None and residual.shape != x.shape):
+        raise ValueError("norm_pairs needs unit last strides and a residual of x's shape")
+    out = torch.empty(n, k, dtype=x.dtype, device=x.device)
+    xp, inv, invm = x_scratch(x.device, fmt, k)
+    block = triton.next_power_of_2(k)
+    nkb = k // 128
+    _norm_pairs_kernel[(n,)](
+        x, res, weight, out, xp, inv, invm, x.stride(0), res.stride(0), out.stride(0), k, eps, row_words(fmt, k), nkb,
+        BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb), FMT=fmt, HEAD=H2.HEAD[fmt],
+        ASM_PAIRS=fast and not interpreting(), num_warps=min(16, max(1, block // 512)), **pdl_kwargs(x.device),
+    )
+    if reuse_inputs():
+        note_input(_pairs_key(out.device, fmt, k), out, (n, False))
+    return out
 
 
 # --- the GEMV ------------------------------------------------------------------------------------
@@ -565,7 +673,9 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     block_m = 1 if m == 1 else 2 if m == 2 else 4
     fast = p.fast if fast is None else fast
     interp = QK.interpreting()
-    if cfg.inline:
+    reuse = reuse_inputs()
+    if cfg.inline or (reuse and holds_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))):
+        # inline: the GEMV's first CTAs make them; else they are x2's already (NINFER_KW_XREUSE=1)
         xp, inv, invm = x_scratch(x2.device, p.fmt, p.k)
     else:
         xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
@@ -616,4 +726,6 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )
+    if cfg.inline and reuse:
+        note_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))  # its first CTAs wrote x2's pairs
     return y

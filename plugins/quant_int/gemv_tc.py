@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.kernels.triton.launch import pdl_kwargs
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_value
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
@@ -163,11 +163,14 @@ if HAVE_GLUON:
     @gluon.jit
     def _pdl_wait(PDL: gl.constexpr, LATE: gl.constexpr):
         """Under PDL: trigger the next kernel now unless LATE (then after the main loop), and wait for
-        the kernel before to finish (its outputs, x among them, are read after this)."""
+        the kernel before to finish (its outputs, x among them, are read after this). PDL = 2
+        (launch.late_dependents): the trigger comes after the wait."""
         if PDL:
-            if not LATE:
+            if not LATE and PDL != 2:
                 _pdl_trigger()
             gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            if not LATE and PDL == 2:
+                _pdl_trigger()
 
     # Triton 3.6's name (the H200's) and Triton 3.9's
     _tbarrier = getattr(gl, "thread_barrier", None) or getattr(gl, "barrier", None)
@@ -647,7 +650,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
     if cfg.direct:
         mt = 1 << max(0, (m - 1).bit_length())
-        pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": True} if COMPILE_ONLY == "pdl" else {})
+        pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": pdl_value()} if COMPILE_ONLY == "pdl" else {})
         _gemv_tcd_kernel[(chunks, n_slices)](
             x2, w, h, s, y, ws.partials, ws.counters,
             m, p.n,
@@ -655,7 +658,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TCConfig) -> torch.Tensor:
             rows_per_cta, n_slices,
             FMT=p.fmt, KB=cfg.kb, PF=cfg.direct, R=16 * cfg.num_warps,
             SLICES_P2=slices_p2, RED=red_rows(cfg.num_warps, mt), MT=mt,
-            PDL=bool(pdl.get("PDL", False)), LATE=late_trigger(),
+            PDL=pdl.get("PDL", False), LATE=late_trigger(),
             num_warps=cfg.num_warps,
             **({"launch_pdl": True} if pdl and x2.is_cuda else {}),
             **c,

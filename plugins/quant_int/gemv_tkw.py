@@ -42,8 +42,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue, pdl_value
+from ninfer.kernels.triton.norms import rmsnorm_row
 from ninfer_plugins.quant_int import gemv_h2 as H2
+from ninfer_plugins.quant_int import gemv_kw as KW
 from ninfer_plugins.quant_int import gemv_tc as TC
 from ninfer_plugins.quant_int import kernels as QK
 from ninfer_plugins.quant_int.gemv_kw import _share, _shares_fit  # K shares of whole trips, ragged as gemv_kw's
@@ -216,7 +218,18 @@ def _xq_kernel(X, XQ, XS, M, stride_xm, GOFF,
     e = tl.arange(0, 128)[None, :]
     ok = (n < M) & (e < 128)
     xv = H2._xval(X, X + n * stride_xm + kb * 128 + e, ok, GOFF, GATED)  # [8, 128] fp32, zeros past M
-    amax = tl.max(tl.abs(xv), 1)
+    _xq_tile(xv, kb + n * 0, n, n >= 0, XQ, XS, XF_A, XF_B, XF_C, XF_D, BIAS_A, BIAS_B, BIAS_C, BIAS_D, XH)
+
+
+@triton.jit
+def _xq_tile(xv, kb, n, ok, XQ, XS,
+             XF_A: tl.constexpr, XF_B: tl.constexpr, XF_C: tl.constexpr, XF_D: tl.constexpr,
+             BIAS_A: tl.constexpr, BIAS_B: tl.constexpr, BIAS_C: tl.constexpr, BIAS_D: tl.constexpr,
+             XH: tl.constexpr):
+    """xv [R, 128] fp32: K block kb [R, 1] of token slot n [R, 1], each row scaled on its own, into
+    XQ and XS; rows where ok [R, 1] is false store nothing."""
+    e = tl.arange(0, 128)[None, :]
+    amax = tl.max(tl.abs(xv), 1, keep_dims=True)
     ex = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     sh = XH - tl.minimum(tl.maximum(ex, -100), 100)
     f = H2._pow2(sh)
@@ -226,22 +239,44 @@ def _xq_kernel(X, XQ, XS, M, stride_xm, GOFF,
     sel = e64 % 2
     fac = tl.where(grp == 0, tl.where(sel == 0, XF_A, XF_C), tl.where(sel == 0, XF_B, XF_D))
     bias = tl.where(grp == 0, tl.where(sel == 0, BIAS_A, BIAS_C), tl.where(sel == 0, BIAS_B, BIAS_D))
-    xs = (xv * f[:, None] * fac).to(tl.float16)
+    xs = (xv * f * fac).to(tl.float16)
     cb = xs.to(tl.float32) * bias
-    cs0 = tl.sum(tl.where(grp == 0, cb, 0.0), 1)
-    cs1 = tl.sum(tl.where(grp == 1, cb, 0.0), 1)
+    cs0 = tl.sum(tl.where(grp == 0, cb, 0.0), 1, keep_dims=True)
+    cs1 = tl.sum(tl.where(grp == 1, cb, 0.0), 1, keep_dims=True)
     t = e64 // 16
     jh = (e64 // 8) % 2
     jl = (e64 // 4) % 2
     half = (e64 // 2) % 2
     dst = (kb * 2 + grp) * 512 + jh * 256 + n * 32 + t * 8 + jl * 4 + sel * 2 + half
-    tl.store(XQ + dst, xs)
-    nn = tl.arange(0, 8)
-    xs0 = XS + kb * 32
-    tl.store(xs0 + nn, inv)
-    tl.store(xs0 + 8 + nn, -cs0 * inv)
-    tl.store(xs0 + 16 + nn, inv)
-    tl.store(xs0 + 24 + nn, -cs1 * inv)
+    tl.store(XQ + dst, xs, mask=ok & (e < 128))
+    xs0 = XS + kb * 32 + n
+    tl.store(xs0, inv, mask=ok)
+    tl.store(xs0 + 8, -cs0 * inv, mask=ok)
+    tl.store(xs0 + 16, inv, mask=ok)
+    tl.store(xs0 + 24, -cs1 * inv, mask=ok)
+
+
+@triton.jit
+def _norm_xq_kernel(X, RES, W, Y, XQ, XS, sx, sr, sy, n_cols, eps, N, NKB,
+                    BLOCK: tl.constexpr, HAS_RES: tl.constexpr, NKB_P2: tl.constexpr,
+                    XF_A: tl.constexpr, XF_B: tl.constexpr, XF_C: tl.constexpr, XF_D: tl.constexpr,
+                    BIAS_A: tl.constexpr, BIAS_B: tl.constexpr, BIAS_C: tl.constexpr, BIAS_D: tl.constexpr,
+                    XH: tl.constexpr, PDL: tl.constexpr = False):
+    """Program n < N: norms.rmsnorm's (1 + w) RMSNorm of row n (after residual += x with HAS_RES)
+    into Y, then that row's prepared x over every K block (read back from Y, a barrier between);
+    programs N..7: the token slots past N as _xq_kernel writes them (zeros)."""
+    pdl_prologue(PDL)
+    n = tl.program_id(0)
+    kb = tl.arange(0, NKB_P2)[:, None]
+    e = tl.arange(0, 128)[None, :]
+    kbc = tl.minimum(kb, NKB - 1)
+    if n < N:
+        rmsnorm_row(X, RES, W, Y, n.to(tl.int64), sx, sr, sy, n_cols, eps, BLOCK, True, HAS_RES)
+        tl.debug_barrier()
+        xv = tl.load(Y + n.to(tl.int64) * sy + kbc * 128 + e).to(tl.float32)
+    else:
+        xv = tl.zeros([NKB_P2, 128], tl.float32)
+    _xq_tile(xv, kbc, n + kb * 0, kb < NKB, XQ, XS, XF_A, XF_B, XF_C, XF_D, BIAS_A, BIAS_B, BIAS_C, BIAS_D, XH)
 
 
 def xq_scratch(device: torch.device, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,18 +292,54 @@ def xq_scratch(device: torch.device, k: int) -> tuple[torch.Tensor, torch.Tensor
     return lasting("gemv_tkw_x", device, (k,), make)
 
 
+def _consts(fmt: int) -> dict:
+    """The decode's factors and biases of a format, as _xq_tile takes them."""
+    xf = H2.X_FACTORS[fmt]
+    bias = [TC.bias_of(fmt, i) for i in range(4)]
+    return dict(XF_A=xf[0], XF_B=xf[1], XF_C=xf[2], XF_D=xf[3], BIAS_A=bias[0], BIAS_B=bias[1], BIAS_C=bias[2],
+                BIAS_D=bias[3], XH=XHEAD)
+
+
+def _xq_key(device: torch.device, k: int) -> tuple:
+    return ("tkw", str(device), k)
+
+
 def xq(x2: torch.Tensor, fmt: int, k: int, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XQ, XS) in xq_scratch."""
     xqb, xsb = xq_scratch(x2.device, k)
-    xf = H2.X_FACTORS[fmt]
-    bias = [TC.bias_of(fmt, i) for i in range(4)]
     _xq_kernel[(k // 128,)](
         x2, xqb, xsb, x2.shape[0], x2.stride(0), k if gated else 0,
-        XF_A=xf[0], XF_B=xf[1], XF_C=xf[2], XF_D=xf[3],
-        BIAS_A=bias[0], BIAS_B=bias[1], BIAS_C=bias[2], BIAS_D=bias[3],
-        XH=XHEAD, GATED=gated, num_warps=2, **pdl_kwargs(x2.device),
+        GATED=gated, num_warps=2, **_consts(fmt), **pdl_kwargs(x2.device, scoped=False),
     )
+    if KW.reuse_inputs():
+        KW.note_input(_xq_key(x2.device, k), x2, (fmt, gated))
     return xqb, xsb
+
+
+def norm_xq(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+    """norms.rmsnorm(x, weight, eps, residual=residual) (the (1 + w) form; residual += x in place
+    first, when given) and, in the same launch, `xq` of the result for a weight of format fmt,
+    noted (NINFER_KW_XREUSE=1) so that the tensor-core K-walk on the result skips its own xq
+    launch. x [N <= 8, K], K a multiple of 128 (gemv_kw.norm_pairs is the f16x2 K-walk's)."""
+    n, k = x.shape
+    if not 0 < n <= MAX_M or k % 128 or fmt not in FORMATS:
+        raise ValueError(f"norm_xq takes 1..{MAX_M} rows of a multiple of 128 in {FORMATS}, got {n} x {k}, format {fmt}")
+    res = residual if residual is not None else x
+    if x.stride(1) != 1 or res.stride(1) != 1 or (residual is not None and residual.shape != x.shape):
+        raise ValueError("norm_xq needs unit last strides and a residual of x's shape")
+    out = torch.empty(n, k, dtype=x.dtype, device=x.device)
+    xqb, xsb = xq_scratch(x.device, k)
+    block = triton.next_power_of_2(k)
+    nkb = k // 128
+    _norm_xq_kernel[(MAX_M,)](
+        x, res, weight, out, xqb, xsb, x.stride(0), res.stride(0), out.stride(0), k, eps, n, nkb,
+        BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb),
+        num_warps=min(16, max(1, block // 512)), **_consts(fmt), **pdl_kwargs(x.device),
+    )
+    if KW.reuse_inputs():
+        KW.note_input(_xq_key(out.device, k), out, (fmt, False))
+    return out
 
 
 def gated_input(x2: torch.Tensor, k: int) -> torch.Tensor:
@@ -642,7 +713,11 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    xqb, xsb = xq(x2, p.fmt, p.k, gated) if x2.is_cuda else xq_scratch(x2.device, p.k)
+    if not x2.is_cuda or (KW.reuse_inputs() and KW.holds_input(_xq_key(x2.device, p.k), x2, (p.fmt, gated))):
+        # compile-only, or x2's already (NINFER_KW_XREUSE=1: made by the norm before, or a launch before)
+        xqb, xsb = xq_scratch(x2.device, p.k)
+    else:
+        xqb, xsb = xq(x2, p.fmt, p.k, gated)
     if cfg.splits > 1:
         ws = QK.Workspace.get(x2.device)
         ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))
@@ -654,14 +729,14 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: TKWConfig, gated: bool = False
     s = p.scales.view(torch.int32)
     trips = trips_of(p.k, cfg)
     mt = 1 << max(0, (m - 1).bit_length())
-    pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": True} if COMPILE_ONLY == "pdl" else {})
+    pdl = pdl_kwargs(x2.device) if x2.is_cuda else ({"PDL": pdl_value()} if COMPILE_ONLY == "pdl" else {})
     R = 16 * cfg.num_warps
     # the ring's copy layouts depend on its trip (kb = TB); the register forms' layouts do not
     c = TC._consts(p.fmt, TC.TCConfig(kb=cfg.tb if cfg.ring else 1, num_warps=cfg.num_warps))
     args = (xqb, xsb, w, h, s, y, partials, counters, m, p.n, trips, _share(trips, cfg.splits),
             w.stride(0), h.stride(0), s.stride(0), y.stride(0))
     meta = dict(FMT=p.fmt, TB=cfg.tb, R=R, SPLITS=cfg.splits, RED=TC.red_rows(cfg.num_warps, mt), MT=mt,
-                PDL=bool(pdl.get("PDL", False)), LATE=TC.late_trigger(), ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"],
+                PDL=pdl.get("PDL", False), LATE=TC.late_trigger(), ASM=c["ASM"], CONSTR=c["CONSTR"], L5=c["L5"],
                 LB4=c["LB4"], LH3=c["LH3"], LRED=c["LRED"], MMA=c["MMA"], A_L=c["A_L"], B_L=c["B_L"],
                 num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl and x2.is_cuda else {}))
     if cfg.ring:

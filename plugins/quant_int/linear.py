@@ -142,6 +142,26 @@ class TritonQuantLinear:
         add_norm.out = out
         return y.reshape(*x.shape[:-1], prepared.n)
 
+    def norm_input(self, prepared: K.Prepared, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """QLinear.norm_input: where a K-walk GEMV is this weight's decode kernel for x's rows, the
+        norm and that GEMV's prepared x in one launch, so the GEMV on the result skips its own
+        preparation launch: the f16x2 K-walk's pairs (gemv_kw.norm_pairs; 1, 2 or 4 rows, not
+        inline) or the tensor-core K-walk's xq (gemv_tkw.norm_xq). NINFER_KW_XREUSE=1 only; None
+        elsewhere."""
+        from ninfer_plugins.quant_int import gemv_kw, gemv_tkw
+
+        if not gemv_kw.xreuse() or x.dim() != 2 or x.shape[1] != prepared.k or prepared.k % 128:
+            return None
+        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
+            return None
+        cfg = _decode_config(x, prepared, (gemv_kw.KWConfig, gemv_tkw.TKWConfig))
+        if isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline and x.shape[0] in (1, 2, 4):
+            return gemv_kw.norm_pairs(x, weight, eps, prepared.fmt, residual=residual, fast=prepared.fast)
+        if isinstance(cfg, gemv_tkw.TKWConfig) and prepared.fmt in gemv_tkw.FORMATS:
+            return gemv_tkw.norm_xq(x, weight, eps, prepared.fmt, residual=residual)
+        return None
+
     def apply_gated(self, gu: torch.Tensor, prepared: K.Prepared) -> torch.Tensor | None:
         """y = apply(silu(gate) * up) for gu = [gate | up] [..., 2k], the silu and product done as
         the f16x2 GEMV prepares its input (no silu_mul launch), where that GEMV is this shape's

@@ -14,6 +14,8 @@ a backend whose `fused_dtypes` holds the model dtype runs a whole mixer step thr
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 
 import torch
@@ -39,12 +41,13 @@ class TorchOps:
 
     name = "torch"
 
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, into=None) -> torch.Tensor:
+        """into: the QLinear that reads the result first (a hint a fused version may use)."""
         return offset_rms_norm(x, w, eps)
 
-    def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float):
+    def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, into=None):
         """(residual + delta, its (1+w) norm): the pre-norm block's `x = x + f(h); h = norm(x)`.
-        A fused version may update `residual` in place and return it."""
+        A fused version may update `residual` in place and return it. into: as rms_norm's."""
         x = residual + delta
         return x, offset_rms_norm(x, w, eps)
 
@@ -71,6 +74,12 @@ def kv_parts(cache, index: int):
     k, v = cache.kv(index)
     scales = cache.kv_scales(index) if hasattr(cache, "kv_scales") else None
     return (k, v, *(scales or (None, None)))
+
+
+def input_linear(module) -> QLinear | None:
+    """The QLinear that reads a mixer's or MLP's normed input first (`input_linear`), or None
+    (a MoE routes it first; the reference cores)."""
+    return getattr(module, "input_linear", None)
 
 
 class OffsetRMSNorm(nn.Module):
@@ -142,6 +151,12 @@ class GatedAttention(nn.Module):
         self.__dict__["qv_proj"] = None
         if self.qkv_proj is None:
             self.__dict__["qv_proj"] = merge_rows([self.q_proj, self.v_proj], f"{self.proj_name}.qv_proj")
+
+    @property
+    def input_linear(self) -> QLinear:
+        """The projection that reads the layer's normed input first on the fused path (a hint
+        for the norm before it: ops.add_rms_norm's `into`)."""
+        return live(self.qkv_proj) or live(self.qv_proj) or self.q_proj
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor):
         n = x.shape[0]
@@ -273,6 +288,11 @@ class GatedDeltaNet(nn.Module):
             self.__dict__["in_proj_qkvz"] = merge_rows([self.in_proj_qkv, self.in_proj_z], f"{self.proj_name}.in_proj_qkvz")
             self.__dict__["in_proj_ab"] = merge_rows([self.in_proj_a, self.in_proj_b], f"{self.proj_name}.in_proj_ab")
 
+    @property
+    def input_linear(self) -> QLinear:
+        """The projection that reads the layer's normed input first (see GatedAttention's)."""
+        return live(self.in_proj_all) or live(self.in_proj_qkvz) or self.in_proj_qkv
+
     def _projections_qkvz(self, x: torch.Tensor):
         merged_qkvz = live(self.in_proj_qkvz)
         if merged_qkvz is not None:
@@ -390,13 +410,21 @@ class GatedDeltaNet(nn.Module):
         if fused_for(self.backend, x):
             # conv step, L2 norms, gates, state update in place and the gated norm: one launch
             w_ab = self._ab_in_step(x)
+            # the projections' launches in the backend's scope: it may then let the step read its
+            # state before its PDL wait (cuda_fast's NINFER_GDN_EARLY)
+            scope = getattr(self.backend, "decode_inputs_scope", None)
+            with scope() if scope is not None else contextlib.nullcontext(False) as early:
+                if w_ab is not None:
+                    # in_proj_a / in_proj_b inside the step too (the default; NINFER_GDN_AB=0: apart)
+                    qkv, z = self._projections_qkvz(x)
+                    a = b = None
+                else:
+                    qkv, z, a, b = self.projections(x)
+            extra = {"state_early": True} if early else {}
             if w_ab is not None:
-                # in_proj_a / in_proj_b inside that launch too (the default; NINFER_GDN_AB=0: apart)
-                qkv, z = self._projections_qkvz(x)
-                o = self.backend.gdn_decode(qkv, None, None, z, self, conv_state, rec_state, slots, ab_input=(x, w_ab))
+                o = self.backend.gdn_decode(qkv, None, None, z, self, conv_state, rec_state, slots, ab_input=(x, w_ab), **extra)
             else:
-                qkv, z, a, b = self.projections(x)
-                o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots)
+                o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots, **extra)
             o = o.reshape(o.shape[0], -1)
             return self.out_proj(o) if add_norm is None else self.out_proj(o, add_norm=add_norm)
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
@@ -426,6 +454,11 @@ class SwiGLU(nn.Module):
 
     # forward takes add_norm (ninfer.linear.AddNorm) for down_proj's kernel to fold
     folds_add_norm = True
+
+    @property
+    def input_linear(self) -> QLinear:
+        """The projection that reads the block's normed input first (see GatedAttention's)."""
+        return live(self.gate_up) or self.gate_proj
 
     def forward(self, x: torch.Tensor, add_norm=None) -> torch.Tensor:
         gate_up = live(self.gate_up)
@@ -595,9 +628,10 @@ class DecoderLayer(nn.Module):
         add, the norm and the MLP run on them alone. final_norm: the weight of a (1+w) norm after
         the layer (the MTP's mtp.norm), returned instead of the residual stream, with the MLP's
         residual add in the same pass."""
-        h = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps)
+        h = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps, into=input_linear(self.mixer))
         residual = x if keep is None else x.index_select(0, keep)
-        x, h = self.ops.add_rms_norm(mix(h), residual, self.post_attention_layernorm.weight, self.eps)
+        x, h = self.ops.add_rms_norm(mix(h), residual, self.post_attention_layernorm.weight, self.eps,
+                                     into=input_linear(self.mlp))
         if final_norm is not None:
             return self.ops.add_rms_norm(self.mlp(h), x, final_norm, self.eps)[1]
         return x + self.mlp(h)

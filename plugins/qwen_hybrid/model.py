@@ -28,6 +28,7 @@ from ninfer_plugins.qwen_hybrid.layers import (
     Rotary,
     SparseMoe,
     SwiGLU,
+    input_linear,
     moe_kernel_for,
 )
 from ninfer_plugins.qwen_hybrid.shape import FULL, QwenHybridShape
@@ -268,7 +269,7 @@ class QwenHybridModel(nn.Module):
         ops.add_rms_norm where nothing folded."""
         ops, layers, eps = self.ops, self.layers, self.shape.rms_norm_eps
         fold = fold and ops.name == "triton" and os.environ.get("NINFER_GEMV_NORM", "0") == "1"
-        h = ops.rms_norm(x, layers[0].input_layernorm.weight, eps)
+        h = ops.rms_norm(x, layers[0].input_layernorm.weight, eps, into=input_linear(layers[0].mixer))
         for i, layer in enumerate(layers):
             post = layer.post_attention_layernorm.weight
             an = AddNorm(x, post, eps) if fold else None
@@ -280,7 +281,7 @@ class QwenHybridModel(nn.Module):
                 moe_fold = getattr(layer.mlp, "forward_add_norm", None)
                 out = moe_fold(delta, x, post, eps) if moe_fold is not None and ops.name == "triton" else None
                 if out is None:
-                    x, h = ops.add_rms_norm(delta, x, post, eps)
+                    x, h = ops.add_rms_norm(delta, x, post, eps, into=input_linear(layer.mlp))
             after = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
             if out is None:
                 an = AddNorm(x, after.weight, eps) if fold and getattr(layer.mlp, "folds_add_norm", False) else None
@@ -288,7 +289,9 @@ class QwenHybridModel(nn.Module):
                 if an is not None and an.out is not None:
                     h = an.out
                     continue
-            x, h = ops.add_rms_norm(out, x, after.weight, eps)
+            # the next layer's first projection, or the head after the last layer
+            into = input_linear(layers[i + 1].mixer) if i + 1 < len(layers) else self.lm_head
+            x, h = ops.add_rms_norm(out, x, after.weight, eps, into=into)
         return h
 
     @property

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.kernels.triton.launch import lasting, pdl_kwargs, pdl_prologue, sm_count
+from ninfer.kernels.triton.launch import lasting, pdl_early_trigger, pdl_kwargs, pdl_prologue, pdl_wait, sm_count
 from ninfer.kernels.triton.norms import gated_rmsnorm
 
 
@@ -199,7 +199,7 @@ def _gdn_decode_kernel(
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0,
     BH: tl.constexpr = 1024, HP: tl.constexpr = 0, HR: tl.constexpr = 0, PDL: tl.constexpr = False,
-    PAIRED: tl.constexpr = False,
+    PAIRED: tl.constexpr = False, STATE_EARLY: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -215,20 +215,35 @@ def _gdn_decode_kernel(
         if HR > 0:
             wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
             wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
-    pdl_prologue(PDL)
     h = j // R
     bv = tl.arange(0, BV)
-    if HAS_IDX:
-        slot = tl.load(IDX + b).to(tl.int64)
+    dk = tl.arange(0, DK)
+    if STATE_EARLY:
+        # the launch before this one was made inside launch.late_dependents, so this program runs
+        # only once every kernel before that launch has completed: the slot ids and the state
+        # (written by the last step's launch of this layer) are final, and the state tile, the
+        # bulk of the bytes, streams while the qkv/z projection finishes
+        pdl_early_trigger(PDL)
+        if HAS_IDX:
+            slot = tl.load(IDX + b, cache_modifier=".cg").to(tl.int64)
+        else:
+            slot = b.to(tl.int64)
+        sp = S + tl.maximum(slot, 0) * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :]
+        st = tl.load(sp, mask=(dk[:, None] * 0 + slot) >= 0, other=0.0, cache_modifier=".cg")
+        pdl_wait(PDL)
     else:
-        slot = b.to(tl.int64)
+        pdl_prologue(PDL)
+        if HAS_IDX:
+            slot = tl.load(IDX + b).to(tl.int64)
+        else:
+            slot = b.to(tl.int64)
     if slot < 0:  # a padded batch row: no state to touch
         tl.store(O + b * so_b + j * so_h + vb * BV + bv, tl.zeros([BV], tl.float32).to(O.dtype.element_ty))
     else:
-        dk = tl.arange(0, DK)
-        # the state tile is the bulk of the bytes: issue its load before the conv arithmetic
-        sp = S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :]
-        st = tl.load(sp)
+        if not STATE_EARLY:
+            # the state tile is the bulk of the bytes: issue its load before the conv arithmetic
+            sp = S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :]
+            st = tl.load(sp)
         q_ch = h * DK + dk
         k_ch = HK * DK + h * DK + dk
         v_ch = 2 * HK * DK + j * DV + vb * BV + bv
@@ -314,6 +329,7 @@ def gdn_decode_step(
     block_v: int | None = None,
     num_warps: int | None = None,
     ab_input: tuple[torch.Tensor, torch.Tensor] | None = None,
+    state_early: bool = False,
 ) -> torch.Tensor:
     """One decode token for B sequences; updates conv_state and ssm_state in place.
 
@@ -327,6 +343,10 @@ def gdn_decode_step(
     With z [B, Hv*Dv] and norm_weight [Dv] the output is RMSNorm(o) * w * silu(z), fused into
     the step (one program per value head) unless block_v asks for a split.
     Returns o [B, Hv, Dv] in mixed_qkv's dtype.
+
+    state_early: the slot ids and the recurrent-state tile are read before the PDL wait. The
+    caller's promise: the launch just before this one was made inside `launch.late_dependents()`
+    (or without PDL), and nothing from that launch on writes them (see late_dependents).
     """
     B = mixed_qkv.shape[0]
     fuse_ab = a is None
@@ -366,7 +386,7 @@ def gdn_decode_step(
         DK**-0.5, eps,
         HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, HAS_IDX=state_indices is not None, FUSE_NORM=fuse,
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
-        num_warps=num_warps or 4, PAIRED=paired_reductions(), **pdl_kwargs(mixed_qkv.device),
+        num_warps=num_warps or 4, PAIRED=paired_reductions(), STATE_EARLY=state_early, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(B, HV, DV), norm_weight, eps, out=out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -55,9 +56,12 @@ def sm_count(device: str) -> int:
 # and `griddepcontrol.launch_dependents` so that its own successor may be scheduled early in turn.
 # Every kernel launched with `pdl_kwargs` must begin with `pdl_prologue(PDL)`: nothing may be read
 # or written before the wait (a CUDA graph's memory pool reuses buffers in stream order, so even a
-# write to a "fresh" output could hit a buffer the predecessor still reads). The one exception is
-# reading weights, which no kernel writes while the engine runs: the f16x2 GEMV's first tile and
-# the GDN step's gate rows load before the wait and so stream during the predecessor's tail. On by default since
+# write to a "fresh" output could hit a buffer the predecessor still reads). The exceptions are
+# reads: weights, which no kernel writes while the engine runs (the f16x2 GEMV's first tile and
+# the GDN step's gate rows load before the wait and so stream during the predecessor's tail), and
+# what kernels before a `late_dependents` launch wrote (below). Every kernel launched with PDL must
+# also wait in every CTA: that is what makes "the kernel before completed" imply "every kernel
+# before completed", which those reads rely on. On by default since
 # the H200 A/B of 2026-12-03 (BENCHMARKS.md: 27B int4 decode 105.5 -> 109.1 tok/s, 35B-A3B int4
 # 331.2 -> 343.2, same call each); NINFER_PDL=0 turns it off.
 
@@ -75,14 +79,70 @@ def pdl_enabled(device: torch.device) -> bool:
     return _pdl_capable(device)
 
 
-def pdl_kwargs(device: torch.device) -> dict:
+# Launches inside `late_dependents()` (a depth: nested uses are fine; launches happen on one thread)
+_late = 0
+
+
+@contextlib.contextmanager
+def late_dependents():
+    """Kernels launched inside let their dependents launch only once they are past their own PDL
+    wait (PDL = 2), instead of at their start.
+
+    Why: under PDL each kernel lets the next one launch at its start, so a chain of kernels can
+    be resident at once, each waiting on the one before: code before a kernel's wait may then run
+    while a kernel several launches back is still writing. A kernel launched after a PDL = 2
+    launch (or after a launch without PDL) is scheduled only once that launch has waited, i.e.
+    once every kernel before it has completed, and no kernel is scheduled before the one ahead of
+    it: so, before its own wait, a kernel may read whatever was written before the most recent
+    PDL = 2 (or non-PDL) launch ahead of it, never what that launch or later ones write. The GDN
+    decode step loads its recurrent state that way (its projection GEMV launched here), and the
+    MoE pair down kernel its expert ids and weights (the gate_up launch). Every kernel given
+    `pdl_kwargs` must honour PDL = 2: `pdl_prologue`, or `pdl_early_trigger` + `pdl_wait`, or
+    gemv_tc's Gluon `_pdl_wait`; and launches that only prepare the next kernel's input (x pairs)
+    ask `pdl_kwargs(..., scoped=False)`: they are never the last launch before such a reader, and
+    a late trigger there would only delay their GEMV's start (and its loads before the wait)."""
+    global _late
+    _late += 1
+    try:
+        yield
+    finally:
+        _late -= 1
+
+
+def pdl_kwargs(device: torch.device, late: bool = False, scoped: bool = True) -> dict:
     """Launch keyword arguments of a kernel that takes `PDL: tl.constexpr` and starts with
-    pdl_prologue(PDL): empty when PDL is off."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
+    pdl_prologue(PDL): empty when PDL is off; PDL = 2 with `late`, or inside `late_dependents()`
+    unless `scoped` is False."""
+    if not pdl_enabled(device):
+        return {}
+    return {"PDL": pdl_value(late, scoped), "launch_pdl": True}
+
+
+def pdl_value(late: bool = False, scoped: bool = True):
+    """The PDL constexpr of a launch with PDL on: 2 (the trigger after the wait) or True."""
+    return 2 if late or (scoped and _late) else True
+
+
+@triton.jit
+def pdl_early_trigger(PDL: tl.constexpr):
+    """The trigger at a kernel's start (`griddepcontrol.launch_dependents`), unless PDL = 2, where
+    `pdl_wait` triggers after the wait."""
+    if PDL and PDL != 2:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """`griddepcontrol.wait` (returns once the previous kernel has completed and its writes are
+    visible); with PDL = 2 the trigger right after it. For a kernel that reads something before
+    its wait: `pdl_early_trigger` at its start, then this."""
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    if PDL == 2:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
-    if PDL:
-        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    pdl_early_trigger(PDL)
+    pdl_wait(PDL)

@@ -17,7 +17,14 @@ from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 def _rmsnorm_kernel(X, RES, W, Y, sx, sr, sy, n_cols, eps,
                     BLOCK: tl.constexpr, OFFSET: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr = False):
     pdl_prologue(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    rmsnorm_row(X, RES, W, Y, tl.program_id(0).to(tl.int64), sx, sr, sy, n_cols, eps, BLOCK, OFFSET, HAS_RES)
+
+
+@triton.jit
+def rmsnorm_row(X, RES, W, Y, row, sx, sr, sy, n_cols, eps,
+                BLOCK: tl.constexpr, OFFSET: tl.constexpr, HAS_RES: tl.constexpr):
+    """One row of `rmsnorm` (with the residual add when HAS_RES): a kernel that does more after
+    the norm (quant_int's K-walk x pairs) calls it as the rmsnorm kernel does."""
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
     x = tl.load(X + row * sx + cols, mask=ok, other=0.0).to(tl.float32)

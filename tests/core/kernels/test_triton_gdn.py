@@ -56,7 +56,7 @@ class Layer:
         return x, a, b, z
 
 
-def _run(HK, HV, DK, DV, B, steps, slots_of_rows=None, block_v=None, fuse=False, seed=0):
+def _run(HK, HV, DK, DV, B, steps, slots_of_rows=None, block_v=None, fuse=False, seed=0, state_early=False):
     L = Layer(HK, HV, DK, DV, slots=max([B, 4] + [s + 1 for s in slots_of_rows or []]), seed=seed)
     conv_ref, ssm_ref = L.conv_state.clone(), L.ssm_state.clone()
     idx = torch.tensor(slots_of_rows, dtype=torch.int32, device=DEV) if slots_of_rows is not None else None
@@ -65,7 +65,7 @@ def _run(HK, HV, DK, DV, B, steps, slots_of_rows=None, block_v=None, fuse=False,
         x, a, b, z = L.inputs(B, fuse)
         o = gdn_decode_step(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state,
                             num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, state_indices=idx, z=z,
-                            norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+                            norm_weight=L.norm_weight if fuse else None, block_v=block_v, state_early=state_early)
         for i, s in enumerate(rows):
             if s < 0:
                 assert bool((o[i] == 0).all())
@@ -85,8 +85,17 @@ def test_small(block_v, fuse):
     _run(HK=2, HV=6, DK=32, DV=32, B=2, steps=2, block_v=block_v, fuse=fuse, seed=1)
 
 
-def test_slots_and_padded_rows():
-    _run(HK=2, HV=4, DK=32, DV=32, B=3, steps=2, slots_of_rows=[3, -1, 0], block_v=16, fuse=True, seed=2)
+@pytest.mark.parametrize("state_early", [False, True])
+def test_slots_and_padded_rows(state_early):
+    # state_early (cuda_fast's NINFER_GDN_EARLY): the slot ids and state tile read before the PDL
+    # wait, a padded row's masked off; the same results
+    _run(HK=2, HV=4, DK=32, DV=32, B=3, steps=2, slots_of_rows=[3, -1, 0], block_v=16, fuse=True, seed=2,
+         state_early=state_early)
+
+
+@pytest.mark.parametrize("block_v,fuse", [(None, False), (None, True)])
+def test_state_early_without_slots(block_v, fuse):
+    _run(HK=2, HV=6, DK=32, DV=32, B=2, steps=2, block_v=block_v, fuse=fuse, seed=7, state_early=True)
 
 
 def test_head_dim_128():
@@ -150,6 +159,17 @@ def test_gates_from_the_hidden_state_real_shapes_gpu(HV, H):
 @pytest.mark.parametrize("block_v,fuse", [(None, False), (16, False), (32, False), (64, False), (None, True), (32, True)])
 def test_real_shapes_gpu(HV, block_v, fuse):
     _run(HK=16, HV=HV, DK=128, DV=128, B=4, steps=3, slots_of_rows=[5, 0, -1, 2], block_v=block_v, fuse=fuse, seed=HV)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("HV", [48, 32])
+@pytest.mark.parametrize("block_v,fuse", [(None, True), (32, False)])
+def test_real_shapes_state_early_gpu(HV, block_v, fuse):
+    # the state read before the PDL wait: safe here, the launch before each step is a torch op
+    # (no PDL), and the state was written a step earlier
+    _run(HK=16, HV=HV, DK=128, DV=128, B=4, steps=3, slots_of_rows=[5, 0, -1, 2], block_v=block_v, fuse=fuse, seed=HV,
+         state_early=True)
 
 
 @pytest.mark.gpu

@@ -123,6 +123,66 @@ def test_gpu_folds_keep_the_logits(tmp_path, monkeypatch, like):
         assert seen == want, names
 
 
+EARLY = ("NINFER_GDN_EARLY", "NINFER_MOE_EARLY")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager(tmp_path, monkeypatch, like):
+    """The reads before the PDL wait that launch.late_dependents allows (the GDN step's state,
+    NINFER_GDN_EARLY; the MoE pair down kernel's ids and weights, NINFER_MOE_EARLY): the same
+    arithmetic, so the same logits to the bit, eager; and graph decode gives eager's tokens."""
+    path = make_medium(like, tmp_path / like)
+    model = load_model(path, "cuda", quant="int4")
+    prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
+    plain = _decode_logits(model, prompt)
+    for name in EARLY:
+        monkeypatch.setenv(name, "1")
+    early = _decode_logits(model, prompt)
+    assert torch.equal(early, plain)
+    del model
+    assert _tokens(path, graph=True) == _tokens(path, graph=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
+    """NINFER_KW_XREUSE=1 (with NINFER_KW=1, so the K-walk GEMV serves every decode launch it fits
+    at these widths): the norms before K-walk GEMVs write the GEMV's x pairs (gemv_kw.norm_pairs)
+    and those GEMVs skip their own x-pairs launch; the same pairs, so the same logits to the bit,
+    and graph decode gives eager's tokens."""
+    from ninfer_plugins.quant_int import gemv_kw
+
+    path = make_medium(like, tmp_path / like)
+    monkeypatch.setenv("NINFER_KW", "1")
+    model = load_model(path, "cuda", quant="int4")
+    prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
+    plain = _decode_logits(model, prompt)
+    calls = {"norm": 0, "pairs": 0}
+    norm_pairs, xpairs = gemv_kw.norm_pairs, gemv_kw.xpairs
+
+    def count(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(gemv_kw, "norm_pairs", count("norm", norm_pairs))
+    monkeypatch.setattr(gemv_kw, "xpairs", count("pairs", xpairs))
+    _decode_logits(model, prompt, steps=1)
+    without = dict(calls)
+    monkeypatch.setenv("NINFER_KW_XREUSE", "1")
+    calls.update(norm=0, pairs=0)
+    _decode_logits(model, prompt, steps=1)
+    assert without["norm"] == 0 and calls["norm"] > 0, (without, calls)
+    assert calls["pairs"] <= without["pairs"] - calls["norm"], (without, calls)
+    assert torch.equal(_decode_logits(model, prompt), plain)
+    del model
+    assert _tokens(path, graph=True) == _tokens(path, graph=False)
+
+
 def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
     import ninfer.kernels.triton as T
     from ninfer_plugins.moe_triton import moe as M

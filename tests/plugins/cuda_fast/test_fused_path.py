@@ -179,6 +179,59 @@ def test_gates_inside_the_gdn_step_match_their_own_launch(tiny, monkeypatch):
         assert _rel(got, want) < 0.03
 
 
+def test_state_read_before_the_wait_changes_no_bit(tiny, monkeypatch):
+    """NINFER_GDN_EARLY=1: each GDN layer's projections launch inside the backend's
+    decode_inputs_scope (launch.late_dependents) and the step reads its slot ids and state before
+    its PDL wait. The arithmetic is the same, so the logits are equal to the bit; every decode
+    step's GDN layers take that path (spied)."""
+    import ninfer.kernels.triton.gdn as G
+
+    device = "cuda" if CUDA else "cpu"
+    m = _model(tiny, device, torch.bfloat16, fast=True)
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(4)).to(device)
+    monkeypatch.delenv("NINFER_GDN_EARLY", raising=False)
+    plain = _run(m, "bf16", ids, (12,))
+    seen = []
+    real = G.gdn_decode_step
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("state_early", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(G, "gdn_decode_step", spy)
+    monkeypatch.setattr("ninfer.kernels.triton.gdn_decode_step", spy)
+    monkeypatch.setenv("NINFER_GDN_EARLY", "1")
+    early = _run(m, "bf16", ids, (12,))
+    gdn_layers = sum(1 for t in m.shape.layer_types if t != "full_attention")
+    assert seen == [True] * (2 * gdn_layers)  # two decode steps
+    for got, want in zip(early, plain):
+        assert torch.equal(got, want)
+
+
+def test_each_norm_offers_itself_to_the_linear_that_reads_it_first(tiny, monkeypatch):
+    """The layer loop hands each norm the QLinear that reads its output first (ops' `into`): the
+    next mixer's first projection, the MLP's gate|up, the head after the last layer. Its kernel
+    may make the norm (QLinear.norm_input: quant_int's K-walk x pairs, NINFER_KW_XREUSE=1); here
+    every kernel declines, and the order of the offers is checked on a decode step."""
+    from ninfer.linear import QLinear
+
+    device = "cuda" if CUDA else "cpu"
+    m = _model(tiny, device, torch.bfloat16, fast=True)
+    assert m.ops.name == "triton"
+    offered = []
+    monkeypatch.setattr(QLinear, "norm_input", lambda self, *a, **k: offered.append(self.name))
+    cache = m.allocate_cache(1, 32)
+    m.forward(torch.tensor([1, 2, 3], device=device), cache, 0, 0)
+    offered.clear()
+    m.decode(torch.tensor([4], device=device), cache, torch.tensor([0], device=device), torch.tensor([3], device=device))
+    want = []
+    for layer in m.layers:
+        want += [layer.mixer.input_linear.name, layer.mlp.input_linear.name]
+    if m.lm_head is not None:
+        want.append(m.lm_head.name)
+    assert offered == want
+
+
 def test_model_lets_a_moe_layer_fold_its_residual_add_and_norm(tmp_path, monkeypatch):
     """The layer loop's contract with `forward_add_norm`: given (delta, residual, weight, eps) the
     MoE updates the residual in place and returns its output; here a stand-in that does exactly

@@ -117,20 +117,37 @@ def pair_variants(quick: bool):
         for fast in (True, False) if not quick else (True,):
             yield f"pairs {gu}/{dn}/{sh}{'' if fast else ' plain'}", (lambda a=(gu, dn, sh, fast): run_pairs(*a))
     yield "pairs 4/5/8 down + residual add and norm", lambda: run_pairs(4, 5, 8, True, add_norm=True)
+    # NINFER_MOE_EARLY under PDL: gate_up with the trigger after its wait, down loading its ids and
+    # tile before its own (and the same with the add+norm)
+    yield "pairs 4/5/8 early, PDL", lambda: run_pairs(4, 5, 8, True, early=True)
+    yield "pairs 4/6/8 early, PDL, down + add and norm", lambda: run_pairs(4, 6, 8, True, add_norm=True, early=True)
 
 
-def run_pairs(gu, dn, sh, fast, add_norm: bool = False) -> None:
+def run_pairs(gu, dn, sh, fast, add_norm: bool = False, early: bool = False) -> None:
+    import ninfer.kernels.triton.launch as L
     from ninfer_plugins.moe_triton import grouped_gemv as GV
     from ninfer_plugins.moe_triton import pair_gemv as PG
 
+    if early:
+        enabled = L.pdl_enabled
+        L.pdl_enabled = lambda device: True
+        try:
+            return _pairs(GV, PG, gu, dn, sh, fast, add_norm, True)
+        finally:
+            L.pdl_enabled = enabled
+    return _pairs(GV, PG, gu, dn, sh, fast, add_norm, False)
+
+
+def _pairs(GV, PG, gu, dn, sh, fast, add_norm, early) -> None:
     T, slots = 4, TOP_K + 1
     ids = torch.zeros(T, slots, dtype=torch.int32)
     x = torch.empty(T, H, dtype=torch.bfloat16)
-    h = PG.gate_up(x, ids, _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H), I, E, fast=fast)
+    h = PG.gate_up(x, ids, _matrix(GV, gu, E * 2 * I, H), _matrix(GV, sh, I, H), _matrix(GV, sh, I, H), I, E, fast=fast,
+                   early_down=early)
     an = (torch.empty(T, H, dtype=torch.bfloat16), torch.empty(H, dtype=torch.bfloat16), 1e-6,
           torch.empty(T, H, dtype=torch.bfloat16)) if add_norm else None
     PG.down(h, ids, torch.zeros(T, slots), _matrix(GV, dn, E * H, I), _matrix(GV, sh, H, I), H, E, torch.bfloat16,
-            fast=fast, add_norm=an)
+            fast=fast, add_norm=an, early_down=early)
 
 
 def block_variants(quick: bool):

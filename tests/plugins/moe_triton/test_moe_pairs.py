@@ -67,6 +67,23 @@ def test_interpreted_pairs_equal_the_oracle(gu, dn, sh, T):
 
 
 @interp
+@pytest.mark.parametrize("gu,dn,sh", CPU_CASES[:2] + [("nvfp4", "nvfp4", "q8_g32")])
+@pytest.mark.parametrize("T", [1, 3])
+def test_interpreted_early_pairs_equal_the_default_order(gu, dn, sh, T, monkeypatch):
+    # NINFER_MOE_EARLY=1: down's weight tiles are requested before x is prepared (and, on a GPU
+    # under PDL, before its wait): the same arithmetic, so the same bits, as the default order
+    bank = expert_bank(8, 256, 128, gu, dn, seed=T + 3)
+    shared = shared_expert(256, 128, sh, seed=T + 4)
+    monkeypatch.setenv("NINFER_MOE_EARLY", "0")
+    plain, ref = _run(bank, shared, T, 3, seed=T)
+    monkeypatch.setenv("NINFER_MOE_EARLY", "1")
+    assert PG.early()
+    early, _ = _run(bank, shared, T, 3, seed=T)
+    _close(early, ref)
+    assert torch.equal(early, plain)
+
+
+@interp
 @pytest.mark.parametrize("gu,dn,sh", [("nvfp4", "nvfp4", "nvfp4"), ("nvfp4", "nvfp4", "q8_g32"), ("q4_g64", "q5_g64", "nvfp4")])
 def test_interpreted_nvfp4_pairs_equal_the_oracle(gu, dn, sh):
     # NVFP4 through gemv_h2's decode of it (a global scale per expert row)
@@ -141,6 +158,39 @@ def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
         torch.cuda.synchronize()
         ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
         _close(out, ref)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_early_pairs_replay_over_changing_routings(real, T, monkeypatch):
+    # NINFER_MOE_EARLY=1 under PDL: down reads the router's ids and its weights before its wait,
+    # trusting gate_up to let it go only past gate_up's own wait. Replayed over many routings,
+    # a stale id would show as a wrong expert's rows; the bits must equal the default order's.
+    (w, gu, dn), (sw, sdec, sg) = real
+    moe = TritonMoe(fused_dtypes=(ACT,))
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    logits = torch.randn(T, E, device="cuda")
+
+    def step():
+        r = route(logits, TOP_K, x=x, shared_gate_weight=sg)
+        return moe.run(x, r, w, sw), r
+
+    monkeypatch.setenv("NINFER_MOE_EARLY", "1")
+    graph, (out, r) = captured(step, warmups=2)
+    monkeypatch.setenv("NINFER_MOE_EARLY", "0")
+    for seed in range(12):
+        g = torch.Generator(device="cuda").manual_seed(100 + seed)
+        x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
+        logits.copy_(torch.randn(T, E, generator=g, device="cuda"))
+        graph.replay()
+        plain, r_plain = step()
+        torch.cuda.synchronize()
+        assert torch.equal(r.ids, r_plain.ids)
+        assert torch.equal(out, plain), seed
+        if seed % 4 == 0:
+            ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
+            _close(out, ref)
 
 
 @pytest.mark.gpu

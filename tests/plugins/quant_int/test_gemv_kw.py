@@ -638,3 +638,100 @@ def test_pin_switch_pins_the_dispatched_config(monkeypatch):
     for s, c in zip(shapes, plain):
         got = K.pick_gemv(*s, 132)
         assert got.pin and dataclasses.replace(got, pin=False) == c, (s, got, c)
+
+
+# --- x's pairs made once an x (NINFER_KW_XREUSE=1): by the norm, reused by the next launch ---------
+
+
+def _scratch_after(fn, fmt, k):
+    """x_scratch(fmt, k) filled with a sentinel, then fn(): a copy of what it holds."""
+    scratch = KW.x_scratch(torch.device(DEV), fmt, k)
+    for t in scratch:
+        t.fill_(-7)
+    fn()
+    return [t.clone() for t in scratch]
+
+
+@pytest.mark.parametrize("fmt", [4, 5, 8, 16])
+@pytest.mark.parametrize("n,k", [(1, 640), (2, 384), (4, 1152), (1, 5120)])  # 5120: the 27B's rows (40 of 64 blocks)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
+    # the norm's output to the bit (residual updated alike), and the pairs it leaves in x_scratch
+    # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes
+    from ninfer.kernels.triton.norms import rmsnorm
+
+    g = torch.Generator().manual_seed(n * 100 + k + fmt)
+    x = (torch.randn(n, k, generator=g) * 4).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16).to(DEV)
+    res = (torch.randn(n, k, generator=g) * 2).to(torch.bfloat16).to(DEV) if with_residual else None
+    res_a = None if res is None else res.clone()
+    res_b = None if res is None else res.clone()
+    fast = not INTERPRET
+    out = {}
+    fused = _scratch_after(lambda: out.setdefault("h", KW.norm_pairs(x, w, 1e-6, fmt, residual=res_a, fast=fast)), fmt, k)
+    h = out["h"]
+    want = rmsnorm(x, w, 1e-6, residual=res_b)
+    assert torch.equal(h, want)
+    if res is not None:
+        assert torch.equal(res_a, res_b)
+    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), fmt, k)
+    for got, exp in zip(fused, apart):
+        assert torch.equal(got, exp)
+
+
+def test_norm_pairs_refuses_what_the_gemv_does_not_take():
+    x = torch.zeros(3, 256, dtype=torch.bfloat16, device=DEV)
+    w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="1, 2 or 4 rows"):
+        KW.norm_pairs(x, w, 1e-6, 4)
+    with pytest.raises(ValueError, match="1, 2 or 4 rows"):
+        KW.norm_pairs(torch.zeros(1, 200, dtype=torch.bfloat16, device=DEV), w[:200], 1e-6, 4)
+    with pytest.raises(ValueError, match="residual of x's shape"):
+        KW.norm_pairs(x[:2], w, 1e-6, 4, residual=torch.zeros(2, 128, dtype=torch.bfloat16, device=DEV))
+
+
+@interp
+@pytest.mark.parametrize("scheme", ["q4_g64", "q8_g32"])
+def test_launches_reuse_pairs_only_of_the_same_unchanged_x(scheme, monkeypatch):
+    # NINFER_KW_XREUSE=1: a launch on the norm's output, or again on the same x, makes no pairs;
+    # a changed x (in place), another tensor, other rows or the switch off make them again. Every
+    # result equals the launch that makes its own pairs.
+    g = torch.Generator().manual_seed(11)
+    n, k = 40, 512
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    cfg = KW.KWConfig(16, 32)
+    made = []
+    real = KW._xpairs_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            made.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(KW, "_xpairs_kernel", Spy())
+    monkeypatch.setenv("NINFER_KW_XREUSE", "1")
+    x = (torch.randn(1, k, generator=g) * 3).to(torch.bfloat16)
+    w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16)
+
+    def check(y, x_in):
+        assert rel_err(y, x_in.float() @ deq.T) < 6e-3
+
+    h = KW.norm_pairs(x, w, 1e-6, p.fmt)
+    check(KW.launch(h, p, cfg), h)
+    check(KW.launch(h.reshape(1, k), p, cfg), h)  # a view of it: still its pairs
+    assert made == []
+    h.mul_(2)  # changed in place: its version moved
+    check(KW.launch(h, p, cfg), h)
+    assert len(made) == 1
+    check(KW.launch(h, p, cfg), h)  # made by that launch, noted: reused
+    assert len(made) == 1
+    other = h.clone()
+    check(KW.launch(other, p, cfg), other)
+    assert len(made) == 2
+    h2 = torch.cat([h, h])
+    check(KW.launch(h2, p, cfg), h2)  # other rows
+    assert len(made) == 3
+    monkeypatch.setenv("NINFER_KW_XREUSE", "0")
+    h = KW.norm_pairs(x, w, 1e-6, p.fmt)
+    check(KW.launch(h, p, cfg), h)
+    assert len(made) == 4 and KW._HELD == {}

@@ -66,6 +66,44 @@ def test_xq_kernel_matches_reference_exactly(fmt, m, k):
 
 
 @pytest.mark.parametrize("fmt", [4, 5])
+@pytest.mark.parametrize("n,k", [(1, 640), (4, 384), (8, 1152), (4, 5120)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_xq_is_rmsnorm_then_xq(fmt, n, k, with_residual):
+    # NINFER_KW_XREUSE: the norm before a tensor-core K-walk GEMV writes its prepared x. The
+    # norm's output to the bit (residual updated alike), and XQ / XS exactly as xq leaves them for
+    # that output (every token slot, the ones past n zeros)
+    from ninfer.kernels.triton.norms import rmsnorm
+
+    g = torch.Generator().manual_seed(n * 10 + k + fmt)
+    x = (torch.randn(n, k, generator=g) * 4).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16).to(DEV)
+    res = (torch.randn(n, k, generator=g) * 2).to(torch.bfloat16).to(DEV) if with_residual else None
+    res_a = None if res is None else res.clone()
+    res_b = None if res is None else res.clone()
+    scratch = TK.xq_scratch(torch.device(DEV), k)
+    for t in scratch:
+        t.fill_(-3)
+    h = TK.norm_xq(x, w, 1e-6, fmt, residual=res_a)
+    fused = [t.clone() for t in scratch]
+    assert torch.equal(h, rmsnorm(x, w, 1e-6, residual=res_b))
+    if res is not None:
+        assert torch.equal(res_a, res_b)
+    for t in scratch:
+        t.fill_(-3)
+    TK.xq(h, fmt, k)
+    for got, want in zip(fused, scratch):
+        assert torch.equal(got, want)
+
+
+def test_norm_xq_refuses_what_the_gemv_does_not_take():
+    w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="rows of a multiple of 128"):
+        TK.norm_xq(torch.zeros(9, 256, dtype=torch.bfloat16, device=DEV), w, 1e-6, 4)
+    with pytest.raises(ValueError, match="rows of a multiple of 128"):
+        TK.norm_xq(torch.zeros(1, 256, dtype=torch.bfloat16, device=DEV), w, 1e-6, 6)
+
+
+@pytest.mark.parametrize("fmt", [4, 5])
 def test_xq_sums_undo_the_decode_bias(fmt):
     """Per group and token: (sum over the group of (bias + code) x stored x) x 2^-e + the stored
     -sum(bias x stored x) x 2^-e = sum of code x x (up to fp16's rounding of x)."""
@@ -383,3 +421,45 @@ def test_gpu_dispatched_tkw_configs_in_a_graph(monkeypatch):
         for m in (1, 4, 8):
             assert isinstance(K.pick_gemv(fmt, m, n, k, 132), TK.TKWConfig), (fmt, n, k, m)
     dispatched_in_a_graph(table, (1, 4, 8))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("scheme,n,k", [("q4_g64", 1000, 512), ("q5_g64", 16384, 5120)])
+def test_gpu_tkw_takes_x_prepared_by_the_norm(scheme, n, k, monkeypatch):
+    """NINFER_KW_XREUSE=1: the GEMV on norm_xq's output launches no xq of its own and gives the
+    bits of the GEMV that prepares x itself, eager and replayed in a graph; an x changed in place
+    is prepared again."""
+    p, _ = _packed(scheme, n, k)
+    cfg = TK.TKWConfig()
+    K.Workspace.get(p.device).reserve(*cfg.workspace(p))
+    made = []
+    real = TK._xq_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            made.append(grid)
+            return real[grid]
+
+    torch.manual_seed(5)
+    x = _tokens(4, k)
+    w = torch.randn(k, device="cuda", dtype=torch.bfloat16) * 0.1
+    res = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+    h_plain = TK.norm_xq(x, w, 1e-6, p.fmt, residual=res.clone())
+    want = TK.launch(h_plain, p, cfg)
+    monkeypatch.setenv("NINFER_KW_XREUSE", "1")
+    monkeypatch.setattr(TK, "_xq_kernel", Spy())
+
+    def step():
+        h = TK.norm_xq(x, w, 1e-6, p.fmt, residual=res.clone())
+        return TK.launch(h, p, cfg), h
+
+    got, h = step()
+    assert made == [] and torch.equal(h, h_plain) and torch.equal(got, want)
+    for y, _ in replayed(step):
+        assert torch.equal(y, want)
+    h.mul_(2)
+    again = TK.launch(h, p, cfg)
+    assert len(made) == 1
+    monkeypatch.setenv("NINFER_KW_XREUSE", "0")
+    assert torch.equal(again, TK.launch(h, p, cfg))
