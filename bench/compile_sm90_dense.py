@@ -68,20 +68,22 @@ def cases():
         e(4, C, dtype=BF), None, None, cw, cs, al, al, st, e(16, C, 3, dtype=BF),
         e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),
         norm_weight=nw, ab_input=(e(4, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)))
-    def split_verify(norm_in_launch: str, replay: bool = False):
+    def split_verify(norm_in_launch: str, replay: bool = False, state_early: bool = False):
         os.environ["NINFER_GDN_SPLIT_NORM"] = norm_in_launch
         try:
             return G.gdn_verify_columns(
                 e(4, C, dtype=BF), None, None, cw, cs, al, al, st, e(16, C, 3, dtype=BF),
                 None if replay else e(16, HV, D, D), idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D,
                 z=e(4, HV * D, dtype=BF), norm_weight=nw, ab_input=(e(4, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)),
-                block_v=32, replay=(e(16, HV), e(16, HK, D), e(16, HV, D)) if replay else None)
+                block_v=32, replay=(e(16, HV), e(16, HK, D), e(16, HV, D)) if replay else None, state_early=state_early)
         finally:
             os.environ.pop("NINFER_GDN_SPLIT_NORM")
 
     yield "gdn_verify_columns (heads split, BV 32, norm apart)", lambda: split_verify("0")
     yield "gdn_verify_columns (heads split, BV 32, norm in the launch)", lambda: split_verify("1")
     yield "gdn_verify_columns (heads split, BV 32, norm apart, replay buffers)", lambda: split_verify("0", True)
+    yield "gdn_verify_columns (heads split, BV 32, state before the wait)", lambda: split_verify("0", state_early=True)
+    yield "gdn_verify_columns (heads split, BV 32, replay, state before the wait)", lambda: split_verify("0", True, True)
     yield "gdn_verify_columns (gates in the launch, replay buffers)", lambda: G.gdn_verify_columns(
         e(4, C, dtype=BF), None, None, cw, cs, al, al, st, e(16, C, 3, dtype=BF),
         None, idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),

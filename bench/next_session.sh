@@ -353,10 +353,11 @@ case "${1:-}" in
     echo "attn_sweep rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-120 "$OUT/a.txt" | head -30
     ;;
   next1)
-    # the nineteenth session's first call (~9.5 min), for an H200 (every call of the eighteenth got
-    # an H100): GPU tests of the GDN replay and the grouped MTP alignment, tkw_bench's ring set on
-    # every shape (the ring at M = 1 and the q4 shortlist head have only H100 times), the MTP round as
-    # committed against NINFER_GDN_REPLAY=1 and NINFER_ATTN_GROUPED=0, then the 27B and 35B steps
+    # the twentieth session's first call (~9.5 min; written for the nineteenth, which got no device),
+    # for an H200 (every call of the eighteenth got an H100): GPU tests of the GDN replay and the
+    # grouped MTP alignment, tkw_bench's ring set on every shape (the ring at M = 1 and the q4
+    # shortlist head have only H100 times), the MTP round as committed against NINFER_GDN_REPLAY=1,
+    # NINFER_TKW_TRY=1 and NINFER_ATTN_GROUPED=0
     t0=$(date +%s)
     # the GDN verify's replay buffers and commit (NINFER_GDN_REPLAY=1, written without a GPU) and the
     # MTP alignment's grouped attention: their GPU tests first, -v so a failure is named
@@ -368,9 +369,10 @@ case "${1:-}" in
     timeout 150 python3 bench/tkw_bench.py --out "$OUT" --ms 1,4 --set ring --budget-s 110 > "$OUT/tkw.txt" 2>&1
     echo "tkw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^copy|^  q|best M" "$OUT/tkw.txt" | cut -c1-100
     sed -n '/paste into/,$p' "$OUT/tkw.txt"
-    rounds 200 "X=1" "NINFER_GDN_REPLAY=1" "NINFER_TKW_TRY=1" "NINFER_ATTN_GROUPED=0" "X=1" "NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1"
-    steps qwen3.6-27b 70 40 e27.txt "27B step" "X=1"
-    steps qwen3.6-35b-a3b $(( 585 - ($(date +%s) - t0) )) 60 e35.txt "35B step" "X=1"
+    # the plain steps "for the record" moved to `early` / `early2`, whose A/Bs include the tree as
+    # committed (X=1): the rounds get the time
+    rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_GDN_REPLAY=1" "NINFER_TKW_TRY=1" "NINFER_ATTN_GROUPED=0" "X=1" \
+      "NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1"
     ;;
   early)
     # the nineteenth session's work, written without a GPU (~9.5 min), all off by default: reads
@@ -387,6 +389,9 @@ case "${1:-}" in
       "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \
       "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_pairs_from_the_norm_change_no_bit" \
       "tests/plugins/quant_int/test_gemv_kw.py::test_norm_pairs_is_rmsnorm_then_xpairs" \
+      "tests/plugins/quant_int/test_gemv_tkw.py::test_norm_xq_is_rmsnorm_then_xq" \
+      "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
+      "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
       > "$OUT/t.txt" 2>&1
     echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
     grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20

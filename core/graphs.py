@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 import torch
 
+from ninfer.kernels.epoch import new_epoch
 from ninfer.kernels.sampling import _i64
 from ninfer.sampling import Purpose, pad_count_rows, record_drawn, rows_sampler, sampling_logits
 
@@ -198,8 +199,14 @@ class GraphDecoder:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                step()
+            # inputs kernels noted as prepared are forgotten at a capture's start and end
+            # (ninfer.kernels.epoch): its launches do not run then, and its replays later overwrite
+            new_epoch()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    step()
+            finally:
+                new_epoch()
         except Exception as exc:  # noqa: BLE001 - a step that cannot be captured still runs eagerly
             log.warning("step could not be captured; it stays eager", key=str(key), error=str(exc))
             self.failed.add(key)
@@ -256,6 +263,7 @@ class GraphDecoder:
         if ahead:
             self.ints[_IDS, :b].copy_(self.tokens[:b])
         graph.replay()
+        new_epoch()
         # two host buffers: an ahead step's tokens arrive while the step before it is read
         self._flip ^= 1
         host = self._tokens_host[self._flip]

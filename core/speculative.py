@@ -62,6 +62,7 @@ from typing import Any
 import structlog
 import torch
 
+from ninfer.kernels.epoch import new_epoch
 from ninfer.kernels.sampling import (
     counter_uniform,
     draw,
@@ -408,6 +409,7 @@ class SpeculativeRound:
         t1 = time.perf_counter()
         if graph is not None:
             graph.replay()
+            new_epoch()  # what kernels noted as prepared may be overwritten (ninfer.kernels.epoch)
         else:
             e = max(r.num_computed for r in reqs)
             # bounds of the reference attention's reads: the verify and alignment reach E+K, the

@@ -116,12 +116,13 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gated_rmsnorm(o, z.view(o.shape), layer.norm_weight, layer.eps)
 
     def gdn_verify(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, col_conv, col_rec, slots, m,
-                   ab_input=None, replay=None) -> torch.Tensor:
+                   ab_input=None, replay=None, state_early: bool = False) -> torch.Tensor:
         """A speculative verify's M tokens of each sequence in one launch (rows sequence-major):
         the slots' state is read, the state after each token goes to column slot * M + t of
         col_conv / col_rec -> gated-normed o [B * M, Hv, Dv]. a = b = None with ab_input as
         gdn_decode's: the gates computed in the launch. replay = (g, k, delta) buffers: each
-        token's update goes there instead of its state (col_rec unused; `gdn_commit_replay`)."""
+        token's update goes there instead of its state (col_rec unused; `gdn_commit_replay`).
+        state_early: as gdn_decode's (the inputs made inside `decode_inputs_scope()`)."""
         from ninfer.kernels.triton import gdn_verify_columns
 
         if layer.kernel != 4:
@@ -129,7 +130,7 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return gdn_verify_columns(
             mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state, col_conv, col_rec,
             slots, m=m, num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, z=z,
-            norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input, replay=replay,
+            norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input, replay=replay, state_early=state_early,
         )  # fmt: skip
 
     def gdn_commit_replay(self, state, g, k, delta, slots, column) -> None:

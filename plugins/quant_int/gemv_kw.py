@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.epoch import epoch
 from ninfer.kernels.triton import prefetch as PF
 from ninfer.kernels.triton.launch import interpreting, lasting, pdl_kwargs, pdl_prologue
 from ninfer.kernels.triton.norms import rmsnorm_row
@@ -270,8 +271,10 @@ def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: 
 # verify's M = 4 launches) is kept the same way. Whether a launch skips is decided on the host,
 # once, so a CUDA graph captures the launches that ran.
 
-# scratch key (kind, device, ...) -> what that scratch holds: (weakref to the x tensor, data_ptr,
-# shape, strides, version, tag: what else the contents depend on)
+# scratch key (kind, device, ...) -> what that scratch holds: (weakref to the x tensor the note was
+# made on, its storage's identity, data_ptr, shape, strides, dtype, version (None for an inference
+# tensor, which keeps none), the note's epoch (ninfer.kernels.epoch), tag: what else the contents
+# depend on)
 _HELD: dict[tuple, tuple] = {}
 
 
@@ -291,22 +294,32 @@ def _pairs_key(device: torch.device, fmt: int, k: int) -> tuple:
     return ("kw", str(device), fmt, k)
 
 
+def _version(t: torch.Tensor) -> int | None:
+    # an inference tensor (made under torch.inference_mode, as the engine's steps are) keeps no
+    # version counter: in-place writes to it go unnoticed, and the model never writes the output
+    # of a norm or a projection in place
+    return None if t.is_inference() else t._version
+
+
+def _record(x2: torch.Tensor) -> tuple:
+    return (x2.untyped_storage()._cdata, x2.data_ptr(), tuple(x2.shape), tuple(x2.stride()), x2.dtype, _version(x2))
+
+
 def note_input(key: tuple, x2: torch.Tensor, tag: tuple) -> None:
     """The scratch `key` now holds what was made from x2 (as it is now) and `tag`."""
-    base = x2 if x2._base is None else x2._base
-    _HELD[key] = (weakref.ref(base), x2.data_ptr(), tuple(x2.shape), tuple(x2.stride()), x2._version, tag)
+    _HELD[key] = (weakref.ref(x2), _record(x2), epoch(), tag)
 
 
 def holds_input(key: tuple, x2: torch.Tensor, tag: tuple) -> bool:
-    """Whether the scratch `key` holds what was made from x2 as it is now (the same tensor or a
-    view of it, same place, shape and strides, not written since) and `tag`."""
+    """Whether the scratch `key` holds what was made from x2 as it is now: the noted tensor or a
+    view of it (while the noted tensor lives, its storage's identity is its own), at the same
+    place with the same shape, strides and dtype, not written since (where torch counts writes),
+    in the same epoch (no capture or replay since), with the same `tag`."""
     held = _HELD.get(key)
     if held is None:
         return False
-    ref, ptr, shape, strides, version, was = held
-    base = ref()
-    return (base is not None and (x2 is base or x2._base is base) and x2.data_ptr() == ptr and tuple(x2.shape) == shape
-            and tuple(x2.stride()) == strides and x2._version == version and was == tag)
+    ref, record, when, was = held
+    return ref() is not None and when == epoch() and was == tag and _record(x2) == record
 
 
 @triton.jit

@@ -149,9 +149,11 @@ class TritonQuantLinear:
         preparation launch: the f16x2 K-walk's pairs (gemv_kw.norm_pairs; 1, 2 or 4 rows, not
         inline) or the tensor-core K-walk's xq (gemv_tkw.norm_xq). NINFER_KW_XREUSE=1 only; None
         elsewhere."""
+        if os.environ.get("NINFER_KW_XREUSE", "0") != "1":  # gemv_kw.xreuse(), before any import: every norm asks
+            return None
         from ninfer_plugins.quant_int import gemv_kw, gemv_tkw
 
-        if not gemv_kw.xreuse() or x.dim() != 2 or x.shape[1] != prepared.k or prepared.k % 128:
+        if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] != prepared.k or prepared.k % 128:
             return None
         if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
             return None

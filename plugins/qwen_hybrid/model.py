@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ninfer.errors import UserError
+from ninfer.kernels.epoch import new_epoch
 from ninfer.linear import DENSE, AddNorm, LinearFactory, PackedWeight, QLinear, dense_weight
 from ninfer_plugins.qwen_hybrid.cache import HybridCache
 from ninfer_plugins.qwen_hybrid.layers import (
@@ -269,6 +270,7 @@ class QwenHybridModel(nn.Module):
         ops.add_rms_norm where nothing folded."""
         ops, layers, eps = self.ops, self.layers, self.shape.rms_norm_eps
         fold = fold and ops.name == "triton" and os.environ.get("NINFER_GEMV_NORM", "0") == "1"
+        new_epoch()  # a pass: kernels' notes of inputs they prepared start afresh (ninfer.kernels.epoch)
         h = ops.rms_norm(x, layers[0].input_layernorm.weight, eps, into=input_linear(layers[0].mixer))
         for i, layer in enumerate(layers):
             post = layer.post_attention_layernorm.weight

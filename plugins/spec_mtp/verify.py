@@ -20,6 +20,8 @@ backend): the MTP speculator is the family's own.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from typing import Any
 
@@ -123,13 +125,21 @@ class HybridVerifier:
                 i = layer.state_index
                 extra = {"replay": tuple(t[i] for t in self.replay)}
                 cr = None
+            # the projections in the backend's scope: the verify may then read the slots' state
+            # before its PDL wait (cuda_fast's NINFER_GDN_EARLY), as the decode step does
+            scope = getattr(layer.backend, "decode_inputs_scope", None) if verify is not None else None
+            with scope() if scope is not None else contextlib.nullcontext(False) as early:
+                if w_ab is not None:
+                    qkv, z = layer._projections_qkvz(x)
+                else:
+                    qkv, z, a, beta = layer.projections(x)
+            if early:
+                extra["state_early"] = True
             if w_ab is not None:
                 # in_proj_a / in_proj_b inside the verify launch, as in the decode step (the gates
                 # come out alike: fp32 dot products in both)
-                qkv, z = layer._projections_qkvz(x)
                 out = verify(qkv, None, None, z, layer, conv, rec, cc, cr, slots, m, ab_input=(x, w_ab), **extra)
                 return layer.out_proj(out.reshape(b * m, -1))
-            qkv, z, a, beta = layer.projections(x)
             if verify is not None:
                 # all M tokens in one launch: 1 kernel a layer instead of 4 copies + 1 step per token
                 out = verify(qkv, a, beta, z, layer, conv, rec, cc, cr, slots, m, **extra)

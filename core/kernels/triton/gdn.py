@@ -404,6 +404,7 @@ def _gdn_columns_kernel(
     HP: tl.constexpr = 0, HR: tl.constexpr = 0, MP: tl.constexpr = 2,
     PDL: tl.constexpr = False, SPLIT_NORM: tl.constexpr = False, OS=None, NCNT=None, PAIRED: tl.constexpr = False,
     AHEAD: tl.constexpr = False, REPLAY: tl.constexpr = False, RG=None, RK=None, RD=None,
+    STATE_EARLY: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -419,7 +420,18 @@ def _gdn_columns_kernel(
         if HR > 0:
             wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
             wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
-    pdl_prologue(PDL)
+    h = j // R
+    bv = tl.arange(0, BV)
+    dk = tl.arange(0, DK)
+    if STATE_EARLY:
+        # as the decode step's (gdn_decode_step's state_early): the slot ids and the slot's state
+        # (the last round's commit wrote it) read before the wait, streaming while the projection runs
+        pdl_early_trigger(PDL)
+        slot = tl.load(IDX + b, cache_modifier=".cg").to(tl.int64)
+        st = tl.load(S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :], cache_modifier=".cg")
+        pdl_wait(PDL)
+    else:
+        pdl_prologue(PDL)
     if FUSE_AB:
         # all M tokens' gates first, so that the rows' registers are free before the state tile
         # loads (held through the token loop they spilled: 255 registers + 288 bytes, sm_90)
@@ -437,15 +449,14 @@ def _gdn_columns_kernel(
                 a_t, b_t = _ab_dots(XH, WAB, b * M + t, j, sxh_b, swab_r, HID, HV, BH)
             ga = tl.where(tm == t, a_t, ga)
             gb = tl.where(tm == t, b_t, gb)
-    h = j // R
-    bv = tl.arange(0, BV)
-    dk = tl.arange(0, DK)
-    slot = tl.load(IDX + b).to(tl.int64)
+    if not STATE_EARLY:
+        slot = tl.load(IDX + b).to(tl.int64)
     q_ch = h * DK + dk
     k_ch = HK * DK + h * DK + dk
     v_ch = 2 * HK * DK + j * DV + vb * BV + bv
-    # the slot's state is only read: token t's state and conv window go to column slot * M + t
-    st = tl.load(S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :])
+    if not STATE_EARLY:
+        # the slot's state is only read: token t's state and conv window go to column slot * M + t
+        st = tl.load(S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :])
     q0, q1, q2 = _load_window(CS, q_ch, slot, scs_n, scs_c, scs_t)
     k0, k1, k2 = _load_window(CS, k_ch, slot, scs_n, scs_c, scs_t)
     v0, v1, v2 = _load_window(CS, v_ch, slot, scs_n, scs_c, scs_t)
@@ -580,6 +591,7 @@ def gdn_verify_columns(
     num_warps: int | None = None,
     ab_input: tuple[torch.Tensor, torch.Tensor] | None = None,
     replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    state_early: bool = False,
 ) -> torch.Tensor:
     """M tokens of each of B sequences through the GDN core in one launch, for a speculative
     verify: rows are sequence-major (row b*M + t is token t of sequence b, whose state is slot
@@ -594,7 +606,12 @@ def gdn_verify_columns(
     replay = (g [slots*M, Hv], k [slots*M, Hk, Dk], delta [slots*M, Hv, Dv]), fp32 and contiguous:
     instead of the state after each token (col_state, then unused: None), what each token's update
     was (`commit_replay` then makes the accepted column's state from the slot's): 33 KB a token
-    and layer for the 27B against a 3.1 MB state."""
+    and layer for the 27B against a 3.1 MB state.
+
+    state_early: as gdn_decode_step's (the slot ids and the slot's state read before the PDL wait;
+    the caller's promise that the launch before was made inside launch.late_dependents). Taken
+    only where the state tile is a split head's (BV < Dv): a whole head's 128 registers a thread
+    held with the gate rows through the gates' dot products would not fit."""
     BM = mixed_qkv.shape[0]
     fuse_ab = a is None
     if fuse_ab:
@@ -664,7 +681,7 @@ def gdn_verify_columns(
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
         MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, PAIRED=paired_reductions(),
         AHEAD=conv_inputs_ahead(), REPLAY=replay is not None, RG=rg, RK=rk, RD=rd,
-        **pdl_kwargs(mixed_qkv.device), **extra,
+        STATE_EARLY=state_early and bv < DV, **pdl_kwargs(mixed_qkv.device), **extra,
     )
     if z is not None and not fuse and not split_norm:
         gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)

@@ -195,7 +195,7 @@ def test_matches_fla_gpu():
     R.assert_close(L.ssm_state, s_fla, "gdn_output_bf16")
 
 
-def _columns_vs_steps(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed):
+def _columns_vs_steps(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed, state_early=False):
     """M tokens of B sequences in one launch leave in the columns (and return) what M decode steps
     on copied columns do, never touch the slots' own state, and give the same result again (no
     counter left behind by a split head's norm)."""
@@ -213,7 +213,7 @@ def _columns_vs_steps(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed):
     def run():
         return gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, col_conv,
                                   col_rec, slots, m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z,
-                                  norm_weight=L.norm_weight if fuse else None, block_v=block_v)
+                                  norm_weight=L.norm_weight if fuse else None, block_v=block_v, state_early=state_early)
 
     o = run()
     assert torch.equal(L.conv_state, conv0) and torch.equal(L.ssm_state, ssm0)
@@ -236,6 +236,14 @@ def _columns_vs_steps(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed):
 @pytest.mark.parametrize("m", [1, 4])
 def test_verify_columns_equal_token_by_token_steps(m, fuse, block_v):
     _columns_vs_steps(2, 4, 16, 16, m, [3, 1], fuse, block_v, seed=m)
+
+
+@pytest.mark.parametrize("fuse,block_v", [(False, 8), (True, 8), (True, None)])
+@pytest.mark.parametrize("m", [1, 4])
+def test_verify_columns_with_the_state_read_early(m, fuse, block_v):
+    # state_early (NINFER_GDN_EARLY): the slot ids and state read before the PDL wait where the
+    # heads are split (whole heads keep the order: their tile would not fit beside the gate rows)
+    _columns_vs_steps(2, 4, 16, 16, m, [3, 1], fuse, block_v, seed=m + 5, state_early=True)
 
 
 def _replay_vs_columns(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed, layers=2):
@@ -310,18 +318,19 @@ def test_commit_replay_refuses_bad_shapes():
 # inside the same launch by each head's last program (NINFER_GDN_SPLIT_NORM=1), racing for real here
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("mode", ["whole", "split", "split_norm"])
+@pytest.mark.parametrize("mode", ["whole", "split", "split_norm", "split_early"])
 @pytest.mark.parametrize("slots_list", [[1], [4, 0]])
 def test_verify_columns_real_shapes_gpu(mode, slots_list, monkeypatch):
     monkeypatch.setenv("NINFER_GDN_SPLIT", "0" if mode == "whole" else "1")
     monkeypatch.setenv("NINFER_GDN_SPLIT_NORM", "1" if mode == "split_norm" else "0")
-    _columns_vs_steps(16, 48, 128, 128, 4, slots_list, True, None, seed=len(slots_list))
+    _columns_vs_steps(16, 48, 128, 128, 4, slots_list, True, None, seed=len(slots_list), state_early=mode == "split_early")
 
 
-# H = 80 = 64 + 16: the rows load before the PDL wait in two parts; 200: after it, in a masked loop
+# H = 80 = 64 + 16: the rows load before the PDL wait in two parts; 200: after it, in a masked loop;
+# state_early: the state tile with them before the wait (split heads)
 @pytest.mark.parametrize("H", [80, 200])
-@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 8)])
-def test_verify_columns_with_the_gates_in_the_kernel(H, fuse, block_v):
+@pytest.mark.parametrize("fuse,block_v,state_early", [(True, None, False), (False, 8, False), (False, 8, True)])
+def test_verify_columns_with_the_gates_in_the_kernel(H, fuse, block_v, state_early):
     """The verify with in_proj_a / in_proj_b inside its launch (ab_input, the rows reused for the
     M tokens) against M decode steps that also compute them inside (ab_input): the same fp32
     gates, so decode and verify agree; and against the verify given those gates from outside."""
@@ -344,7 +353,7 @@ def test_verify_columns_with_the_gates_in_the_kernel(H, fuse, block_v):
 
     cc, cr = columns()
     o = gdn_verify_columns(x, None, None, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr, slots,
-                           ab_input=(h, w_ab), **kw)
+                           ab_input=(h, w_ab), state_early=state_early, **kw)
     assert torch.equal(L.conv_state, conv0) and torch.equal(L.ssm_state, ssm0)
     ab = h.float() @ w_ab.float().T
     cc2, cr2 = columns()

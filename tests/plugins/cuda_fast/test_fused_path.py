@@ -232,6 +232,34 @@ def test_each_norm_offers_itself_to_the_linear_that_reads_it_first(tiny, monkeyp
     assert offered == want
 
 
+def test_the_linear_offered_a_norm_is_the_next_one_called(tiny, monkeypatch):
+    """Not circular: each norm's offer (QLinear.norm_input) is followed, among the QLinear calls,
+    by a call of that same linear first (the head's after compute_logits)."""
+    from ninfer.linear import QLinear
+
+    device = "cuda" if CUDA else "cpu"
+    m = _model(tiny, device, torch.bfloat16, fast=True)
+    events = []
+    forward = QLinear.forward
+
+    def spy(self, x, *args, **kwargs):
+        events.append(("call", self.name))
+        return forward(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(QLinear, "forward", spy)
+    monkeypatch.setattr(QLinear, "norm_input", lambda self, *a, **k: events.append(("offer", self.name)))
+    cache = m.allocate_cache(1, 32)
+    m.forward(torch.tensor([1, 2, 3], device=device), cache, 0, 0)
+    events.clear()
+    h = m.decode(torch.tensor([4], device=device), cache, torch.tensor([0], device=device), torch.tensor([3], device=device))
+    m.compute_logits(h)
+    offers = [i for i, e in enumerate(events) if e[0] == "offer"]
+    assert offers
+    for i in offers:
+        nxt = next((e for e in events[i + 1:] if e[0] == "call"), None)
+        assert nxt is not None and nxt[1] == events[i][1], (events[i], nxt)
+
+
 def test_model_lets_a_moe_layer_fold_its_residual_add_and_norm(tmp_path, monkeypatch):
     """The layer loop's contract with `forward_add_norm`: given (delta, residual, weight, eps) the
     MoE updates the residual in place and returns its output; here a stand-in that does exactly

@@ -692,10 +692,15 @@ def test_norm_pairs_refuses_what_the_gemv_does_not_take():
 
 @interp
 @pytest.mark.parametrize("scheme", ["q4_g64", "q8_g32"])
-def test_launches_reuse_pairs_only_of_the_same_unchanged_x(scheme, monkeypatch):
+@pytest.mark.parametrize("mode", ["no_grad", "inference"])
+def test_launches_reuse_pairs_only_of_the_same_unchanged_x(scheme, mode, monkeypatch):
     # NINFER_KW_XREUSE=1: a launch on the norm's output, or again on the same x, makes no pairs;
-    # a changed x (in place), another tensor, other rows or the switch off make them again. Every
-    # result equals the launch that makes its own pairs.
+    # a changed x (in place, where torch counts it), another tensor, other rows, a new epoch (a
+    # capture or replay happened) or the switch off make them again. Every result equals the
+    # launch that makes its own pairs. "inference": under torch.inference_mode, as the engine's
+    # steps run (no version counters, views without a _base).
+    from ninfer.kernels.epoch import new_epoch
+
     g = torch.Generator().manual_seed(11)
     n, k = 40, 512
     p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
@@ -716,22 +721,31 @@ def test_launches_reuse_pairs_only_of_the_same_unchanged_x(scheme, monkeypatch):
     def check(y, x_in):
         assert rel_err(y, x_in.float() @ deq.T) < 6e-3
 
-    h = KW.norm_pairs(x, w, 1e-6, p.fmt)
-    check(KW.launch(h, p, cfg), h)
-    check(KW.launch(h.reshape(1, k), p, cfg), h)  # a view of it: still its pairs
-    assert made == []
-    h.mul_(2)  # changed in place: its version moved
-    check(KW.launch(h, p, cfg), h)
-    assert len(made) == 1
-    check(KW.launch(h, p, cfg), h)  # made by that launch, noted: reused
-    assert len(made) == 1
-    other = h.clone()
-    check(KW.launch(other, p, cfg), other)
-    assert len(made) == 2
-    h2 = torch.cat([h, h])
-    check(KW.launch(h2, p, cfg), h2)  # other rows
-    assert len(made) == 3
-    monkeypatch.setenv("NINFER_KW_XREUSE", "0")
-    h = KW.norm_pairs(x, w, 1e-6, p.fmt)
-    check(KW.launch(h, p, cfg), h)
-    assert len(made) == 4 and KW._HELD == {}
+    with torch.inference_mode() if mode == "inference" else torch.no_grad():
+        h = KW.norm_pairs(x, w, 1e-6, p.fmt)
+        check(KW.launch(h, p, cfg), h)
+        check(KW.launch(h.reshape(1, k), p, cfg), h)  # a view of it: still its pairs
+        assert made == []
+        if mode == "no_grad":
+            h.mul_(2)  # changed in place: its version moved
+            check(KW.launch(h, p, cfg), h)
+            assert len(made) == 1
+        else:
+            made.append("skipped")  # an inference tensor keeps no version: nothing to see
+        check(KW.launch(h, p, cfg), h)  # made by that launch (or the norm), noted: reused
+        assert len(made) == 1
+        other = h.clone()
+        check(KW.launch(other, p, cfg), other)
+        assert len(made) == 2
+        h2 = torch.cat([h, h])
+        check(KW.launch(h2, p, cfg), h2)  # other rows
+        assert len(made) == 3
+        check(KW.launch(h2, p, cfg), h2)
+        assert len(made) == 3
+        new_epoch()  # a capture or a replay: what the host noted may no longer be there
+        check(KW.launch(h2, p, cfg), h2)
+        assert len(made) == 4
+        monkeypatch.setenv("NINFER_KW_XREUSE", "0")
+        h = KW.norm_pairs(x, w, 1e-6, p.fmt)
+        check(KW.launch(h, p, cfg), h)
+        assert len(made) == 5 and KW._HELD == {}
