@@ -383,7 +383,7 @@ case "${1:-}" in
     # then the 35B step and the 27B step, variants alternated in one process each
     t0=$(date +%s)
     timeout 200 python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
-      "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_early_pairs_replay_over_changing_routings" \
+      "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_pairs_replay_in_a_cuda_graph" \
       "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
       "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
       "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \

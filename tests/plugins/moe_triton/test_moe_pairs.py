@@ -139,7 +139,12 @@ def test_gpu_pairs_real_shapes(real, T):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 4])
-def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
+@pytest.mark.parametrize("early", [False, True])
+def test_gpu_pairs_replay_in_a_cuda_graph(real, T, early, monkeypatch):
+    """Replayed over changing routings: the oracle's results. early (NINFER_MOE_EARLY=1, under
+    PDL): down reads the router's ids and its weights before its wait, trusting gate_up to let it
+    go only past gate_up's own wait; a stale id would show as a wrong expert's rows, and the bits
+    must equal the default order's, run eagerly after each replay."""
     (w, gu, dn), (sw, sdec, sg) = real
     moe = TritonMoe(fused_dtypes=(ACT,))
     x = torch.randn(T, H, device="cuda").bfloat16()
@@ -149,46 +154,20 @@ def test_gpu_pairs_replay_in_a_cuda_graph(real, T):
         r = route(logits, TOP_K, x=x, shared_gate_weight=sg)
         return moe.run(x, r, w, sw), r
 
+    monkeypatch.setenv("NINFER_MOE_EARLY", "1" if early else "0")
     graph, (out, r) = captured(step, warmups=2)
-    for seed in range(3):
+    monkeypatch.setenv("NINFER_MOE_EARLY", "0")
+    for seed in range(12 if early else 3):
         g = torch.Generator(device="cuda").manual_seed(seed)
         x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
         logits.copy_(torch.randn(T, E, generator=g, device="cuda"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
-        _close(out, ref)
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("T", [1, 4])
-def test_gpu_early_pairs_replay_over_changing_routings(real, T, monkeypatch):
-    # NINFER_MOE_EARLY=1 under PDL: down reads the router's ids and its weights before its wait,
-    # trusting gate_up to let it go only past gate_up's own wait. Replayed over many routings,
-    # a stale id would show as a wrong expert's rows; the bits must equal the default order's.
-    (w, gu, dn), (sw, sdec, sg) = real
-    moe = TritonMoe(fused_dtypes=(ACT,))
-    x = torch.randn(T, H, device="cuda").bfloat16()
-    logits = torch.randn(T, E, device="cuda")
-
-    def step():
-        r = route(logits, TOP_K, x=x, shared_gate_weight=sg)
-        return moe.run(x, r, w, sw), r
-
-    monkeypatch.setenv("NINFER_MOE_EARLY", "1")
-    graph, (out, r) = captured(step, warmups=2)
-    monkeypatch.setenv("NINFER_MOE_EARLY", "0")
-    for seed in range(12):
-        g = torch.Generator(device="cuda").manual_seed(100 + seed)
-        x.copy_(torch.randn(T, H, generator=g, device="cuda").bfloat16())
-        logits.copy_(torch.randn(T, E, generator=g, device="cuda"))
-        graph.replay()
-        plain, r_plain = step()
-        torch.cuda.synchronize()
-        assert torch.equal(r.ids, r_plain.ids)
-        assert torch.equal(out, plain), seed
-        if seed % 4 == 0:
+        if early:
+            plain, r_plain = step()
+            torch.cuda.synchronize()
+            assert torch.equal(r.ids, r_plain.ids) and torch.equal(out, plain), seed
+        if not early or seed % 4 == 0:
             ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
             _close(out, ref)
 

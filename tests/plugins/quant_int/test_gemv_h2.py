@@ -45,6 +45,17 @@ def packed_and_ref(w: torch.Tensor, scheme: str):
     return prepare_int(pk), F.dequantize(pk)
 
 
+def norm_inputs(n: int, k: int, seed: int, with_residual: bool, device: str):
+    """(x, w, residual, a copy of it) for a (1 + w) RMSNorm test of n rows of k, bf16 on `device`
+    (the residuals None without one): the norms that write a GEMV's prepared x (gemv_kw.norm_pairs,
+    gemv_tkw.norm_xq) against rmsnorm, each given its own copy of the residual to add into."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, k, generator=g) * 4).to(torch.bfloat16).to(device)
+    w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16).to(device)
+    res = (torch.randn(n, k, generator=g) * 2).to(torch.bfloat16).to(device) if with_residual else None
+    return x, w, res, None if res is None else res.clone()
+
+
 def replayed(fn, times: int = 2):
     """fn() captured in one CUDA graph, then replayed `times` times: its output after each replay."""
     g = torch.cuda.CUDAGraph()

@@ -26,7 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import SCHEME_OF, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+from test_gemv_h2 import SCHEME_OF, norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -660,19 +660,14 @@ def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
     # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes
     from ninfer.kernels.triton.norms import rmsnorm
 
-    g = torch.Generator().manual_seed(n * 100 + k + fmt)
-    x = (torch.randn(n, k, generator=g) * 4).to(torch.bfloat16).to(DEV)
-    w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16).to(DEV)
-    res = (torch.randn(n, k, generator=g) * 2).to(torch.bfloat16).to(DEV) if with_residual else None
-    res_a = None if res is None else res.clone()
-    res_b = None if res is None else res.clone()
+    x, w, res_a, res_b = norm_inputs(n, k, n * 100 + k + fmt, with_residual, DEV)
     fast = not INTERPRET
     out = {}
     fused = _scratch_after(lambda: out.setdefault("h", KW.norm_pairs(x, w, 1e-6, fmt, residual=res_a, fast=fast)), fmt, k)
     h = out["h"]
     want = rmsnorm(x, w, 1e-6, residual=res_b)
     assert torch.equal(h, want)
-    if res is not None:
+    if res_a is not None:
         assert torch.equal(res_a, res_b)
     apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), fmt, k)
     for got, exp in zip(fused, apart):

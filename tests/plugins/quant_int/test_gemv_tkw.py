@@ -22,7 +22,7 @@ from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_tc as TC  # noqa: E402
 from ninfer_plugins.quant_int import gemv_tkw as TK  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+from test_gemv_h2 import norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -74,19 +74,14 @@ def test_norm_xq_is_rmsnorm_then_xq(fmt, n, k, with_residual):
     # that output (every token slot, the ones past n zeros)
     from ninfer.kernels.triton.norms import rmsnorm
 
-    g = torch.Generator().manual_seed(n * 10 + k + fmt)
-    x = (torch.randn(n, k, generator=g) * 4).to(torch.bfloat16).to(DEV)
-    w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16).to(DEV)
-    res = (torch.randn(n, k, generator=g) * 2).to(torch.bfloat16).to(DEV) if with_residual else None
-    res_a = None if res is None else res.clone()
-    res_b = None if res is None else res.clone()
+    x, w, res_a, res_b = norm_inputs(n, k, n * 10 + k + fmt, with_residual, DEV)
     scratch = TK.xq_scratch(torch.device(DEV), k)
     for t in scratch:
         t.fill_(-3)
     h = TK.norm_xq(x, w, 1e-6, fmt, residual=res_a)
     fused = [t.clone() for t in scratch]
     assert torch.equal(h, rmsnorm(x, w, 1e-6, residual=res_b))
-    if res is not None:
+    if res_a is not None:
         assert torch.equal(res_a, res_b)
     for t in scratch:
         t.fill_(-3)
