@@ -37,7 +37,8 @@ def offset_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tenso
 
 class TorchOps:
     """The small ops between projections, in plain torch: the reference every fused version
-    (`ops` of a tuned full-attention backend) must match."""
+    (`ops` of a tuned full-attention backend) must match, taking the same arguments (rms_norm and
+    add_rms_norm also `into`, the QLinear that reads their result first: a hint they may ignore)."""
 
     name = "torch"
 
