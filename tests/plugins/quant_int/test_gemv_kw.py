@@ -643,9 +643,10 @@ def test_pin_switch_pins_the_dispatched_config(monkeypatch):
 # --- x's pairs made once an x (NINFER_KW_XREUSE=1): by the norm, reused by the next launch ---------
 
 
-def _scratch_after(fn, fmt, k):
-    """x_scratch(fmt, k) filled with a sentinel, then fn(): a copy of what it holds."""
-    scratch = KW.x_scratch(torch.device(DEV), fmt, k)
+def _scratch_after(fn, device, fmt, k):
+    """x_scratch(fmt, k) of `device` (the tensors' own: "cuda:0", not "cuda", names the scratch
+    the kernels use) filled with a sentinel, then fn(): a copy of what it holds."""
+    scratch = KW.x_scratch(device, fmt, k)
     for t in scratch:
         t.fill_(-7)
     fn()
@@ -663,13 +664,15 @@ def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
     x, w, res_a, res_b = norm_inputs(n, k, n * 100 + k + fmt, with_residual, DEV)
     fast = not INTERPRET
     out = {}
-    fused = _scratch_after(lambda: out.setdefault("h", KW.norm_pairs(x, w, 1e-6, fmt, residual=res_a, fast=fast)), fmt, k)
+    fused = _scratch_after(lambda: out.setdefault("h", KW.norm_pairs(x, w, 1e-6, fmt, residual=res_a, fast=fast)),
+                           x.device, fmt, k)
+    assert not torch.equal(fused[0], torch.full_like(fused[0], -7))  # the scratch the kernel wrote
     h = out["h"]
     want = rmsnorm(x, w, 1e-6, residual=res_b)
     assert torch.equal(h, want)
     if res_a is not None:
         assert torch.equal(res_a, res_b)
-    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), fmt, k)
+    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), x.device, fmt, k)
     for got, exp in zip(fused, apart):
         assert torch.equal(got, exp)
 

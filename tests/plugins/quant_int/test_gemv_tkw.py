@@ -75,11 +75,12 @@ def test_norm_xq_is_rmsnorm_then_xq(fmt, n, k, with_residual):
     from ninfer.kernels.triton.norms import rmsnorm
 
     x, w, res_a, res_b = norm_inputs(n, k, n * 10 + k + fmt, with_residual, DEV)
-    scratch = TK.xq_scratch(torch.device(DEV), k)
+    scratch = TK.xq_scratch(x.device, k)  # the tensors' own device ("cuda:0"): the kernels' scratch
     for t in scratch:
         t.fill_(-3)
     h = TK.norm_xq(x, w, 1e-6, fmt, residual=res_a)
     fused = [t.clone() for t in scratch]
+    assert not torch.equal(fused[1], torch.full_like(fused[1], -3))  # the scratch the kernel wrote
     assert torch.equal(h, rmsnorm(x, w, 1e-6, residual=res_b))
     if res_a is not None:
         assert torch.equal(res_a, res_b)
