@@ -56,6 +56,19 @@ def norm_inputs(n: int, k: int, seed: int, with_residual: bool, device: str):
     return x, w, res, None if res is None else res.clone()
 
 
+def count_launches(monkeypatch, module, name: str) -> list:
+    """The grids of every launch of module.<name> (a Triton kernel) from now on, as a list."""
+    grids, real = [], getattr(module, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(module, name, Spy())
+    return grids
+
+
 def replayed(fn, times: int = 2):
     """fn() captured in one CUDA graph, then replayed `times` times: its output after each replay."""
     g = torch.cuda.CUDAGraph()

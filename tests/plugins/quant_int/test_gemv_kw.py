@@ -26,7 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import SCHEME_OF, norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+from test_gemv_h2 import SCHEME_OF, count_launches, norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -703,15 +703,7 @@ def test_launches_reuse_pairs_only_of_the_same_unchanged_x(scheme, mode, monkeyp
     n, k = 40, 512
     p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
     cfg = KW.KWConfig(16, 32)
-    made = []
-    real = KW._xpairs_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            made.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(KW, "_xpairs_kernel", Spy())
+    made = count_launches(monkeypatch, KW, "_xpairs_kernel")
     monkeypatch.setenv("NINFER_KW_XREUSE", "1")
     x = (torch.randn(1, k, generator=g) * 3).to(torch.bfloat16)
     w = (torch.randn(k, generator=g) * 0.2).to(torch.bfloat16)

@@ -22,7 +22,7 @@ from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_tc as TC  # noqa: E402
 from ninfer_plugins.quant_int import gemv_tkw as TK  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+from test_gemv_h2 import count_launches, norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -429,14 +429,6 @@ def test_gpu_tkw_takes_x_prepared_by_the_norm(scheme, n, k, monkeypatch):
     p, _ = _packed(scheme, n, k)
     cfg = TK.TKWConfig()
     K.Workspace.get(p.device).reserve(*cfg.workspace(p))
-    made = []
-    real = TK._xq_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            made.append(grid)
-            return real[grid]
-
     torch.manual_seed(5)
     x = _tokens(4, k)
     w = torch.randn(k, device="cuda", dtype=torch.bfloat16) * 0.1
@@ -444,7 +436,7 @@ def test_gpu_tkw_takes_x_prepared_by_the_norm(scheme, n, k, monkeypatch):
     h_plain = TK.norm_xq(x, w, 1e-6, p.fmt, residual=res.clone())
     want = TK.launch(h_plain, p, cfg)
     monkeypatch.setenv("NINFER_KW_XREUSE", "1")
-    monkeypatch.setattr(TK, "_xq_kernel", Spy())
+    made = count_launches(monkeypatch, TK, "_xq_kernel")
 
     def step():
         h = TK.norm_xq(x, w, 1e-6, p.fmt, residual=res.clone())
