@@ -402,9 +402,10 @@ case "${1:-}" in
   early3)
     # early and early2 in one call, for a session with device time for one (~9.5 min): the GPU
     # tests, then the 35B and the 27B steps with everything on against as committed, alternated,
-    # each switch alone after that while the budget lasts
+    # each switch alone after that while the budget lasts; END (default 580): the call's seconds
     t0=$(date +%s)
-    timeout 170 python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
+    END=${END:-580}
+    timeout $(( END / 4 )) python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
       "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_pairs_replay_in_a_cuda_graph" \
       "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
       "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
@@ -418,9 +419,9 @@ case "${1:-}" in
     echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
     grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
-    steps qwen3.6-35b-a3b $(( 380 - ($(date +%s) - t0) )) 170 e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
+    steps qwen3.6-35b-a3b $(( END * 2 / 3 - ($(date +%s) - t0) )) $(( END / 4 )) e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
       "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
-    steps qwen3.6-27b $(( 580 - ($(date +%s) - t0) )) $(( 500 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
+    steps qwen3.6-27b $(( END - ($(date +%s) - t0) )) $(( END - 80 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
       "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "NINFER_GDN_EARLY=1" \
       "NINFER_KW_XREUSE=1"
     ;;
