@@ -37,6 +37,7 @@
 #                                      # x pairs from the norms (NINFER_KW_XREUSE), written without a GPU: their GPU
 #                                      # tests and the 35B step with and without (~9.5 min); early2: the 27B step and
 #                                      # the MTP round with and without (~9.5 min)
+#   bash bench/next_session.sh mtp35   # the 35B-A3B MTP round (never measured) and its projection beside the plain step
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
@@ -445,6 +446,16 @@ case "${1:-}" in
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
     steps qwen3.6-35b-a3b $(( END - ($(date +%s) - t0) )) $(( END - 50 - ($(date +%s) - t0) )) e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
       "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
+    ;;
+  mtp35)
+    # the 35B-A3B's MTP round, never measured (~6 min): its MoE MTP layer drafting, the verify of 4
+    # on the pair kernels, rounds/s and the projected tok/s at the peer's published acceptance
+    # (labelled a projection: random weights accept next to nothing), beside the plain step
+    t0=$(date +%s)
+    timeout 400 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k,int4_8k_mtp3 \
+      --budget-s 330 > "$OUT/m35.txt" 2>&1
+    echo "35B MTP rc=$? $(( $(date +%s) - t0 )) s"
+    grep -E "^int4_8k|spec round|projection|^skipped|ERROR|Error" "$OUT/m35.txt" | cut -c1-150
     ;;
   early2)
     # the 27B step with and without NINFER_GDN_EARLY / NINFER_KW_XREUSE, then the MTP round with the
