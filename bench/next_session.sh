@@ -448,10 +448,14 @@ case "${1:-}" in
       "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
     ;;
   mtp35)
-    # the 35B-A3B's MTP round, never measured (~6 min): its MoE MTP layer drafting, the verify of 4
-    # on the pair kernels, rounds/s and the projected tok/s at the peer's published acceptance
-    # (labelled a projection: random weights accept next to nothing), beside the plain step
+    # the 35B-A3B's MTP round, never measured (~8.5 min): the MoE family's MTP GPU tests, then the
+    # round (its MoE MTP layer drafting, the verify of 4 on the pair kernels), rounds/s and the
+    # projected tok/s at the peer's published acceptance (labelled a projection: random weights
+    # accept next to nothing), beside the plain step
     t0=$(date +%s)
+    timeout 150 python3 -m pytest -v -rf -m gpu -n $NW tests/plugins/spec_mtp/test_spec_gpu.py -k moe > "$OUT/t.txt" 2>&1
+    echo "MoE MTP GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
+    grep -E "FAILED|ERROR" "$OUT/t.txt" | cut -c1-200 | head -20
     timeout 400 python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k,int4_8k_mtp3 \
       --budget-s 330 > "$OUT/m35.txt" 2>&1
     echo "35B MTP rc=$? $(( $(date +%s) - t0 )) s"

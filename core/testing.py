@@ -98,6 +98,36 @@ def make_tiny(
     return out
 
 
+def make_medium(like: str, out_dir: str | os.PathLike[str]) -> str:
+    """make_tiny's checkpoint (sidecars included, vocab 512, 4 layers), then config and weights
+    rewritten wider: hidden 1,024, head dims 256 / 128, expert and MLP widths 256 / 1,024. The
+    tiny checkpoints are too narrow for the decode kernels (the f16x2 and K-walk GEMVs and the MoE
+    pair kernels want K a multiple of 256); GPU tests of those kernels in a whole model use this."""
+    from safetensors.torch import save_file
+
+    from ninfer_plugins.qwen_hybrid.tiny import _mrope_section, tiny_tensors
+
+    path = make_tiny(like, out_dir, vocab=512, layers=4)
+    cfg = json.loads((path / "config.json").read_text())
+    text = cfg["text_config"] if "text_config" in cfg else cfg
+    gqa = text["num_attention_heads"] // text["num_key_value_heads"]
+    text.update(hidden_size=1024, num_key_value_heads=1, num_attention_heads=gqa, head_dim=256,
+                linear_key_head_dim=128, linear_value_head_dim=128)
+    if "num_experts" in text:
+        text.update(moe_intermediate_size=256, shared_expert_intermediate_size=256)
+    else:
+        text["intermediate_size"] = 1024
+    rope = text.get("rope_parameters")
+    if rope and "mrope_section" in rope:
+        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+        rope["mrope_section"] = _mrope_section(int(256 * partial) // 2)
+    if isinstance(cfg.get("vision_config"), dict):
+        cfg["vision_config"]["out_hidden_size"] = 1024
+    (path / "config.json").write_text(json.dumps(cfg, indent=4))
+    save_file(tiny_tensors(cfg, 0, "fused"), str(path / "model.safetensors"), metadata={"format": "pt"})
+    return str(path)
+
+
 def _copy_sidecars(spec: Any, plugin_dir: Path, out: Path) -> None:
     """generation_config.json and chat_template.jinja: real files, copied as published."""
     sources = []

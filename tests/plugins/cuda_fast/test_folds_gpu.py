@@ -3,49 +3,19 @@ GEMV and the MoE pair down kernel, off: slower on the H200) in a whole model on 
 eager decode give the same tokens with them on, and the logits stay close to the unfolded ones.
 
 The tiny checkpoints are too narrow for the kernels the folds live in (the f16x2 GEMV and the
-pair kernels want K a multiple of 256), so these tests write a "medium" one of the same layout:
-hidden 1,024, head dims 256 / 128, 4 layers, int4. The CPU part checks that checkpoint loads."""
+pair kernels want K a multiple of 256), so these tests write a "medium" one of the same layout
+(ninfer.testing.make_medium: hidden 1,024, head dims 256 / 128, 4 layers), int4. The CPU part checks that checkpoint loads."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 
 from ninfer.config import EngineConfig, SamplingParams
-from ninfer.testing import load_model, make_tiny
+from ninfer.testing import load_model, make_medium
 
-VOCAB = 512
 CUDA = torch.cuda.is_available()
 FOLDS = ("NINFER_GDN_AB", "NINFER_MOE_NORM", "NINFER_GEMV_NORM")
-
-
-def make_medium(like: str, out_dir) -> str:
-    """make_tiny's checkpoint (sidecars included), then config and weights rewritten wider."""
-    from safetensors.torch import save_file
-
-    from ninfer_plugins.qwen_hybrid.tiny import _mrope_section, tiny_tensors
-
-    path = make_tiny(like, out_dir, vocab=VOCAB, layers=4)
-    cfg = json.loads((path / "config.json").read_text())
-    text = cfg["text_config"] if "text_config" in cfg else cfg
-    gqa = text["num_attention_heads"] // text["num_key_value_heads"]
-    text.update(hidden_size=1024, num_key_value_heads=1, num_attention_heads=gqa, head_dim=256,
-                linear_key_head_dim=128, linear_value_head_dim=128)
-    if "num_experts" in text:
-        text.update(moe_intermediate_size=256, shared_expert_intermediate_size=256)
-    else:
-        text["intermediate_size"] = 1024
-    rope = text.get("rope_parameters")
-    if rope and "mrope_section" in rope:
-        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
-        rope["mrope_section"] = _mrope_section(int(256 * partial) // 2)
-    if isinstance(cfg.get("vision_config"), dict):
-        cfg["vision_config"]["out_hidden_size"] = 1024
-    (path / "config.json").write_text(json.dumps(cfg, indent=4))
-    save_file(tiny_tensors(cfg, 0, "fused"), str(path / "model.safetensors"), metadata={"format": "pt"})
-    return str(path)
 
 
 @pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])

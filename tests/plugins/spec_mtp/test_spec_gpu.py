@@ -1,6 +1,8 @@
 """Speculative rounds on a CUDA device (`-m gpu`): captured rounds give the eager rounds' tokens
 (bf16, K = 1..5, batched, greedy and sampled with penalties), eager fp32 rounds give plain greedy,
-and `ninfer bench --spec mtp` times a captured round and its verify pass."""
+and `ninfer bench --spec mtp` times a captured round and its verify pass. The same for the
+35B-A3B family (a MoE MTP layer, the verify's MoE on the Triton kernels; int4 at widths the pair
+kernels take)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from spec_helpers import make_engine, params, prompt_ids
 
 from ninfer.cli import main
 from ninfer.config import EngineConfig, SamplingParams
-from ninfer.testing import greedy_generate, load_model, make_tiny
+from ninfer.testing import greedy_generate, load_model, make_medium, make_tiny
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")]
@@ -130,3 +132,51 @@ def test_int4_verify_computes_the_gates_in_its_launch(tiny, monkeypatch):
     monkeypatch.setattr(T, "gdn_verify_columns", spy)
     _graph_vs_eager(tiny, 3, quant="int4")
     assert seen and all(seen), seen
+
+
+# --- the 35B-A3B family: its MTP layer is a MoE layer, and the verify's MoE runs T = batch x (K + 1)
+# rows (the pair kernels up to their row limit, the tile kernels past it)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    return make_tiny("qwen3.6-35b-a3b", tmp_path_factory.mktemp("g35"), vocab=VOCAB, layers=4)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_moe_captured_rounds_give_the_eager_rounds_tokens(tiny_moe, k):
+    _graph_vs_eager(tiny_moe, k)
+
+
+def test_moe_int4_captured_rounds_give_the_eager_rounds_tokens(tmp_path, monkeypatch):
+    """--quant int4 on the MoE family at widths the decode kernels take (make_medium): the experts
+    on the Triton MoE, the plain steps' and the verify's MoE on the pair kernels (a round of one
+    sequence verifies 4 rows); captured rounds give the eager rounds' tokens."""
+    from ninfer_plugins.moe_triton import pair_gemv
+
+    path = make_medium("qwen3.6-35b-a3b", tmp_path / "m35")
+    engine = _spec_engine(path, 3, False, quant="int4")
+    kernels = {layer.mlp.experts.kernel.name for layer in engine.model.layers}
+    assert kernels == {"triton.moe"}, kernels
+    rows, orig = [], pair_gemv.gate_up
+
+    def spy(x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return orig(x, *args, **kwargs)
+
+    monkeypatch.setattr(pair_gemv, "gate_up", spy)
+    _run(engine, PROMPTS[:1], PARAMS[:1])
+    assert 4 in rows, sorted(set(rows))  # the verify of anchor + 3 drafts went through the pairs
+    monkeypatch.undo()
+    del engine
+    _graph_vs_eager(path, 3, quant="int4")
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_moe_fp32_rounds_give_plain_greedy(tiny_moe, tok, k):
+    model = load_model(tiny_moe, "cuda", spec="mtp", dtype="float32")
+    prompt = PROMPTS[1]
+    want = greedy_generate(model, prompt, 64)
+    got = make_engine(model, tok, k=k).generate(prompt, params(max_new_tokens=64))
+    assert got.new_token_ids == want
+    assert got.stats["spec"]["rounds"] > 0
