@@ -96,6 +96,24 @@ steps() {
   echo "$label rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/$file" | cut -c1-150
 }
 
+# the nineteenth session's GPU tests (reads before the PDL wait, the K-walk's x from the norms), -v
+# -rfP so each is named and the ordering test's control count is printed: early_tests SECONDS; needs t0
+early_tests() {
+  timeout "$1" python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
+    "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_pairs_replay_in_a_cuda_graph" \
+    "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
+    "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
+    "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \
+    "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_pairs_from_the_norm_change_no_bit" \
+    "tests/plugins/quant_int/test_gemv_kw.py::test_norm_pairs_is_rmsnorm_then_xpairs" \
+    "tests/plugins/quant_int/test_gemv_tkw.py::test_norm_xq_is_rmsnorm_then_xq" \
+    "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
+    "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
+    > "$OUT/t.txt" 2>&1
+  echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
+  grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
+}
+
 case "${1:-}" in
   tests|tests-a|tests-b)
     # everything in one call (a cold machine needs more than the 600 s a call may take: 391 of ~430
@@ -383,19 +401,7 @@ case "${1:-}" in
     # GPU tests first (-v: bit-equal to the default, graph = eager, replay over changing routings),
     # then the 35B step and the 27B step, variants alternated in one process each
     t0=$(date +%s)
-    timeout 200 python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
-      "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_pairs_replay_in_a_cuda_graph" \
-      "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
-      "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
-      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \
-      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_pairs_from_the_norm_change_no_bit" \
-      "tests/plugins/quant_int/test_gemv_kw.py::test_norm_pairs_is_rmsnorm_then_xpairs" \
-      "tests/plugins/quant_int/test_gemv_tkw.py::test_norm_xq_is_rmsnorm_then_xq" \
-      "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
-      "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
-      > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
-    grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
+    early_tests 200
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
     steps qwen3.6-35b-a3b $(( 570 - ($(date +%s) - t0) )) 300 e35.txt "35B step" "X=1" "NINFER_MOE_EARLY=1" \
       "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1" "$ALL" "X=1" "$ALL"
@@ -406,19 +412,7 @@ case "${1:-}" in
     # each switch alone after that while the budget lasts; END (default 580): the call's seconds
     t0=$(date +%s)
     END=${END:-580}
-    timeout $(( END / 4 )) python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
-      "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_pairs_replay_in_a_cuda_graph" \
-      "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
-      "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
-      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \
-      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_pairs_from_the_norm_change_no_bit" \
-      "tests/plugins/quant_int/test_gemv_kw.py::test_norm_pairs_is_rmsnorm_then_xpairs" \
-      "tests/plugins/quant_int/test_gemv_tkw.py::test_norm_xq_is_rmsnorm_then_xq" \
-      "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
-      "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
-      > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
-    grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
+    early_tests $(( END / 4 ))
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
     steps qwen3.6-35b-a3b $(( END * 2 / 3 - ($(date +%s) - t0) )) $(( END / 4 )) e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
       "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
@@ -430,19 +424,7 @@ case "${1:-}" in
     # early3 for a call of about five minutes: the GPU tests, then the 35B step only
     t0=$(date +%s)
     END=${END:-580}
-    timeout 130 python3 -m pytest -v -rfP -m "gpu or not gpu" -n $NW tests/core/kernels/test_triton_pdl.py \
-      "tests/plugins/moe_triton/test_moe_pairs.py::test_gpu_pairs_replay_in_a_cuda_graph" \
-      "tests/core/kernels/test_triton_gdn.py::test_real_shapes_state_early_gpu" \
-      "tests/plugins/cuda_fast/test_fused_path.py::test_state_read_before_the_wait_changes_no_bit" \
-      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager" \
-      "tests/plugins/cuda_fast/test_folds_gpu.py::test_gpu_pairs_from_the_norm_change_no_bit" \
-      "tests/plugins/quant_int/test_gemv_kw.py::test_norm_pairs_is_rmsnorm_then_xpairs" \
-      "tests/plugins/quant_int/test_gemv_tkw.py::test_norm_xq_is_rmsnorm_then_xq" \
-      "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
-      "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
-      > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
-    grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
+    early_tests 130
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
     steps qwen3.6-35b-a3b $(( END - ($(date +%s) - t0) )) $(( END - 50 - ($(date +%s) - t0) )) e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
       "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
