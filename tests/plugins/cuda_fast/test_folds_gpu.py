@@ -4,7 +4,8 @@ eager decode give the same tokens with them on, and the logits stay close to the
 
 The tiny checkpoints are too narrow for the kernels the folds live in (the f16x2 GEMV and the
 pair kernels want K a multiple of 256), so these tests write a "medium" one of the same layout
-(ninfer.testing.make_medium: hidden 1,024, head dims 256 / 128, 4 layers), int4. The CPU part checks that checkpoint loads."""
+(ninfer.testing.make_medium: hidden 1,024, head dims 256 / 128, 4 layers), int4. The CPU part
+checks that checkpoint loads."""
 
 from __future__ import annotations
 
