@@ -406,28 +406,28 @@ case "${1:-}" in
     steps qwen3.6-35b-a3b $(( 570 - ($(date +%s) - t0) )) 300 e35.txt "35B step" "X=1" "NINFER_MOE_EARLY=1" \
       "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1" "$ALL" "X=1" "$ALL"
     ;;
-  early3)
+  early3|early4)
     # early and early2 in one call, for a session with device time for one (~9.5 min): the GPU
     # tests, then the 35B and the 27B steps with everything on against as committed, alternated,
-    # each switch alone after that while the budget lasts; END (default 580): the call's seconds
+    # each switch alone after that while the budget lasts; END (default 580): the call's seconds.
+    # early4: about five minutes (END=300), the GPU tests and the 35B step only
     t0=$(date +%s)
     END=${END:-580}
-    early_tests $(( END / 4 ))
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
-    steps qwen3.6-35b-a3b $(( END * 2 / 3 - ($(date +%s) - t0) )) $(( END / 4 )) e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
-      "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
-    steps qwen3.6-27b $(( END - ($(date +%s) - t0) )) $(( END - 80 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
-      "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "NINFER_GDN_EARLY=1" \
-      "NINFER_KW_XREUSE=1"
-    ;;
-  early4)
-    # early3 for a call of about five minutes: the GPU tests, then the 35B step only
-    t0=$(date +%s)
-    END=${END:-580}
-    early_tests 130
-    ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
-    steps qwen3.6-35b-a3b $(( END - ($(date +%s) - t0) )) $(( END - 50 - ($(date +%s) - t0) )) e35.txt "35B step" "X=1" "$ALL" "X=1" "$ALL" \
-      "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
+    if [ "$1" = early4 ]; then
+      early_tests 130
+      LIMIT35=$END BUDGET35=$(( END - 50 - ($(date +%s) - t0) ))
+    else
+      early_tests $(( END / 4 ))
+      LIMIT35=$(( END * 2 / 3 )) BUDGET35=$(( END / 4 ))
+    fi
+    steps qwen3.6-35b-a3b $(( LIMIT35 - ($(date +%s) - t0) )) $BUDGET35 e35.txt "35B step" \
+      "X=1" "$ALL" "X=1" "$ALL" "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
+    if [ "$1" = early3 ]; then
+      steps qwen3.6-27b $(( END - ($(date +%s) - t0) )) $(( END - 80 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
+        "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "NINFER_GDN_EARLY=1" \
+        "NINFER_KW_XREUSE=1"
+    fi
     ;;
   mtp35)
     # the 35B-A3B's MTP round, never measured (~8.5 min): the MoE family's MTP GPU tests, then the
