@@ -109,6 +109,7 @@ early_tests() {
     "tests/plugins/quant_int/test_gemv_tkw.py::test_norm_xq_is_rmsnorm_then_xq" \
     "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
     "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
+    "tests/plugins/moe_triton/test_moe_router.py::test_gpu_route_gemv_with_the_residual_add_and_norm" \
     > "$OUT/t.txt" 2>&1
   echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
   grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
@@ -422,7 +423,7 @@ case "${1:-}" in
       LIMIT35=$(( END * 2 / 3 )) BUDGET35=$(( END / 4 ))
     fi
     steps qwen3.6-35b-a3b $(( LIMIT35 - ($(date +%s) - t0) )) $BUDGET35 e35.txt "35B step" \
-      "X=1" "$ALL" "X=1" "$ALL" "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
+      "X=1" "$ALL" "X=1" "$ALL" "NINFER_MOE_NORM=1" "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
     if [ "$1" = early3 ]; then
       steps qwen3.6-27b $(( END - ($(date +%s) - t0) )) $(( END - 80 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
         "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "NINFER_GDN_EARLY=1" \
