@@ -423,7 +423,7 @@ case "${1:-}" in
       LIMIT35=$(( END * 2 / 3 )) BUDGET35=$(( END / 4 ))
     fi
     steps qwen3.6-35b-a3b $(( LIMIT35 - ($(date +%s) - t0) )) $BUDGET35 e35.txt "35B step" \
-      "X=1" "$ALL" "X=1" "$ALL" "NINFER_MOE_NORM=1" "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
+      "X=1" "$ALL" "X=1" "$ALL" "NINFER_KW_TRY=1" "NINFER_MOE_NORM=1" "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
     if [ "$1" = early3 ]; then
       steps qwen3.6-27b $(( END - ($(date +%s) - t0) )) $(( END - 80 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
         "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "NINFER_GDN_EARLY=1" \

@@ -576,13 +576,13 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         if gcfg is not None:
             ws.reserve(*gcfg.workspace(p))
     from ninfer_plugins.quant_int import gemv_kw
-    from ninfer_plugins.quant_int.tuned import TUNED_KW
+    from ninfer_plugins.quant_int.tuned import TUNED_KW, TUNED_KW_TRY
 
     from ninfer_plugins.quant_int import gemv_h2, gemv_tkw
     from ninfer_plugins.quant_int.tuned import TUNED_TKW, TUNED_TKW_TRY
 
     if p.fmt in gemv_kw.DECODES:
-        _reserve_walk(ws, p, TUNED_KW, ("m1", "m4"), gemv_kw.KWConfig, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),
+        _reserve_walk(ws, p, {**TUNED_KW, **TUNED_KW_TRY}, ("m1", "m4"), gemv_kw.KWConfig, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),
                       lambda: (gemv_kw.x_scratch(p.device, p.fmt, p.k), gemv_kw.ready_counters(p.device)))
     if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
         _reserve_walk(ws, p, {**TUNED_TKW, **TUNED_TKW_TRY}, ("m1", "m4", "m8"), gemv_tkw.TKWConfig,
@@ -681,7 +681,8 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     if m > 8:
         return None
     from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc, gemv_tkw
-    from ninfer_plugins.quant_int.tuned import TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_TC, TUNED_TKW, TUNED_TKW_TRY
+    from ninfer_plugins.quant_int.tuned import (TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_KW_TRY, TUNED_TC, TUNED_TKW,
+                                                TUNED_TKW_TRY)
 
     if fmt in gemv_tkw.FORMATS and gemv_tkw.tuned_allowed():
         # the tensor-core K-walk: its measured winner (unless NINFER_TKW=0; under NINFER_TKW_TRY=1
@@ -694,8 +695,11 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
         if cfg is not None:
             return cfg
     if m <= 4 and fmt in gemv_kw.DECODES and gemv_kw.tuned_allowed():
-        # the K-walk GEMV: likewise (NINFER_KW=0 / =1), ahead of every other winner
-        cfg = _tuned_or_default(TUNED_KW, (fmt, n, k, "m1" if m == 1 else "m4"), gemv_kw.KWConfig, gemv_kw.enabled(),
+        # the K-walk GEMV: likewise (NINFER_KW=0 / =1; NINFER_KW_TRY=1: TUNED_KW_TRY's candidate
+        # first), ahead of every other winner
+        kw_key = (fmt, n, k, "m1" if m == 1 else "m4")
+        table = TUNED_KW_TRY if kw_key in TUNED_KW_TRY and os.environ.get("NINFER_KW_TRY") == "1" else TUNED_KW
+        cfg = _tuned_or_default(table, kw_key, gemv_kw.KWConfig, gemv_kw.enabled(),
                                 lambda: gemv_kw.default_config(fmt, n, k, sm_count))
         if cfg is not None:
             return cfg

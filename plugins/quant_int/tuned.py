@@ -479,6 +479,17 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
     (5, 16384, 5120, 'm8'): (4, 2, 4, 1),  # H100: 32.27 vs 44.03 us (TCD KB8 P2 w4 C6)
 }
 
+# K-walk configs not yet measured on their shape, dispatched ahead of TUNED_KW only under
+# NINFER_KW_TRY=1 (an A/B switch read at each launch, for `dense_27b.py --variants`): the 35B-A3B's
+# q6 head (248,320 x 2,048, 397 MB) with the 27B head's winners. On the H100 the K-walk took the
+# 27B's q6 head from 580.2 to 333.5 us at M = 1 (102.6% of copy) and 579.4 to 419.2 at M = 4
+# (BENCHMARKS.md seventeenth run); the 35B's head stays on the f16x2 GEMV, 154.8 us on the H200
+# (62.6% of copy), about 55 us a step above its bytes.
+TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
+    (6, 248320, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (6, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+}
+
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
 # H200, dispatched ahead of TUNED_TKW only under NINFER_TKW_TRY=1 (an A/B switch read at each launch,
 # for `dense_27b.py --variants`): the q4 shortlist head at M = 1 on a 4-stage ring, 153.64 against the

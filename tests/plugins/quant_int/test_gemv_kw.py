@@ -345,12 +345,35 @@ def test_tuned_kw_winners_dispatch_unless_switched_off(monkeypatch):
 
 
 def test_tuned_kw_table_entries_fit():
-    from ninfer_plugins.quant_int.tuned import TUNED_KW
+    from ninfer_plugins.quant_int.tuned import TUNED_KW, TUNED_KW_TRY
 
-    for (fmt, n, k, bucket), cfg in TUNED_KW.items():
+    for (fmt, n, k, bucket), cfg in [*TUNED_KW.items(), *TUNED_KW_TRY.items()]:
         assert bucket in ("m1", "m4")
         if cfg:
             assert KW._fits(fmt, k, KW.KWConfig(*cfg)), (fmt, n, k, cfg)
+
+
+def test_kw_try_switch_puts_candidates_first(monkeypatch):
+    """NINFER_KW_TRY=1 dispatches TUNED_KW_TRY's candidates ahead of TUNED_KW and of the kernels
+    dispatched without them (the 35B head's f16x2 GEMV); without it they are never picked; the
+    load-time reservation counts them either way."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.setenv("NINFER_TKW", "0")
+    for name in ("NINFER_KW", "NINFER_KW_TRY"):
+        monkeypatch.delenv(name, raising=False)
+    key = (6, 248320, 2048)
+    monkeypatch.setattr(tuned, "TUNED_KW_TRY", {(*key, "m1"): (8, 128, 1, 2, 1, False)})
+    before = {m: K.pick_gemv(6, m, *key[1:], 132) for m in (1, 4)}
+    assert not isinstance(before[1], KW.KWConfig)
+    monkeypatch.setenv("NINFER_KW_TRY", "1")
+    assert K.pick_gemv(6, 1, *key[1:], 132) == KW.KWConfig(8, 128, 1, 2, 1, False)
+    assert K.pick_gemv(6, 4, *key[1:], 132) == before[4]  # a bucket without a candidate: as before
+    monkeypatch.setenv("NINFER_KW", "0")  # the K-walk off: its candidates too
+    assert K.pick_gemv(6, 1, *key[1:], 132) == before[1]
+    monkeypatch.setenv("NINFER_KW", "")
+    monkeypatch.setenv("NINFER_KW_TRY", "0")
+    assert K.pick_gemv(6, 1, *key[1:], 132) == before[1]
 
 
 # --- GPU -------------------------------------------------------------------------------------------
