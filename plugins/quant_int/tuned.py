@@ -484,10 +484,14 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 # q6 head (248,320 x 2,048, 397 MB) with the 27B head's winners. On the H100 the K-walk took the
 # 27B's q6 head from 580.2 to 333.5 us at M = 1 (102.6% of copy) and 579.4 to 419.2 at M = 4
 # (BENCHMARKS.md seventeenth run); the 35B's head stays on the f16x2 GEMV, 154.8 us on the H200
-# (62.6% of copy), about 55 us a step above its bytes.
+# (62.6% of copy), about 55 us a step above its bytes. And its attention layers' merged q8 q+k+v
+# (9,216 x 2,048, 10 a step) with the q8 qkvz's winners (12,288 x 2,048: 11.76 against 12.71 us at
+# M = 1, 13.78 against 23.28 at M = 4, H100).
 TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     (6, 248320, 2048, 'm1'): (8, 128, 1, 2, 1, False),
     (6, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    (8, 9216, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
 }
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
