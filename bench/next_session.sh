@@ -110,6 +110,8 @@ early_tests() {
     "tests/plugins/quant_int/test_gemv_tkw.py::test_gpu_tkw_takes_x_prepared_by_the_norm" \
     "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
     "tests/plugins/moe_triton/test_moe_router.py::test_gpu_route_gemv_with_the_residual_add_and_norm" \
+    "tests/plugins/moe_triton/test_moe_router.py::test_gpu_route_gemv_key_top_k_real_shapes" \
+    "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_kw_try_candidates_match_the_reference" \
     > "$OUT/t.txt" 2>&1
   echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
   grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
@@ -411,19 +413,24 @@ case "${1:-}" in
     # early and early2 in one call, for a session with device time for one (~9.5 min): the GPU
     # tests, then the 35B and the 27B steps with everything on against as committed, alternated,
     # each switch alone after that while the budget lasts; END (default 580): the call's seconds.
-    # early4: about five minutes (END=300), the GPU tests and the 35B step only
+    # early4: about five minutes (END=300), the GPU tests and the 35B step only. The 35B's ALL adds
+    # the twenty-first session's switches: the K-walk candidates of TUNED_KW_TRY (its head and
+    # q+k+v), the post-mixer add + norm in route_gemv (NINFER_MOE_NORM, cheaper since its last
+    # program keeps the row) and route_gemv's key top-k
     t0=$(date +%s)
     END=${END:-580}
     ALL="NINFER_MOE_EARLY=1 NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1"
+    ALL35="$ALL NINFER_KW_TRY=1 NINFER_MOE_NORM=1 NINFER_ROUTE_TOPK=keys"
     if [ "$1" = early4 ]; then
       early_tests 130
       LIMIT35=$END BUDGET35=$(( END - 50 - ($(date +%s) - t0) ))
     else
       early_tests $(( END / 4 ))
-      LIMIT35=$(( END * 2 / 3 )) BUDGET35=$(( END / 4 ))
+      LIMIT35=$(( END * 11 / 16 )) BUDGET35=$(( END * 3 / 8 ))
     fi
     steps qwen3.6-35b-a3b $(( LIMIT35 - ($(date +%s) - t0) )) $BUDGET35 e35.txt "35B step" \
-      "X=1" "$ALL" "X=1" "$ALL" "NINFER_KW_TRY=1" "NINFER_MOE_NORM=1" "NINFER_MOE_EARLY=1" "NINFER_GDN_EARLY=1" "NINFER_KW_XREUSE=1"
+      "X=1" "$ALL35" "X=1" "$ALL35" "NINFER_MOE_EARLY=1" "NINFER_KW_TRY=1" "NINFER_MOE_NORM=1" "NINFER_GDN_EARLY=1" \
+      "NINFER_KW_XREUSE=1" "NINFER_ROUTE_TOPK=keys"
     if [ "$1" = early3 ]; then
       steps qwen3.6-27b $(( END - ($(date +%s) - t0) )) $(( END - 80 - ($(date +%s) - t0) )) e27.txt "27B step" "X=1" \
         "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "X=1" "NINFER_GDN_EARLY=1 NINFER_KW_XREUSE=1" "NINFER_GDN_EARLY=1" \

@@ -23,6 +23,8 @@ program and plans with torch ops (grouped_gemm.plan_tiles).
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 import torch
@@ -235,7 +237,7 @@ def _route_gemv_kernel(
     T, E, H, stride_x, stride_rw, stride_res, stride_hout, eps,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
-    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False, TOPK_KEYS: tl.constexpr = False,
 ):
     """Program r computes row r of [router; shared gate] . x for every token (one warp, the whole
     row in one load), into the fp32 scratch LWS [BLOCK_T, LSTRIDE]; the last program to finish
@@ -291,8 +293,13 @@ def _route_gemv_kernel(
         logit = tl.load(LWS + t[:, None] * LSTRIDE + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0,
                         cache_modifier=".cg")
         logit = tl.where(e_ok[None, :], logit, float("-inf"))
-        _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, stride_x, LSTRIDE,
-               TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
+        if TOPK_KEYS:
+            # one max a pick over (logit, expert) keys: TOP_K + 2 reductions of the one warp
+            # instead of 2 TOP_K + 2 (with a shared gate only: it writes the shared slot)
+            _top_k_keys(logit, t, t_ok, t64, e, E, IDS, WEIGHTS, LWS + E, LSTRIDE, TOP_K, SLOTS, BLOCK_T, BLOCK_E)
+        else:
+            _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, stride_x, LSTRIDE,
+                   TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
         if KEEP:
             tl.store(HOUT + h, xn, mask=h_ok)
             tl.store(RES + h, s_row, mask=h_ok)
@@ -320,6 +327,7 @@ def route_gemv(
     shared_gate_weight: torch.Tensor | None,
     scratch: tuple[torch.Tensor, torch.Tensor],
     add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
+    topk_keys: bool | None = None,
 ) -> Routing:
     """route(x @ router.T, top_k, x=x, shared_gate_weight=...) in one launch for T <= 4 tokens:
     x [T, H], router [E, H] and the shared gate [1, H] or [H] dense; `scratch` is (fp32 floats
@@ -327,7 +335,12 @@ def route_gemv(
 
     add_norm = (residual [T, H], norm weight [H], eps, out [T, H]): x is the mixer's output and
     the layer's post-mixer step happens in the same launch: residual += x (rounded to its dtype)
-    and out = (1 + w) RMSNorm(residual), which is what is routed (and what the experts take)."""
+    and out = (1 + w) RMSNorm(residual), which is what is routed (and what the experts take).
+
+    topk_keys (default: NINFER_ROUTE_TOPK=keys, an A/B switch read at each launch; with a shared
+    gate only): the last program picks with _top_k_keys, 10 one-warp reductions on the launch's
+    serial tail instead of 18; the weights agree to a few ulps, and two logits closer than exp's
+    rounding may be ordered the other way."""
     T, H = x.shape
     res, nw, eps, hout = add_norm_args(add_norm, T, H, x, "route_gemv")
     if add_norm is not None and (hout.dtype != x.dtype or x.stride(1) != 1):
@@ -346,12 +359,14 @@ def route_gemv(
     if lws.numel() < block_t * lstride or cnt.numel() < 1:
         raise ValueError("the fused router's scratch is too small")
     sg = shared_gate_weight.reshape(-1) if shared else router
+    if topk_keys is None:
+        topk_keys = os.environ.get("NINFER_ROUTE_TOPK") == "keys"
     _route_gemv_kernel[(E + shared,)](
         x, router, sg, lws, cnt, r.ids, r.weights, res, nw, hout,
         T, E, H, x.stride(0), router.stride(0), res.stride(0), hout.stride(0), eps,
         TOP_K=top_k, SLOTS=slots, SHARED=SHARED_LOGIT if shared else NO_SHARED,
         BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(H), LSTRIDE=lstride,
-        ADD_NORM=add_norm is not None, num_warps=1, **pdl_kwargs(x.device),
+        ADD_NORM=add_norm is not None, TOPK_KEYS=bool(topk_keys) and shared, num_warps=1, **pdl_kwargs(x.device),
     )
     return r
 

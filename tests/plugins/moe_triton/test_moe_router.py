@@ -248,6 +248,63 @@ def test_interpreted_route_gemv_with_the_residual_add_and_norm(T, E, H):
 
 
 @interp
+@pytest.mark.parametrize("add_norm", [False, True])
+def test_interpreted_route_gemv_key_top_k_routes_as_the_reference(add_norm):
+    """NINFER_ROUTE_TOPK=keys (route_gemv's topk_keys): the same experts as the linear then route,
+    weights to a few ulps, with and without the add + norm; without a shared gate it is not
+    taken (the key pick writes the shared slot)."""
+    from ninfer.kernels.triton.norms import rmsnorm
+    from ninfer_plugins.moe_triton.router import route_gemv
+
+    T, E, H = 1, 16, 128
+    g = torch.Generator(device=DEV).manual_seed(7)
+    d = torch.randn(T, H, generator=g, device=DEV)
+    res = torch.randn(T, H, generator=g, device=DEV) * 3
+    nw = torch.randn(H, generator=g, device=DEV) * 0.2
+    router = torch.randn(E, H, generator=g, device=DEV) * 2 / H**0.5
+    sg = torch.randn(1, H, generator=g, device=DEV) / H**0.5
+    lws = torch.full((4 * (E + 1) + 3,), float("nan"), device=DEV)
+    cnt = torch.zeros(2, dtype=torch.int32, device=DEV)
+    h = rmsnorm(d, nw, 1e-6, residual=res.clone()) if add_norm else d
+    ref = route(torch.nn.functional.linear(h, router), 4, x=h, shared_gate_weight=sg)
+    fold = (res.clone(), nw, 1e-6, torch.empty_like(d)) if add_norm else None
+    mine = route_gemv(d, router, 4, sg, (lws, cnt), add_norm=fold, topk_keys=True)
+    assert torch.equal(mine.ids, ref.ids)
+    torch.testing.assert_close(mine.weights, ref.weights, atol=1e-5, rtol=1e-5)
+    assert int(cnt[0]) == 0
+    plain = route_gemv(d, router, 4, None, (lws, cnt), topk_keys=True)
+    if not add_norm:
+        assert torch.equal(plain.ids, ref.ids[:, :4]) and plain.ids.shape == (T, 4)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_route_gemv_key_top_k_real_shapes():
+    """The key pick at the 35B's shapes in bf16, with the add + norm, against the default pick in
+    the same launch form: the same experts but where two logits tie to exp's rounding."""
+    from ninfer_plugins.moe_triton.router import route_gemv
+
+    E, H = 256, 2048
+    for seed in range(4):
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        d = torch.randn(1, H, generator=g, device=DEV).bfloat16()
+        res = (torch.randn(1, H, generator=g, device=DEV) * 3).bfloat16()
+        nw = (torch.randn(H, generator=g, device=DEV) * 0.2).bfloat16()
+        router = (torch.randn(E, H, generator=g, device=DEV) * 2 / H**0.5).bfloat16()
+        sg = (torch.randn(1, H, generator=g, device=DEV) / H**0.5).bfloat16()
+        lws = torch.zeros(4 * (E + 1), device=DEV)
+        cnt = torch.zeros(1, dtype=torch.int32, device=DEV)
+        outs = []
+        for keys in (False, True):
+            r, h = res.clone(), torch.empty_like(d)
+            outs.append((route_gemv(d, router, 8, sg, (lws, cnt), add_norm=(r, nw, 1e-6, h), topk_keys=keys), r, h))
+        (a, ra, ha), (b, rb, hb) = outs
+        assert torch.equal(ra, rb) and torch.equal(ha, hb)
+        assert torch.equal(a.ids.sort(-1).values, b.ids.sort(-1).values)
+        torch.testing.assert_close(a.weights.sort(-1).values, b.weights.sort(-1).values, atol=1e-6, rtol=1e-5)
+
+
+@interp
 def test_interpreted_route_gemv_add_norm_refuses_mismatched_buffers():
     from ninfer_plugins.moe_triton.router import route_gemv
 

@@ -415,6 +415,31 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_gpu_kw_try_candidates_match_the_reference(monkeypatch):
+    """Each TUNED_KW_TRY candidate at its own shape (the 35B's 248,320-row q6 head, its q8 q+k+v),
+    dispatched under NINFER_KW_TRY=1 through kernels.launch at its M bucket: within rounding of
+    dequantize-then-matmul, bit-equal on a repeat."""
+    from ninfer_plugins.quant_int.tuned import TUNED_KW_TRY
+
+    monkeypatch.setenv("NINFER_KW_TRY", "1")
+    for (fmt, n, k, bucket), cfg in TUNED_KW_TRY.items():
+        if not cfg:
+            continue
+        scheme = SCHEME_OF[fmt]
+        torch.manual_seed(n + k)
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        K.reserve_workspace(p)
+        m = 1 if bucket == "m1" else 4
+        assert K.pick_gemv(p.fmt, m, n, k, p.sm_count) == KW.KWConfig(*cfg)
+        x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
+        y = K.launch(x, p)
+        assert rel_err(y, x.float() @ deq.float().T) < 6e-3, (fmt, n, k, bucket)
+        assert torch.equal(y, K.launch(x, p))
+        del p, deq
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("scheme,n,k", [("q5_g64", 5120, 17408), ("nvfp4", 5120, 17408), ("q8_g32", 2048, 4096)])
 def test_kw_through_the_engine_entry_in_a_graph(scheme, n, k, monkeypatch):
     """NINFER_KW=1: the dispatched decode (kernels.launch) and the gated down projection
