@@ -425,7 +425,7 @@ case "${1:-}" in
       early_tests 130
       LIMIT35=$END BUDGET35=$(( END - 50 - ($(date +%s) - t0) ))
     else
-      early_tests $(( END / 4 ))
+      early_tests $(( END * 2 / 7 ))
       LIMIT35=$(( END * 11 / 16 )) BUDGET35=$(( END * 3 / 8 ))
     fi
     steps qwen3.6-35b-a3b $(( LIMIT35 - ($(date +%s) - t0) )) $BUDGET35 e35.txt "35B step" \
