@@ -111,7 +111,7 @@ early_tests() {
     "tests/core/kernels/test_triton_gdn.py::test_verify_columns_real_shapes_gpu" \
     "tests/plugins/moe_triton/test_moe_router.py::test_gpu_route_gemv_with_the_residual_add_and_norm" \
     "tests/plugins/moe_triton/test_moe_router.py::test_gpu_route_gemv_key_top_k_real_shapes" \
-    "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_kw_try_candidates_match_the_reference" \
+    "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" \
     > "$OUT/t.txt" 2>&1
   echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(grep -c PASSED "$OUT/t.txt") passed"
   grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20

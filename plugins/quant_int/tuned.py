@@ -449,6 +449,13 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     (8, 2048, 4096, 'm4'): (16, 128, 1, 4, 2, False),  # 8.49 vs 14.57 us (None)
     (6, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),  # 333.5 vs 580.16 us (H2 BN32 KBS8 C4 w4 pf)
     (6, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),  # 419.23 vs 579.41 us (H2 BN32 KBS8 C4 w4 pf)
+    # the 35B-A3B's q6 head and merged q8 q+k+v with the 27B head's and the q8 qkvz's winners, not
+    # timed alone: in the 35B int4 step (NINFER_KW_TRY=1 then, H100, BENCHMARKS.md twenty-third run)
+    # 401.7 tok/s against 391.6 / 387.5 (the f16x2 GEMV had the head at 62.6% of copy on the H200)
+    (6, 248320, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (6, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    (8, 9216, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
 }
 
 # The tensor-core K-walk GEMV (gemv_tkw.py): (fmt, n, k, "m1" | "m4" | "m8") -> (tb, pf, num_warps,
@@ -479,20 +486,10 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
     (5, 16384, 5120, 'm8'): (4, 2, 4, 1),  # H100: 32.27 vs 44.03 us (TCD KB8 P2 w4 C6)
 }
 
-# K-walk configs not yet measured on their shape, dispatched ahead of TUNED_KW only under
-# NINFER_KW_TRY=1 (an A/B switch read at each launch, for `dense_27b.py --variants`): the 35B-A3B's
-# q6 head (248,320 x 2,048, 397 MB) with the 27B head's winners. On the H100 the K-walk took the
-# 27B's q6 head from 580.2 to 333.5 us at M = 1 (102.6% of copy) and 579.4 to 419.2 at M = 4
-# (BENCHMARKS.md seventeenth run); the 35B's head stays on the f16x2 GEMV, 154.8 us on the H200
-# (62.6% of copy), about 55 us a step above its bytes. And its attention layers' merged q8 q+k+v
-# (9,216 x 2,048, 10 a step) with the q8 qkvz's winners (12,288 x 2,048: 11.76 against 12.71 us at
-# M = 1, 13.78 against 23.28 at M = 4, H100).
-TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
-    (6, 248320, 2048, 'm1'): (8, 128, 1, 2, 1, False),
-    (6, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
-    (8, 9216, 2048, 'm1'): (8, 128, 1, 2, 1, False),
-    (8, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
-}
+# K-walk configs not yet measured in a step, dispatched ahead of TUNED_KW only under NINFER_KW_TRY=1
+# (an A/B switch read at each launch, for `dense_27b.py --variants`); empty now: its last entries
+# (the 35B's head and q+k+v) won and moved into TUNED_KW.
+TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {}
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
 # H200, dispatched ahead of TUNED_TKW only under NINFER_TKW_TRY=1 (an A/B switch read at each launch,

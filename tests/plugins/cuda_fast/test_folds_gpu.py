@@ -107,6 +107,8 @@ def test_gpu_early_loads_change_no_bit_and_keep_graph_equal_eager(tmp_path, monk
     path = make_medium(like, tmp_path / like)
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
+    for name in EARLY:
+        monkeypatch.setenv(name, "0")
     plain = _decode_logits(model, prompt)
     for name in EARLY:
         monkeypatch.setenv(name, "1")

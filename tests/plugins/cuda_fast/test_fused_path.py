@@ -189,7 +189,7 @@ def test_state_read_before_the_wait_changes_no_bit(tiny, monkeypatch):
     device = "cuda" if CUDA else "cpu"
     m = _model(tiny, device, torch.bfloat16, fast=True)
     ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(4)).to(device)
-    monkeypatch.delenv("NINFER_GDN_EARLY", raising=False)
+    monkeypatch.setenv("NINFER_GDN_EARLY", "0")
     plain = _run(m, "bf16", ids, (12,))
     seen = []
     real = G.gdn_decode_step

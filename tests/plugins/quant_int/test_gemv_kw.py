@@ -363,6 +363,7 @@ def test_kw_try_switch_puts_candidates_first(monkeypatch):
     for name in ("NINFER_KW", "NINFER_KW_TRY"):
         monkeypatch.delenv(name, raising=False)
     key = (6, 248320, 2048)
+    monkeypatch.setattr(tuned, "TUNED_KW", {})
     monkeypatch.setattr(tuned, "TUNED_KW_TRY", {(*key, "m1"): (8, 128, 1, 2, 1, False)})
     before = {m: K.pick_gemv(6, m, *key[1:], 132) for m in (1, 4)}
     assert not isinstance(before[1], KW.KWConfig)
@@ -415,19 +416,21 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
-def test_gpu_kw_try_candidates_match_the_reference(monkeypatch):
-    """Each TUNED_KW_TRY candidate at its own shape (the 35B's 248,320-row q6 head, its q8 q+k+v),
-    dispatched under NINFER_KW_TRY=1 through kernels.launch at its M bucket: within rounding of
-    dequantize-then-matmul, bit-equal on a repeat."""
-    from ninfer_plugins.quant_int.tuned import TUNED_KW_TRY
+def test_gpu_35b_kw_entries_match_the_reference(monkeypatch):
+    """The 35B-A3B's K-walk entries of TUNED_KW not timed alone (its 248,320-row q6 head, its q8
+    q+k+v; and whatever TUNED_KW_TRY holds, under NINFER_KW_TRY=1) at their own shapes, dispatched
+    through kernels.launch at their M bucket: within rounding of dequantize-then-matmul, bit-equal
+    on a repeat."""
+    from ninfer_plugins.quant_int.tuned import TUNED_KW, TUNED_KW_TRY
 
     monkeypatch.setenv("NINFER_KW_TRY", "1")
-    for (fmt, n, k, bucket), cfg in TUNED_KW_TRY.items():
+    keys = [(6, 248320, 2048, "m1"), (6, 248320, 2048, "m4"), (8, 9216, 2048, "m1"), (8, 9216, 2048, "m4")]
+    entries = {key: TUNED_KW[key] for key in keys} | TUNED_KW_TRY
+    for (fmt, n, k, bucket), cfg in entries.items():
         if not cfg:
             continue
-        scheme = SCHEME_OF[fmt]
         torch.manual_seed(n + k)
-        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), SCHEME_OF[fmt])
         K.reserve_workspace(p)
         m = 1 if bucket == "m1" else 4
         assert K.pick_gemv(p.fmt, m, n, k, p.sm_count) == KW.KWConfig(*cfg)
