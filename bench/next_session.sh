@@ -437,6 +437,19 @@ case "${1:-}" in
         "NINFER_KW_XREUSE=1"
     fi
     ;;
+  probe)
+    # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
+    # rounds part from the eager ones (test_moe_int4_captured_rounds_give_the_eager_rounds_tokens
+    # fails: first difference at sequence 0, token 36; one sequence at a time they agree; each
+    # mode is deterministic), then the MTP GPU tests under NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1
+    t0=$(date +%s)
+    timeout 150 python3 bench/probe_moe_spec2.py 2>&1 | grep -vE "info|debug|warn" | tail -12
+    echo "probe $(( $(date +%s) - t0 )) s"
+    NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu -n $NW \
+      tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
+    echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
   mtp35)
     # the 35B-A3B's MTP round, never measured (~8.5 min): the MoE family's MTP GPU tests, then the
     # round (its MoE MTP layer drafting, the verify of 4 on the pair kernels), rounds/s and the
