@@ -443,7 +443,7 @@ case "${1:-}" in
     # fails: first difference at sequence 0, token 36; one sequence at a time they agree; each
     # mode is deterministic), then the MTP GPU tests under NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1
     t0=$(date +%s)
-    timeout 150 python3 bench/probe_moe_spec2.py 2>&1 | grep -vE "info|debug|warn" | tail -12
+    timeout 260 python3 bench/probe_moe_spec2.py 2>&1 | grep -vE "info|debug|warn" | tail -14
     echo "probe $(( $(date +%s) - t0 )) s"
     NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu -n $NW \
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
