@@ -38,6 +38,9 @@
 #                                      # tests and the 35B step with and without (~9.5 min); early2: the 27B step and
 #                                      # the MTP round with and without (~9.5 min)
 #   bash bench/next_session.sh mtp35   # the 35B-A3B MTP round (never measured) and its projection beside the plain step
+#   bash bench/next_session.sh probe   # where the medium int4 35B's batched captured MTP rounds part from eager
+#                                      # (bench/probe_moe_spec2.py), then the MTP GPU tests under NINFER_GDN_REPLAY=1
+#   bash bench/next_session.sh kwtry   # the 27B MTP round with the drafter's K-walk candidates (NINFER_KW_TRY=1)
 #   bash bench/next_session.sh go3     # kw_bench (new shapes, ragged splits) + the 27B step with TUNED_KW (~9.5 min)
 #   bash bench/next_session.sh go4     # the MTP round and 35B step with TUNED_KW, the grouped MoE prefill (~9.5 min)
 #   bash bench/next_session.sh go5     # NINFER_L2PF: GEMVs behind an idle stand-in, the 27B and 35B steps (~9.5 min)
@@ -449,6 +452,16 @@ case "${1:-}" in
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
+  kwtry)
+    # the 27B MTP round with TUNED_KW_TRY's K-walk candidates for the drafter's q8 layer and q4
+    # shortlist head (NINFER_KW_TRY=1, written without a GPU) against as committed, then with
+    # NINFER_GDN_REPLAY=1 too (~5 min); their GPU test first
+    t0=$(date +%s)
+    NINFER_KW_TRY=1 timeout 90 python3 -m pytest -q -rf -m gpu \
+      "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1
+    echo "KW_TRY GPU test rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    rounds $(( 330 - ($(date +%s) - t0) )) "X=1" "NINFER_KW_TRY=1" "X=1" "NINFER_KW_TRY=1" "NINFER_GDN_REPLAY=1 NINFER_KW_TRY=1"
     ;;
   mtp35)
     # the 35B-A3B's MTP round, never measured (~8.5 min): the MoE family's MTP GPU tests, then the

@@ -487,9 +487,18 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 }
 
 # K-walk configs not yet measured in a step, dispatched ahead of TUNED_KW only under NINFER_KW_TRY=1
-# (an A/B switch read at each launch, for `dense_27b.py --variants`); empty now: its last entries
-# (the 35B's head and q+k+v) won and moved into TUNED_KW.
-TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {}
+# (an A/B switch read at each launch, for `dense_27b.py --variants`). Its first entries (the 35B's
+# head and q+k+v) won and moved into TUNED_KW. Now: the 27B MTP drafter's q8 layer and its q4
+# shortlist head at M = 1 (three draft steps a round; on the f16x2 GEMV, the head 134.8 us on the
+# H200, about 65% of copy), with the configs of the K-walk winners of like shapes (q4 gate+up,
+# q5 qkv+z, q5 down); `bash bench/next_session.sh kwtry` times the round with them.
+TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
+    (8, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
+    (8, 14336, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (8, 5120, 17408, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 5120, 10240, 'm1'): (8, 128, 1, 2, 1, False),
+    (4, 131072, 5120, 'm1'): (16, 128, 1, 4, 2, False),
+}
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
 # H200, dispatched ahead of TUNED_TKW only under NINFER_TKW_TRY=1 (an A/B switch read at each launch,
