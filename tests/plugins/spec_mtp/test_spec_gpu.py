@@ -140,6 +140,14 @@ def test_int4_verify_computes_the_gates_in_its_launch(tiny, monkeypatch):
     assert seen and all(seen), seen
 
 
+def test_int4_medium_captured_rounds_give_the_eager_rounds_tokens(tmp_path):
+    """--quant int4 on the 27B family at widths the decode kernels take (make_medium: the K-walk,
+    f16x2 and tensor-core GEMVs, not the tiny checkpoint's fallbacks), three requests batched:
+    captured rounds give the eager rounds' tokens. (The 35B-A3B's medium int4 case fails this;
+    this one says whether the dense path shares the cause.)"""
+    _graph_vs_eager(make_medium("qwen3.6-27b", tmp_path / "m27"), 3, quant="int4")
+
+
 # --- the 35B-A3B family: its MTP layer is a MoE layer, and the verify's MoE runs T = batch x (K + 1)
 # rows (the pair kernels up to their row limit, the tile kernels past it)
 
