@@ -448,6 +448,10 @@ case "${1:-}" in
     t0=$(date +%s)
     timeout 260 python3 bench/probe_moe_spec2.py 2>&1 | grep -vE "info|debug|warn" | tail -14
     echo "probe $(( $(date +%s) - t0 )) s"
+    # the same requests on a captured and an eager engine in lockstep: the first step where a slot's
+    # state (GDN, K/V, MTP K/V, drafts) differs, and in what
+    timeout 100 python3 bench/probe_lockstep.py 2>&1 | grep -vE "info|debug|warn" | tail -4
+    echo "lockstep $(( $(date +%s) - t0 )) s"
     NINFER_GDN_REPLAY=1 NINFER_TKW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu -n $NW \
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
