@@ -24,7 +24,6 @@ program and plans with torch ops (grouped_gemm.plan_tiles).
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 
 import torch
