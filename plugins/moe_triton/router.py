@@ -256,31 +256,23 @@ def _route_gemv_kernel(
     routed = (h * 0 + r) < E
     wr = tl.load(RW + tl.minimum(r, E - 1).to(tl.int64) * stride_rw + h, mask=h_ok & routed, other=0.0)
     ws = tl.load(SG_W + h, mask=h_ok & (routed == 0), other=0.0)
-    # KEEP (one token with the add + norm): the row's sum and norm stay in registers for the last
-    # program's stores, instead of being loaded and computed again after the routing (an L2
-    # round trip in the launch's serial tail); the norm weight is a weight: loaded before the wait
+    # KEEP (one token with the add + norm; T = 1, as route_gemv returns before launching at T = 0):
+    # the row's sum and norm stay in registers for the last program's stores, instead of being
+    # loaded and computed again after the routing (an L2 round trip in the launch's serial tail)
     KEEP: tl.constexpr = ADD_NORM and BLOCK_T == 1
-    if KEEP:
-        nw1 = tl.load(NW + h, mask=h_ok, other=0.0)
     pdl_prologue(PDL)
     w = tl.where(routed, wr.to(tl.float32), ws.to(tl.float32))
-    if KEEP:
-        # T = 1 here (route_gemv returns before launching at T = 0): _add_norm_row's arithmetic
-        d0 = tl.load(X + h, mask=h_ok, other=0.0).to(tl.float32)
-        s_row = (d0 + tl.load(RES + h, mask=h_ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
-        sf = s_row.to(tl.float32)
-        xn = (sf * tl.rsqrt(tl.sum(sf * sf, 0) / H + eps) * (nw1.to(tl.float32) + 1.0)).to(X.dtype.element_ty)
-        lg = tl.sum(w * xn.to(tl.float32), 0)
-        lg = tl.where(r < E, lg.to(X.dtype.element_ty).to(tl.float32), lg)
-        tl.store(LWS + r, lg)
-    else:
-        for tt in tl.static_range(BLOCK_T):
+    for tt in tl.static_range(BLOCK_T):
+        if KEEP:
+            s_row, xn = _add_norm_row(X, RES, NW, tt, stride_x, stride_res, h, h_ok, H, eps)
+            xt = xn.to(tl.float32)
+        else:
             xt = _router_input(X, RES, NW, tt, stride_x, stride_res, h, h_ok, T, H, eps, ADD_NORM)
-            lg = tl.sum(w * xt, 0)
-            # a router logit is rounded to the activations' dtype, as the router linear's output
-            # is (the shared gate's stays fp32, as the route kernel's own dot)
-            lg = tl.where(r < E, lg.to(X.dtype.element_ty).to(tl.float32), lg)
-            tl.store(LWS + tt * LSTRIDE + r, lg, mask=(r * 0 + tt) < T)
+        lg = tl.sum(w * xt, 0)
+        # a router logit is rounded to the activations' dtype, as the router linear's output is
+        # (the shared gate's stays fp32, as the route kernel's own dot)
+        lg = tl.where(r < E, lg.to(X.dtype.element_ty).to(tl.float32), lg)
+        tl.store(LWS + tt * LSTRIDE + r, lg, mask=(r * 0 + tt) < T)
     tl.debug_barrier()
     arrived = tl.atomic_add(CNT, 1, sem="acq_rel")
     if arrived == tl.num_programs(0) - 1:

@@ -608,9 +608,13 @@ def _reserve_walk(ws: "Workspace", p: Prepared, table: dict, buckets: tuple, mak
         scratch()
 
 
-def _tuned_or_default(table: dict, key: tuple, make, enabled: bool, default):
+def _tuned_or_default(table: dict, key: tuple, make, enabled: bool, default, trial: dict | None = None,
+                      trial_switch: str = ""):
     """A table-dispatched kernel's config: its measured winner for key, else (with its experiment
-    switch on) default(), else None."""
+    switch on) default(), else None. `trial`: candidates that take key's place in `table` while
+    the environment's `trial_switch` is 1 (an A/B switch read at each launch)."""
+    if trial and key in trial and os.environ.get(trial_switch) == "1":
+        table = trial
     hit = table.get(key)
     if hit:
         return make(*hit)
@@ -689,18 +693,15 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
         # a candidate of TUNED_TKW_TRY first); with NINFER_TKW=1 (an experiment) its default config
         # wherever it fits, ahead of every other kernel
         tkw_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
-        table = TUNED_TKW_TRY if tkw_key in TUNED_TKW_TRY and os.environ.get("NINFER_TKW_TRY") == "1" else TUNED_TKW
-        cfg = _tuned_or_default(table, tkw_key, gemv_tkw.TKWConfig, gemv_tkw.enabled(),
-                                lambda: gemv_tkw.default_config(fmt, n, k, sm_count))
+        cfg = _tuned_or_default(TUNED_TKW, tkw_key, gemv_tkw.TKWConfig, gemv_tkw.enabled(),
+                                lambda: gemv_tkw.default_config(fmt, n, k, sm_count), TUNED_TKW_TRY, "NINFER_TKW_TRY")
         if cfg is not None:
             return cfg
     if m <= 4 and fmt in gemv_kw.DECODES and gemv_kw.tuned_allowed():
         # the K-walk GEMV: likewise (NINFER_KW=0 / =1; NINFER_KW_TRY=1: TUNED_KW_TRY's candidate
         # first), ahead of every other winner
-        kw_key = (fmt, n, k, "m1" if m == 1 else "m4")
-        table = TUNED_KW_TRY if kw_key in TUNED_KW_TRY and os.environ.get("NINFER_KW_TRY") == "1" else TUNED_KW
-        cfg = _tuned_or_default(table, kw_key, gemv_kw.KWConfig, gemv_kw.enabled(),
-                                lambda: gemv_kw.default_config(fmt, n, k, sm_count))
+        cfg = _tuned_or_default(TUNED_KW, (fmt, n, k, "m1" if m == 1 else "m4"), gemv_kw.KWConfig, gemv_kw.enabled(),
+                                lambda: gemv_kw.default_config(fmt, n, k, sm_count), TUNED_KW_TRY, "NINFER_KW_TRY")
         if cfg is not None:
             return cfg
     tc_key = (fmt, n, k, "m1" if m == 1 else "m4" if m <= 4 else "m8")
