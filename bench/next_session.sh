@@ -440,6 +440,30 @@ case "${1:-}" in
         "NINFER_KW_XREUSE=1"
     fi
     ;;
+  h200)
+    # the twenty-second session's first call, on an H200 (the twenty-first had only an H100): the plain
+    # int4 steps of the 27B and the 35B-A3B with the new defaults (GDN_EARLY, MOE_EARLY, the 35B's
+    # K-walk head and q+k+v), then the 27B MTP round as committed / NINFER_GDN_REPLAY=1 /
+    # NINFER_KW_TRY=1 / both (~9.5 min)
+    t0=$(date +%s)
+    steps qwen3.6-27b 150 100 s27.txt "27B step" "X=1"
+    steps qwen3.6-35b-a3b 150 100 s35.txt "35B step" "X=1"
+    rounds $(( 585 - ($(date +%s) - t0) )) "X=1" "NINFER_GDN_REPLAY=1" "NINFER_KW_TRY=1" \
+      "NINFER_GDN_REPLAY=1 NINFER_KW_TRY=1" "X=1" "NINFER_GDN_REPLAY=1 NINFER_KW_TRY=1"
+    ;;
+  replay)
+    # the twenty-second session: where the MoE's captured rounds part from eager with rounds launched
+    # ahead (bench/probe_lockstep.py --ahead), the MTP GPU tests with the GDN replay now the default
+    # and the state columns made only where needed, then the 27B round against NINFER_GDN_REPLAY=0
+    t0=$(date +%s)
+    timeout 150 python3 bench/probe_lockstep.py --ahead 2>&1 | grep -vE "info|debug|warn" | tail -4
+    echo "lockstep --ahead $(( $(date +%s) - t0 )) s"
+    timeout 150 python3 -m pytest -q -rf -m "gpu or not gpu" -n $NW tests/plugins/spec_mtp/test_spec_gpu.py \
+      tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
+    echo "MTP GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_GDN_REPLAY=0" "X=1" "NINFER_GDN_REPLAY=0"
+    ;;
   probe)
     # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
     # rounds part from the eager ones (test_moe_int4_captured_rounds_give_the_eager_rounds_tokens

@@ -2,9 +2,10 @@
 every engine step what each slot holds (GDN conv / recurrent state, the target's and the MTP
 layer's K/V up to the slot's frontier, the slot's next drafts) and each request's tokens. Prints
 the first step where anything differs, and what. Rounds launched ahead are off (NINFER_SPEC_AHEAD=0:
-otherwise the captured engine's state runs a round ahead of what its outputs show).
+otherwise the captured engine's state runs a round ahead of what its outputs show); with --ahead they
+are on, and the state is compared only after steps that leave no round in flight.
 
-    python3 bench/probe_lockstep.py [--like qwen3.6-35b-a3b] [--quant int4] [--steps 200]
+    python3 bench/probe_lockstep.py [--like qwen3.6-35b-a3b] [--quant int4] [--steps 200] [--ahead]
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ["NINFER_SPEC_AHEAD"] = "0"
 sys.path.insert(0, "tests/plugins/spec_mtp")
 
 import torch  # noqa: E402
@@ -40,6 +40,7 @@ def held(engine, r) -> dict[str, torch.Tensor]:
         out["mtp.k"] = mtp.k[slot, : max(0, n - 1)]
         out["mtp.v"] = mtp.v[slot, : max(0, n - 1)]
     out["drafts"] = spec.drafts[slot]
+    out["counts"] = spec.history.counts[slot]
     return out
 
 
@@ -48,7 +49,9 @@ def main() -> int:
     ap.add_argument("--like", default="qwen3.6-35b-a3b")
     ap.add_argument("--quant", default="int4")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--ahead", action="store_true")
     args = ap.parse_args()
+    os.environ["NINFER_SPEC_AHEAD"] = "1" if args.ahead else "0"
     path = make_medium(args.like, Path(tempfile.mkdtemp()) / "m")
     engines = {g: _spec_engine(path, 3, g, quant=args.quant) for g in (True, False)}
     reqs = {g: [e.add_request(p, sp) for p, sp in zip(PROMPTS, PARAMS)] for g, e in engines.items()}
@@ -64,6 +67,8 @@ def main() -> int:
         if tg != te:
             print(f"step {step}: tokens differ: {[len(t) for t in tg]} / {[len(t) for t in te]}")
             return 1
+        if engines[True].speculative._pending is not None:
+            continue
         live = {g: [r for r in e._requests.values() if not r.finished and r.slot is not None] for g, e in engines.items()}
         for rg, re_ in zip(live[True], live[False]):
             if (rg.slot, rg.num_computed) != (re_.slot, re_.num_computed):

@@ -18,6 +18,7 @@ sentence naming --max-context and --kv-dtype (the knobs that decide the KV), wit
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +114,22 @@ def workspace_bytes(shape: Any, config: Any, act_bytes: int) -> int:
     return prefill + decode + FIXED_RESERVE
 
 
+def _verify_column_bytes(shape: Any, state: int, act: int, device: Any) -> int:
+    """What a speculative verify keeps per sequence and verified token so the round can roll the
+    GDN state back to its accepted length (spec_mtp.verify.HybridVerifier): on the GPU's 16-bit
+    path (NINFER_GDN_REPLAY, the default) the conv state after the token and the token's rank-1
+    update (g, k, delta); elsewhere, or with NINFER_GDN_REPLAY=0, the whole state after it."""
+    needed = ("linear_layers", "linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+              "linear_value_head_dim", "linear_conv_kernel_dim", "conv_dim")
+    if (device.kind != "cuda" or act != 2 or os.environ.get("NINFER_GDN_REPLAY", "1") == "0"
+            or not all(hasattr(shape, n) for n in needed)):
+        return state
+    hv, dv = shape.linear_num_value_heads, shape.linear_value_head_dim
+    update = (hv + shape.linear_num_key_heads * shape.linear_key_head_dim + hv * dv) * 4
+    conv = (shape.linear_conv_kernel_dim - 1) * shape.conv_dim * act
+    return len(shape.linear_layers) * (update + conv)
+
+
 def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec: Any = None) -> MemoryPlan:
     act = _act_bytes(config, device)
     recipe, schemes = None, {}
@@ -131,8 +148,7 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
     if config.spec == "mtp" and hasattr(shape, "mtp_param_count"):
         # the MTP layer: q8_g32 (8.5 bits) in every quantized recipe, the model dtype otherwise
         weights += int(shape.mtp_param_count() * (1.0625 if recipe is not None else act))
-        # a verify keeps the recurrent state after each of its K+1 tokens (ninfer.speculative)
-        state *= config.draft_tokens + 2
+        state = state + (config.draft_tokens + 1) * _verify_column_bytes(shape, state, act, device)
     extra = 0
     if plugins is not None:
         extra = sum(int(b or 0) for b in plugins.hook.ninfer_workspace_bytes(

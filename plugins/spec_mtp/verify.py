@@ -45,26 +45,35 @@ class HybridVerifier:
     def __init__(self, model: Any, cache: Any, m: int) -> None:
         self.model, self.cache, self.m = model, cache, m
         self.gdn = [layer.mixer for layer in model.layers if isinstance(layer.mixer, GatedDeltaNet)]
-        # the state after each verified token, per slot and GDN layer (the memory plan counts
-        # M extra copies of the state for --spec mtp)
-        # one tensor for all layers (views per layer), as the cache's own state when it has
-        # `conv_all`: then the commit is one gather + one scatter for all layers
+        # the conv state after each verified token, per slot and GDN layer: one tensor for all
+        # layers (views per layer), as the cache's own state when it has `conv_all`, so that the
+        # commit is one gather + one scatter for all layers
         self.col_conv_all = self.col_rec_all = None
         self.col_conv, self.col_rec = [], []
         if cache.conv:
-            conv0, rec0 = cache.conv[0], cache.recurrent[0]
+            conv0 = cache.conv[0]
             self.col_conv_all = conv0.new_zeros(len(cache.conv), conv0.shape[0], m, *conv0.shape[1:])
-            self.col_rec_all = rec0.new_zeros(len(cache.recurrent), rec0.shape[0], m, *rec0.shape[1:])
             self.col_conv = list(self.col_conv_all.unbind(0))
-            self.col_rec = list(self.col_rec_all.unbind(0))
-        # NINFER_GDN_REPLAY=1 (an A/B switch, read at each verify): the fused verify stores what
-        # each token's state update was (g, normed k, delta: 33 KB a token and layer for the 27B)
-        # instead of the state after it (3.1 MB), and the commit replays the accepted tokens on
-        # the slot's state; the M state columns a round wrote were 0.6 GB for the 27B. The
-        # buffers are made on the first verify that asks for them (never inside a capture: the
-        # capture's warm-up runs first)
+        # the recurrent state: by default (NINFER_GDN_REPLAY, read at each verify; =0 turns it
+        # off) the fused verify stores what each token's update was (g, normed k, delta: 33 KB a
+        # token and layer for the 27B) and the commit replays the accepted tokens on the slot's
+        # state. Where that cannot run (the reference path, a backend without the replay, or
+        # =0) the verify writes the state after each token into M columns a slot (3.1 MB a token
+        # and layer: 0.6 GB a slot for the 27B), made on the first verify that needs them. Both
+        # kinds of buffer are made outside any capture (a capture's warm-up runs first).
         self.replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._replayed = False
+
+    def _rec_columns(self) -> list[torch.Tensor]:
+        """The recurrent-state columns [slots, M, ...] per layer, made on first use."""
+        if self.col_rec_all is None and self.cache.recurrent:
+            rec0 = self.cache.recurrent[0]
+            if rec0.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("the GDN verify's state columns are made inside a CUDA graph capture: "
+                                   "the capture's warm-up should have made them")
+            self.col_rec_all = rec0.new_zeros(len(self.cache.recurrent), rec0.shape[0], self.m, *rec0.shape[1:])
+            self.col_rec = list(self.col_rec_all.unbind(0))
+        return self.col_rec
 
     @property
     def replayed(self) -> bool:
@@ -97,7 +106,7 @@ class HybridVerifier:
         on the fused path) bounds the reference attention's reads without a host sync."""
         model, cache = self.model, self.cache
         backend = self.gdn[0].backend if self.gdn else None
-        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "0") == "1"
+        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "1") != "0" and hasattr(backend, "gdn_verify")
                           and model.dtype in getattr(backend, "fused_dtypes", ()) and self._replay_buffers() is not None)
         x = model.embed(ids)
         meta = None
@@ -115,16 +124,18 @@ class HybridVerifier:
         m, b = self.m, slots.shape[0]
         conv, rec = self.cache.gdn(layer.state_index)
         cc = self.col_conv[layer.state_index].view(-1, *conv.shape[1:])
-        cr = self.col_rec[layer.state_index].view(-1, *rec.shape[1:])
         fused = fused_for(layer.backend, x)
+        verify = getattr(layer.backend, "gdn_verify", None) if fused else None
+        if self._replayed and verify is not None:
+            cr = None
+        else:
+            cr = self._rec_columns()[layer.state_index].view(-1, *rec.shape[1:])
         if fused:
-            verify = getattr(layer.backend, "gdn_verify", None)
             w_ab = layer._ab_in_step(x) if verify is not None else None
             extra = {}
             if self._replayed and verify is not None:
                 i = layer.state_index
                 extra = {"replay": tuple(t[i] for t in self.replay)}
-                cr = None
             # the projections in the backend's scope: the verify may then read the slots' state
             # before its PDL wait (cuda_fast's NINFER_GDN_EARLY), as the decode step does
             scope = getattr(layer.backend, "decode_inputs_scope", None) if verify is not None else None

@@ -104,3 +104,19 @@ def test_plugin_workspace_counts_the_grouped_moe_prefill(monkeypatch):
     bf16_on = plan(quant="bf16", prefill_chunk=8192)
     monkeypatch.delenv("NINFER_MOE_PREFILL")
     assert bf16_on.workspace == plan(quant="bf16", prefill_chunk=8192).workspace
+
+
+def test_spec_mtp_counts_the_verify_rollback(monkeypatch):
+    """--spec mtp K=3 on the GPU: by default (NINFER_GDN_REPLAY) the verify keeps each token's conv
+    state and rank-1 update (g, k, delta), not the whole recurrent state after it (3.1 MB a layer
+    on the 27B); with NINFER_GDN_REPLAY=0, and on the CPU, K+1 whole-state columns a slot."""
+    plain = _plan(141, quant="int4", max_context=8192, max_batch=2)
+    replay = _plan(141, quant="int4", max_context=8192, max_batch=2, spec="mtp", draft_tokens=3)
+    monkeypatch.setenv("NINFER_GDN_REPLAY", "0")
+    columns = _plan(141, quant="int4", max_context=8192, max_batch=2, spec="mtp", draft_tokens=3)
+    per_slot = plain.state // 2
+    assert columns.state == 2 * per_slot * (3 + 2)
+    # 48 GDN layers x 4 tokens x ((48 + 16*128 + 48*128) fp32 + 3 x 10240 bf16 conv) a slot
+    update = len(BIG.linear_layers) * ((48 + 16 * 128 + 48 * 128) * 4 + 3 * BIG.conv_dim * 2)
+    assert replay.state == 2 * (per_slot + 4 * update)
+    assert replay.state < 1.2 * plain.state < columns.state / 4
