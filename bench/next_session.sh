@@ -464,6 +464,17 @@ case "${1:-}" in
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
     rounds $(( 560 - ($(date +%s) - t0) )) "X=1" "NINFER_GDN_REPLAY=0" "X=1" "NINFER_GDN_REPLAY=0"
     ;;
+  ahead2)
+    # the twenty-second session's fix, written without a GPU: eager rounds run ahead on the captured
+    # rounds' rule (the MoE int4 captured/eager test), with GDN replay and the drafter's K-walk
+    # configs now defaults: the MTP GPU tests and the K-walk entries' GPU test (~3 min)
+    t0=$(date +%s)
+    timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" -n $NW tests/plugins/spec_mtp/test_spec_gpu.py \
+      tests/plugins/spec_mtp/test_batched_rounds.py \
+      "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
   probe)
     # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
     # rounds part from the eager ones (test_moe_int4_captured_rounds_give_the_eager_rounds_tokens

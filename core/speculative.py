@@ -328,7 +328,7 @@ class SpeculativeRound:
         if ids is None:
             if getattr(self.verifier, "replayed", False):
                 # the round's commit replayed the kept tokens on the slot's state in place
-                # (NINFER_GDN_REPLAY=1): there is no earlier state to cut back to. Only a request
+                # (NINFER_GDN_REPLAY, the default): there is no earlier state to cut back to. Only a request
                 # that ends here is cut, and its slot is reset before it is used again.
                 if not r.finished:
                     raise RuntimeError(f"request {r.id}: cut inside a round whose GDN commit replayed in place, "
@@ -411,9 +411,10 @@ class SpeculativeRound:
             graph.replay()
             new_epoch()  # what kernels noted as prepared may be overwritten (ninfer.kernels.epoch)
         else:
-            e = max(r.num_computed for r in reqs)
             # bounds of the reference attention's reads: the verify and alignment reach E+K, the
-            # drafts E+A+K-1 <= E+2K-1
+            # drafts E+A+K-1 <= E+2K-1; a round launched ahead starts up to K+1 past the frontier
+            # the host knows (the round before it is not read yet)
+            e = max(r.num_computed for r in reqs) + (k + 1 if ahead else 0)
             self._round_step(b, e + k + 1, e + 2 * k)
         # the results on their way to the host (the next round, if launched ahead, rewrites `out`
         # after this copy in stream order)
@@ -430,15 +431,21 @@ class SpeculativeRound:
     def _launch_ahead(self, reqs: list[Request]) -> _Round | None:
         """The batch's next round, launched before the one just launched is read (so the host's
         reading, the engine's detokenizing, stop checks and scheduling overlap the GPU); None where
-        it is off, the round is not a captured graph, or some request might take a plain step or
-        finish on length before it (every request keeps room for it however many drafts the
-        round before accepts). A request that stops on a token inside the round before wastes
-        this one, harmlessly: its slot is reset when next allocated."""
+        it is off, the batch is past EXACT_UP_TO, a captured engine has no graph for it, or some
+        request might take a plain step or finish on length before it (every request keeps room
+        for it however many drafts the round before accepts). A request that stops on a token
+        inside the round before wastes this one, harmlessly: its slot is reset when next allocated.
+
+        Eager rounds (--no-cuda-graph, the CPU) run ahead on the same rule. Which rows run together
+        then does not depend on capture: a row's bits depend on its batch where kernels change
+        with the row count (the MoE runs up to 4 tokens on the pair kernels and more on the
+        tiles), so a captured engine that ran rounds ahead and an eager one that did not gave
+        different greedy tokens on the medium int4 35B-A3B (twenty-second session)."""
         from ninfer.graphs import EXACT_UP_TO
 
         k, b = self.k, len(reqs)
-        if (not self.ahead or self.eager_reason is not None or b > EXACT_UP_TO or self.graphs is None
-                or ("spec", b) not in self.graphs.graphs):
+        captured = self.graphs is not None and ("spec", b) in self.graphs.graphs
+        if not self.ahead or b > EXACT_UP_TO or (self.eager_reason is None and not captured):
             return None
         for r in reqs:
             if (r.num_tokens + 2 * k + 1 > self.cache.max_context

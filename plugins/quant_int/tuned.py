@@ -456,6 +456,15 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     (6, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
     (8, 9216, 2048, 'm1'): (8, 128, 1, 2, 1, False),
     (8, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    # the 27B MTP drafter's q8 layer and q4 shortlist head at M = 1 (three draft steps a round; they
+    # ran on the f16x2 GEMV), with the configs of the K-walk winners of like shapes (q4 gate+up, q5
+    # qkv+z, q5 down): the round 11.56 -> 11.45 ms, 1.403x -> 1.391x the plain step (H100, twice
+    # each in one process, BENCHMARKS.md twenty-fourth run; the KW GPU test passed on them)
+    (8, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
+    (8, 14336, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (8, 5120, 17408, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 5120, 10240, 'm1'): (8, 128, 1, 2, 1, False),
+    (4, 131072, 5120, 'm1'): (16, 128, 1, 4, 2, False),
 }
 
 # The tensor-core K-walk GEMV (gemv_tkw.py): (fmt, n, k, "m1" | "m4" | "m8") -> (tb, pf, num_warps,
@@ -487,18 +496,9 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 }
 
 # K-walk configs not yet measured in a step, dispatched ahead of TUNED_KW only under NINFER_KW_TRY=1
-# (an A/B switch read at each launch, for `dense_27b.py --variants`). Its first entries (the 35B's
-# head and q+k+v) won and moved into TUNED_KW. Now: the 27B MTP drafter's q8 layer and its q4
-# shortlist head at M = 1 (three draft steps a round; on the f16x2 GEMV, the head 134.8 us on the
-# H200, about 65% of copy), with the configs of the K-walk winners of like shapes (q4 gate+up,
-# q5 qkv+z, q5 down); `bash bench/next_session.sh kwtry` times the round with them.
-TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
-    (8, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
-    (8, 14336, 5120, 'm1'): (16, 128, 1, 4, 1, False),
-    (8, 5120, 17408, 'm1'): (8, 128, 1, 2, 1, False),
-    (8, 5120, 10240, 'm1'): (8, 128, 1, 2, 1, False),
-    (4, 131072, 5120, 'm1'): (16, 128, 1, 4, 2, False),
-}
+# (an A/B switch read at each launch, for `dense_27b.py --variants`). Its entries so far (the 35B's
+# head and q+k+v; the 27B MTP drafter's q8 layer and q4 shortlist head) won and moved into TUNED_KW.
+TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {}
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
 # H200, dispatched ahead of TUNED_TKW only under NINFER_TKW_TRY=1 (an A/B switch read at each launch,

@@ -75,16 +75,20 @@ def greedy_ref(dense):
     return greedy_generate(dense, LONG, 80)
 
 
-def _scripted(model, tok, ref, ahead: bool, k: int, right, reqs: list[dict], **kw):
-    """Every request on LONG with the scripted drafter; (tokens and finish reason per request,
-    counters: rounds run ahead, cuts inside a round, cuts while a round ran ahead, kept rows used)."""
+def _scripted(model, tok, ref, ahead: bool, k: int, right, reqs: list[dict], graphs: bool = True, **kw):
+    """Every request on LONG with the scripted drafter, through the stand-in graphs (or eagerly);
+    (tokens and finish reason per request, counters: rounds run ahead, cuts inside a round, cuts
+    while a round ran ahead, kept rows used)."""
     from spec_helpers import ScriptedDrafter, make_engine
     from test_batched_rounds import StandInGraphs
 
     eng = make_engine(model, tok, drafter=ScriptedDrafter(LONG + ref, k, right=right), **kw)
     spec = eng.speculative
-    fake = StandInGraphs(spec.cache.num_slots, spec.vocab)
-    spec.graphs, spec.history, spec.eager_reason = fake, fake.history, None
+    if graphs:
+        fake = StandInGraphs(spec.cache.num_slots, spec.vocab)
+        spec.graphs, spec.history, spec.eager_reason = fake, fake.history, None
+    else:
+        assert spec.graphs is None and spec.eager_reason is not None
     spec.ahead = ahead
     n = {"cut": 0, "cut_ahead": 0, "kept": 0}
     truncate, with_kept = spec.truncate, spec._with_kept
@@ -113,6 +117,10 @@ def _scripted(model, tok, ref, ahead: bool, k: int, right, reqs: list[dict], **k
 def _both(model, tok, ref, k, right, reqs, **kw):
     off, n_off = _scripted(model, tok, ref, False, k, right, reqs, **kw)
     on, n_on = _scripted(model, tok, ref, True, k, right, reqs, **kw)
+    if kw.get("graphs", True):
+        # eager rounds run ahead on the same rule: the same rounds, ahead, kept rows and cuts
+        eager, n_eager = _scripted(model, tok, ref, True, k, right, reqs, **kw, graphs=False)
+        assert eager == on and n_eager == n_on, (n_eager, n_on)
     assert n_off["ahead"] == 0 and n_on["ahead"] > 0, n_on
     assert on == off
     return off, n_on
