@@ -38,6 +38,10 @@
 #                                      # tests and the 35B step with and without (~9.5 min); early2: the 27B step and
 #                                      # the MTP round with and without (~9.5 min)
 #   bash bench/next_session.sh mtp35   # the 35B-A3B MTP round (never measured) and its projection beside the plain step
+#   bash bench/next_session.sh bars    # on an H200: the issues' bar figures with every default (27B int4/nvfp4/bf16,
+#                                      # 131K INT8 KV, the MTP round; the 35B step and round; ~9.5 min)
+#   bash bench/next_session.sh p35     # the 35B-A3B step and MTP round by kernel (~7 min)
+#   bash bench/next_session.sh ahead2  # the MTP GPU tests with eager rounds run ahead (passed on an H100, 31)
 #   bash bench/next_session.sh probe   # where the medium int4 35B's batched captured MTP rounds part from eager
 #                                      # (bench/probe_moe_spec2.py), then the MTP GPU tests under NINFER_GDN_REPLAY=1
 #   bash bench/next_session.sh kwtry   # the 27B MTP round with the drafter's K-walk candidates (NINFER_KW_TRY=1)
@@ -474,6 +478,30 @@ case "${1:-}" in
       "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1
     echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
+  bars)
+    # the issues' H200 bars with every default to date, one call (~9.5 min; ask for nvidia-h200 and
+    # check the reply's device: an H100's figures are not the bars): the 27B int4 / nvfp4 / bf16 steps
+    # at 8K, int4 at 131K with the INT8 cache, the 27B MTP round (shortlist head), then the 35B-A3B
+    # int4 step and its MTP round
+    t0=$(date +%s)
+    timeout 330 python3 bench/dense_27b.py --skip-tests --only int4_8k,nvfp4_8k,bf16_8k_alone,int4_131k_int8kv,int4_8k_mtp3_short \
+      --budget-s 300 > "$OUT/b27.txt" 2>&1
+    echo "27B rc=$? $(( $(date +%s) - t0 )) s"
+    grep -E "^(int4|nvfp4|bf16)|spec round|^skipped|ERROR" "$OUT/b27.txt" | cut -c1-150
+    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+      --only int4_8k,int4_8k_mtp3 --budget-s $(( 520 - ($(date +%s) - t0) )) > "$OUT/b35.txt" 2>&1
+    echo "35B rc=$? $(( $(date +%s) - t0 )) s"
+    grep -E "^int4|spec round|projection|^skipped|ERROR" "$OUT/b35.txt" | cut -c1-150
+    ;;
+  p35)
+    # where the 35B-A3B's time goes (~7 min): its plain int4 step and its MTP round (K = 3, a verify
+    # of 4 on the pair kernels: 4.27 of the round's 5.07 ms on an H100), by kernel, graph replays
+    P="python3 bench/profile_step.py --graph --model qwen3.6-35b-a3b --quant int4 --gen-len 16 --rows 40"
+    timeout 200 $P --out "$OUT/p35" > "$OUT/p35.txt" 2>&1; echo "profile 35B step rc=$?"
+    head -44 "$OUT/p35.txt" | cut -c1-150
+    timeout 300 $P --out "$OUT/p35m" --spec mtp --draft-tokens 3 > "$OUT/p35m.txt" 2>&1
+    echo "profile 35B round rc=$?"; head -44 "$OUT/p35m.txt" | cut -c1-150
     ;;
   probe)
     # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
