@@ -61,6 +61,15 @@ def test_lm_head_draft_is_lossless(dense, tok):
     assert out.new_token_ids == greedy_generate(dense, prompt, 40)
 
 
+def test_lm_head_draft_is_lossless_on_the_moe_family(moe, tok):
+    """The 35B-A3B's MTP layer (sparse MoE) proposing from the shortlist head: plain greedy tokens."""
+    prompt = prompt_ids(19, seed=6)
+    eng = make_engine(moe, tok, k=3, lm_head_draft=True)
+    assert eng.speculative.drafter.head is not None
+    out = eng.generate(prompt, params(max_new_tokens=32))
+    assert out.new_token_ids == greedy_generate(moe, prompt, 32)
+
+
 def test_convert_writes_the_model_s_own_ranking_and_the_engine_loads_it(tmp_path):
     ckpt = make_tiny("qwen3.6-27b", tmp_path / "m", vocab=VOCAB, layers=4)
     corpus = tmp_path / "corpus.txt"
