@@ -20,6 +20,7 @@ from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton.grouped_gemv import experts_reference
 from ninfer_plugins.moe_triton.moe import TritonMoe
 from ninfer_plugins.moe_triton.router import route
+from ninfer_plugins.quant_int import kernels as QK
 
 CUDA = torch.cuda.is_available()
 interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where there is no GPU (CI)")
@@ -84,6 +85,26 @@ def test_interpreted_early_pairs_equal_the_default_order(gu, dn, sh, T, monkeypa
 
 
 @interp
+@pytest.mark.parametrize("gu,dn,sh", CPU_CASES[:1] + [("nvfp4", "nvfp4", "q8_g32")])
+@pytest.mark.parametrize("T", [2, 4])
+def test_interpreted_shared_pairs_first_change_no_bit(gu, dn, sh, T, monkeypatch):
+    # NINFER_MOE_SHARED_FIRST=1: the grid runs every token's shared pair first, then the routed
+    # pairs; each pair's arithmetic and the combine's order are the pair index's, so the same bits
+    bank = expert_bank(8, 256, 128, gu, dn, seed=T + 5)
+    shared = shared_expert(256, 128, sh, seed=T + 6)
+    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "0")
+    plain, ref = _run(bank, shared, T, 3, seed=T)
+    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "1")
+    assert PG.shared_first()
+    # the split-K scratch still holds every pair's partials from the run before: poisoned, so a
+    # pair the reordered grid skipped cannot pass for one it ran
+    QK.Workspace.get(plain.device).partials.fill_(float("nan"))
+    first, _ = _run(bank, shared, T, 3, seed=T)
+    _close(first, ref)
+    assert torch.equal(first, plain)
+
+
+@interp
 @pytest.mark.parametrize("gu,dn,sh", [("nvfp4", "nvfp4", "nvfp4"), ("nvfp4", "nvfp4", "q8_g32"), ("q4_g64", "q5_g64", "nvfp4")])
 def test_interpreted_nvfp4_pairs_equal_the_oracle(gu, dn, sh):
     # NVFP4 through gemv_h2's decode of it (a global scale per expert row)
@@ -134,6 +155,21 @@ def test_gpu_pairs_real_shapes(real, T):
     if T == 1:
         plain, _ = _run(bank, shared, T, TOP_K, seed=T, moe=TritonMoe(fused_dtypes=(ACT,), fast=False))
         _close(plain, ref)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [2, 4])
+def test_gpu_shared_pairs_first_real_shapes(real, T, monkeypatch):
+    """NINFER_MOE_SHARED_FIRST=1 at the 35B's shapes: the same bits as the token order."""
+    bank, shared = real
+    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "0")
+    plain, ref = _run(bank, shared, T, TOP_K, seed=T + 10)
+    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "1")
+    QK.Workspace.get(plain.device).partials.fill_(float("nan"))
+    first, _ = _run(bank, shared, T, TOP_K, seed=T + 10)
+    _close(first, ref)
+    assert torch.equal(first, plain)
 
 
 @pytest.mark.gpu
