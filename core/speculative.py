@@ -35,9 +35,9 @@ runner's CUDA graphs (`graphs`, ninfer.graphs) the step is captured per batch si
 up to EXACT_UP_TO, so no padding row ever runs it) and replayed; otherwise (`--no-cuda-graph`,
 the CPU, other sizes) the very same step runs eagerly, so both give the same tokens.
 
-ROUNDS LAUNCHED AHEAD (default; NINFER_SPEC_AHEAD=0 turns it off): a captured
-round leaves each row's next anchor and start on the device (`next_in`), so the batch's next
-round can be replayed right after it, before the host reads its results. The host's reading,
+ROUNDS LAUNCHED AHEAD (default; NINFER_SPEC_AHEAD=0 turns it off): a round leaves each row's
+next anchor and start on the device (`next_in`), so the batch's next round can be launched (a
+graph replayed, or eagerly on the same rule) right after it, before the host reads its results. The host's reading,
 the engine's detokenizing and stop checks, and the next bookkeeping then overlap the GPU (0.49
 ms of a 13.8 ms 27B round were host time; the H200 measured 13.51 -> 13.30 ms a round,
 BENCHMARKS.md "Eleventh run"). A round is launched ahead
@@ -431,21 +431,20 @@ class SpeculativeRound:
     def _launch_ahead(self, reqs: list[Request]) -> _Round | None:
         """The batch's next round, launched before the one just launched is read (so the host's
         reading, the engine's detokenizing, stop checks and scheduling overlap the GPU); None where
-        it is off, the batch is past EXACT_UP_TO, a captured engine has no graph for it, or some
-        request might take a plain step or finish on length before it (every request keeps room
+        it is off, the batch is past EXACT_UP_TO, or some request might take a plain step or
+        finish on length before it (every request keeps room
         for it however many drafts the round before accepts). A request that stops on a token
         inside the round before wastes this one, harmlessly: its slot is reset when next allocated.
 
-        Eager rounds (--no-cuda-graph, the CPU) run ahead on the same rule. Which rows run together
-        then does not depend on capture: a row's bits depend on its batch where kernels change
+        Eager rounds (--no-cuda-graph, the CPU, a batch size whose capture failed) run ahead on
+        the same rule. Which rows run together then does not depend on capture: a row's bits depend on its batch where kernels change
         with the row count (the MoE runs up to 4 tokens on the pair kernels and more on the
         tiles), so a captured engine that ran rounds ahead and an eager one that did not gave
         different greedy tokens on the medium int4 35B-A3B (twenty-second session)."""
         from ninfer.graphs import EXACT_UP_TO
 
         k, b = self.k, len(reqs)
-        captured = self.graphs is not None and ("spec", b) in self.graphs.graphs
-        if not self.ahead or b > EXACT_UP_TO or (self.eager_reason is None and not captured):
+        if not self.ahead or b > EXACT_UP_TO:
             return None
         for r in reqs:
             if (r.num_tokens + 2 * k + 1 > self.cache.max_context

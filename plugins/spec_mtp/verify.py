@@ -12,7 +12,10 @@ slot starts as a copy of column t-1 (column 0: of the slot's state) and the deco
 fused kernel, or the layer's own reference decode) advances it in place by token t. The slot's
 own state is untouched until `commit(slots, accepted)` copies column `accepted` into it: the
 rollback to the kept length is one indexed copy (the backend's `gdn_commit` where it has one), with
-the accepted counts as a device tensor.
+the accepted counts as a device tensor. On the fused GPU path the default is a REPLAY instead
+(NINFER_GDN_REPLAY; =0 keeps the columns): the verify stores each token's rank-1 update (g, k,
+delta) and its conv state, and the commit replays the kept tokens on the slot's state in place,
+so the M whole-state columns (0.6 GB a slot on the 27B) are never made.
 
 This reads the qwen_hybrid model's parts (its layer stack `_run`, the GDN layer's projections and
 backend): the MTP speculator is the family's own.
@@ -105,9 +108,11 @@ class HybridVerifier:
         Writes K/V at every row's position and the GDN columns; `max_len` (> every position, or None
         on the fused path) bounds the reference attention's reads without a host sync."""
         model, cache = self.model, self.cache
-        backend = self.gdn[0].backend if self.gdn else None
-        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "1") != "0" and hasattr(backend, "gdn_verify")
-                          and model.dtype in getattr(backend, "fused_dtypes", ()) and self._replay_buffers() is not None)
+        # every GDN layer must take the replay (the commit replays all of them or none)
+        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "1") != "0"
+                          and all(hasattr(g.backend, "gdn_verify") and model.dtype in getattr(g.backend, "fused_dtypes", ())
+                                  for g in self.gdn)
+                          and self._replay_buffers() is not None)
         x = model.embed(ids)
         meta = None
         if model.dtype in getattr(model.full_backend, "fused_dtypes", ()):
@@ -126,7 +131,10 @@ class HybridVerifier:
         cc = self.col_conv[layer.state_index].view(-1, *conv.shape[1:])
         fused = fused_for(layer.backend, x)
         verify = getattr(layer.backend, "gdn_verify", None) if fused else None
-        if self._replayed and verify is not None:
+        if self._replayed and verify is None:
+            raise RuntimeError(f"GDN layer {layer.state_index}: the verify replays, but this layer's backend has "
+                               "no fused verify for its activations")
+        if self._replayed:
             cr = None
         else:
             cr = self._rec_columns()[layer.state_index].view(-1, *rec.shape[1:])
@@ -195,6 +203,8 @@ class HybridVerifier:
             rec_all.index_copy_(1, slots, self.col_rec_all[:, slots, column])
             return
         idx = slots * self.m + column
+        if len(self.col_rec) != len(self.col_conv):
+            raise RuntimeError("a GDN commit without the state columns its verify should have written")
         for conv, rec, cc, cr in zip(self.cache.conv, self.cache.recurrent, self.col_conv, self.col_rec):
             conv.index_copy_(0, slots, cc.view(-1, *conv.shape[1:]).index_select(0, idx))
             rec.index_copy_(0, slots, cr.view(-1, *rec.shape[1:]).index_select(0, idx))

@@ -120,3 +120,8 @@ def test_spec_mtp_counts_the_verify_rollback(monkeypatch):
     update = len(BIG.linear_layers) * ((48 + 16 * 128 + 48 * 128) * 4 + 3 * BIG.conv_dim * 2)
     assert replay.state == 2 * (per_slot + 4 * update)
     assert replay.state < 1.2 * plain.state < columns.state / 4
+    # a card cuda_fast does not take (sm_75, no Triton) verifies on the reference path: columns
+    monkeypatch.delenv("NINFER_GDN_REPLAY")
+    old = DeviceInfo("cuda", 0, "Old GPU", (7, 5), 141 * GIB, 141 * GIB, 40, frozenset({"cuda"}))
+    cfg = EngineConfig(model="qwen3.6-27b", quant="int4", max_context=8192, max_batch=2, spec="mtp", draft_tokens=3)
+    assert plan_memory(BIG, cfg, old, get_plugin_manager(), None).state == columns.state

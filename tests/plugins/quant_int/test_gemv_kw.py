@@ -417,14 +417,16 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 def test_gpu_35b_kw_entries_match_the_reference(monkeypatch):
-    """The 35B-A3B's K-walk entries of TUNED_KW not timed alone (its 248,320-row q6 head, its q8
-    q+k+v; and whatever TUNED_KW_TRY holds, under NINFER_KW_TRY=1) at their own shapes, dispatched
+    """TUNED_KW entries past the table test's row limit or not timed alone (the 35B-A3B's 248,320-row
+    q6 head and q8 q+k+v, the 27B MTP's 131,072-row q4 shortlist head; and whatever TUNED_KW_TRY
+    holds, under NINFER_KW_TRY=1) at their own shapes, dispatched
     through kernels.launch at their M bucket: within rounding of dequantize-then-matmul, bit-equal
     on a repeat."""
     from ninfer_plugins.quant_int.tuned import TUNED_KW, TUNED_KW_TRY
 
     monkeypatch.setenv("NINFER_KW_TRY", "1")
-    keys = [(6, 248320, 2048, "m1"), (6, 248320, 2048, "m4"), (8, 9216, 2048, "m1"), (8, 9216, 2048, "m4")]
+    keys = [(6, 248320, 2048, "m1"), (6, 248320, 2048, "m4"), (8, 9216, 2048, "m1"), (8, 9216, 2048, "m4"),
+            (4, 131072, 5120, "m1")]
     entries = {key: TUNED_KW[key] for key in keys} | TUNED_KW_TRY
     for (fmt, n, k, bucket), cfg in entries.items():
         if not cfg:
