@@ -46,6 +46,7 @@ RUNS = {
     # the same drafting with the shortlist head (the corpus-frequency stand-in without a convert)
     "int4_8k_mtp3_short": "--quant int4 --prompt-len 8192 --gen-len 64 --spec mtp --draft-tokens 3 --lm-head-draft",
     "nvfp4_8k": "--quant nvfp4 --prompt-len 8192 --gen-len 64",
+    "int8_8k": "--quant int8 --prompt-len 8192 --gen-len 64",
     "bf16_8k": "--quant bf16 --prompt-len 8192 --gen-len 48 --compare-transformers --compare-gen-len 6",
 }
 TESTS = ["tests/plugins/qwen_hybrid/test_gpu.py", "tests/plugins/cuda_fast", "tests/core/test_graphs.py", "tests/plugins/spec_mtp/test_spec_gpu.py"]

@@ -41,6 +41,7 @@
 #   bash bench/next_session.sh bars    # on an H200: the issues' bar figures with every default (27B int4/nvfp4/bf16,
 #                                      # 131K INT8 KV, the MTP round; the 35B step and round; ~9.5 min)
 #   bash bench/next_session.sh moe4    # the 35B round with the shared pairs first (NINFER_MOE_SHARED_FIRST=1) (~6 min)
+#   bash bench/next_session.sh int8    # the 27B int8 step: the drafter's q8 K-walk entries against NINFER_KW=0 (~4 min)
 #   bash bench/next_session.sh p35     # the 35B-A3B step and MTP round by kernel (~7 min)
 #   bash bench/next_session.sh ahead2  # the MTP GPU tests with eager rounds run ahead (passed on an H100, 31)
 #   bash bench/next_session.sh probe   # where the medium int4 35B's batched captured MTP rounds part from eager
@@ -519,6 +520,15 @@ case "${1:-}" in
       --only int4_8k_mtp3,int4_8k_mtp3_short --budget-s $(( 480 - ($(date +%s) - t0) )) \
       --variants "X=1|NINFER_MOE_SHARED_FIRST=1|X=1|NINFER_MOE_SHARED_FIRST=1" > "$OUT/m.txt" 2>&1
     echo "35B rounds rc=$? $(( $(date +%s) - t0 )) s"; grep -E "spec round|^skipped|ERROR" "$OUT/m.txt" | cut -c1-150
+    ;;
+  int8)
+    # the 27B --quant int8 step (q8 everywhere): since the twenty-second session its q8 gate+up, down
+    # and q+k+v at M = 1 take the K-walk entries the MTP drafter won with (untimed for this model),
+    # against NINFER_KW=0 (no K-walk entry anywhere), alternated (~4 min)
+    t0=$(date +%s)
+    timeout 280 python3 bench/dense_27b.py --skip-tests --only int8_8k --budget-s 220 \
+      --variants "X=1|NINFER_KW=0|X=1|NINFER_KW=0" > "$OUT/i8.txt" 2>&1
+    echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
     ;;
   probe)
     # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
