@@ -513,7 +513,7 @@ case "${1:-}" in
     # its GPU test, then the 35B MTP round (full head, then the shortlist head) alternated with the
     # tree as committed in one process (~6 min)
     t0=$(date +%s)
-    timeout 90 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_pairs.py -k "shared_pairs_first" \
+    timeout 90 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_pairs.py -k "shared_pairs_first or pair_switches" \
       > "$OUT/t.txt" 2>&1
     echo "GPU test rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     timeout $(( 560 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \

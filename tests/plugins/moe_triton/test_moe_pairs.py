@@ -69,39 +69,26 @@ def test_interpreted_pairs_equal_the_oracle(gu, dn, sh, T):
 
 @interp
 @pytest.mark.parametrize("gu,dn,sh", CPU_CASES[:2] + [("nvfp4", "nvfp4", "q8_g32")])
-@pytest.mark.parametrize("T", [1, 3])
-def test_interpreted_early_pairs_equal_the_default_order(gu, dn, sh, T, monkeypatch):
-    # NINFER_MOE_EARLY=1: down's weight tiles are requested before x is prepared (and, on a GPU
-    # under PDL, before its wait): the same arithmetic, so the same bits, as the default order
+@pytest.mark.parametrize("switch,T", [("NINFER_MOE_EARLY", 1), ("NINFER_MOE_EARLY", 3),
+                                      ("NINFER_MOE_SHARED_FIRST", 2), ("NINFER_MOE_SHARED_FIRST", 4)])
+def test_interpreted_pair_switches_change_no_bit(gu, dn, sh, switch, T, monkeypatch):
+    """Two switches that change only when the pair kernels' loads or CTAs run, so the same bits.
+    NINFER_MOE_EARLY=1: down's weight tiles are requested before x is prepared (and, on a GPU
+    under PDL, before its wait). NINFER_MOE_SHARED_FIRST=1: the grid runs every token's shared
+    pair first, then the routed pairs (each pair's arithmetic and the combine's order are the
+    pair index's)."""
     bank = expert_bank(8, 256, 128, gu, dn, seed=T + 3)
     shared = shared_expert(256, 128, sh, seed=T + 4)
-    monkeypatch.setenv("NINFER_MOE_EARLY", "0")
+    monkeypatch.setenv(switch, "0")
     plain, ref = _run(bank, shared, T, 3, seed=T)
-    monkeypatch.setenv("NINFER_MOE_EARLY", "1")
-    assert PG.early()
-    early, _ = _run(bank, shared, T, 3, seed=T)
-    _close(early, ref)
-    assert torch.equal(early, plain)
-
-
-@interp
-@pytest.mark.parametrize("gu,dn,sh", CPU_CASES[:1] + [("nvfp4", "nvfp4", "q8_g32")])
-@pytest.mark.parametrize("T", [2, 4])
-def test_interpreted_shared_pairs_first_change_no_bit(gu, dn, sh, T, monkeypatch):
-    # NINFER_MOE_SHARED_FIRST=1: the grid runs every token's shared pair first, then the routed
-    # pairs; each pair's arithmetic and the combine's order are the pair index's, so the same bits
-    bank = expert_bank(8, 256, 128, gu, dn, seed=T + 5)
-    shared = shared_expert(256, 128, sh, seed=T + 6)
-    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "0")
-    plain, ref = _run(bank, shared, T, 3, seed=T)
-    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "1")
-    assert PG.shared_first()
+    monkeypatch.setenv(switch, "1")
+    assert (PG.early if switch == "NINFER_MOE_EARLY" else PG.shared_first)()
     # the split-K scratch still holds every pair's partials from the run before: poisoned, so a
-    # pair the reordered grid skipped cannot pass for one it ran
+    # pair a reordered grid skipped cannot pass for one it ran
     QK.Workspace.get(plain.device).partials.fill_(float("nan"))
-    first, _ = _run(bank, shared, T, 3, seed=T)
-    _close(first, ref)
-    assert torch.equal(first, plain)
+    switched, _ = _run(bank, shared, T, 3, seed=T)
+    _close(switched, ref)
+    assert torch.equal(switched, plain)
 
 
 @interp
