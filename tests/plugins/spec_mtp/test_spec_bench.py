@@ -19,11 +19,13 @@ def test_tokens_per_round_is_the_geometric_sum():
     assert tokens_per_round(0.5, 2) == pytest.approx(1.75)
 
 
-def test_bench_reports_spec_stats_and_round_cost(tmp_path, capsys):
-    ckpt = make_tiny("qwen3.6-27b", tmp_path / "ck", vocab=VOCAB, layers=4)
+@pytest.mark.parametrize("family,extra", [("qwen3.6-27b", []), ("qwen3.6-35b-a3b", ["--lm-head-draft"])])
+def test_bench_reports_spec_stats_and_round_cost(tmp_path, capsys, family, extra):
+    # the MoE family drafting from the shortlist head: what `next_session.sh bars` runs on the 35B
+    ckpt = make_tiny(family, tmp_path / "ck", vocab=VOCAB, layers=4)
     out = tmp_path / "bench.json"
     argv = ["bench", "--model", str(ckpt), "--device", "cpu", "--random-weights", "--quant", "bf16", "--prompt-len", "20",
-            "--gen-len", "10", "--spec", "mtp", "--draft-tokens", "2", "--json", str(out)]  # fmt: skip
+            "--gen-len", "10", "--spec", "mtp", "--draft-tokens", "2", "--json", str(out), *extra]  # fmt: skip
     assert main(argv) == 0
     table = capsys.readouterr().out
     r = json.loads(out.read_text())
