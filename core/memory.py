@@ -117,13 +117,15 @@ def workspace_bytes(shape: Any, config: Any, act_bytes: int) -> int:
 def _verify_column_bytes(shape: Any, state: int, act: int, device: Any) -> int:
     """What a speculative verify keeps per sequence and verified token so the round can roll the
     GDN state back to its accepted length (spec_mtp.verify.HybridVerifier): on the fused 16-bit
-    GPU path (NINFER_GDN_REPLAY, the default; sm_80+ with Triton) the conv state after the token and the token's rank-1
-    update (g, k, delta); elsewhere, or with NINFER_GDN_REPLAY=0, the whole state after it."""
+    GPU path (NINFER_GDN_REPLAY, the default; sm_80+ with Triton) the conv state after the token
+    and the token's rank-1 update (g, k, delta); elsewhere, or with NINFER_GDN_REPLAY=0, the
+    whole state after it."""
     needed = ("linear_layers", "linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
               "linear_value_head_dim", "linear_conv_kernel_dim", "conv_dim")
     # the replay runs on cuda_fast's GDN kernels: sm_80+ with Triton (plugins/cuda_fast)
     fused = device.kind == "cuda" and (device.capability or (0, 0)) >= (8, 0) and "triton" in device.features
-    if not fused or act != 2 or os.environ.get("NINFER_GDN_REPLAY", "1") == "0" or not all(hasattr(shape, n) for n in needed):
+    replay = os.environ.get("NINFER_GDN_REPLAY", "1") != "0"
+    if not (fused and act == 2 and replay and all(hasattr(shape, n) for n in needed)):
         return state
     hv, dv = shape.linear_num_value_heads, shape.linear_value_head_dim
     update = (hv + shape.linear_num_key_heads * shape.linear_key_head_dim + hv * dv) * 4

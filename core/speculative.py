@@ -37,8 +37,9 @@ the CPU, other sizes) the very same step runs eagerly, so both give the same tok
 
 ROUNDS LAUNCHED AHEAD (default; NINFER_SPEC_AHEAD=0 turns it off): a round leaves each row's
 next anchor and start on the device (`next_in`), so the batch's next round can be launched (a
-graph replayed, or eagerly on the same rule) right after it, before the host reads its results. The host's reading,
-the engine's detokenizing and stop checks, and the next bookkeeping then overlap the GPU (0.49
+graph replayed, or eagerly on the same rule) right after it, before the host reads its results.
+The host's reading, the engine's detokenizing and stop checks, and the next bookkeeping then
+overlap the GPU (0.49
 ms of a 13.8 ms 27B round were host time; the H200 measured 13.51 -> 13.30 ms a round,
 BENCHMARKS.md "Eleventh run"). A round is launched ahead
 only when every request keeps room for it whatever the round before accepts (context and
@@ -432,15 +433,16 @@ class SpeculativeRound:
         """The batch's next round, launched before the one just launched is read (so the host's
         reading, the engine's detokenizing, stop checks and scheduling overlap the GPU); None where
         it is off, the batch is past EXACT_UP_TO, or some request might take a plain step or
-        finish on length before it (every request keeps room
-        for it however many drafts the round before accepts). A request that stops on a token
-        inside the round before wastes this one, harmlessly: its slot is reset when next allocated.
+        finish on length before it (every request keeps room for it however many drafts the
+        round before accepts). A request that stops on a token inside the round before wastes
+        this one, harmlessly: its slot is reset when next allocated.
 
         Eager rounds (--no-cuda-graph, the CPU, a batch size whose capture failed) run ahead on
-        the same rule. Which rows run together then does not depend on capture: a row's bits depend on its batch where kernels change
-        with the row count (the MoE runs up to 4 tokens on the pair kernels and more on the
-        tiles), so a captured engine that ran rounds ahead and an eager one that did not gave
-        different greedy tokens on the medium int4 35B-A3B (twenty-second session)."""
+        the same rule, so which rows run together does not depend on capture. A row's bits
+        depend on its batch where kernels change with the row count (the MoE runs up to 4
+        tokens on the pair kernels and more on the tiles): a captured engine that ran rounds
+        ahead and an eager one that did not gave different greedy tokens on the medium int4
+        35B-A3B (twenty-second session)."""
         from ninfer.graphs import EXACT_UP_TO
 
         k, b = self.k, len(reqs)

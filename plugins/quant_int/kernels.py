@@ -575,14 +575,12 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
         gcfg = pick_gemv(p.fmt, m, p.n, p.k, p.sm_count)
         if gcfg is not None:
             ws.reserve(*gcfg.workspace(p))
-    from ninfer_plugins.quant_int import gemv_kw
-    from ninfer_plugins.quant_int.tuned import TUNED_KW, TUNED_KW_TRY
-
-    from ninfer_plugins.quant_int import gemv_h2, gemv_tkw
-    from ninfer_plugins.quant_int.tuned import TUNED_TKW, TUNED_TKW_TRY
+    from ninfer_plugins.quant_int import gemv_h2, gemv_kw, gemv_tkw
+    from ninfer_plugins.quant_int.tuned import TUNED_KW, TUNED_KW_TRY, TUNED_TKW, TUNED_TKW_TRY
 
     if p.fmt in gemv_kw.DECODES:
-        _reserve_walk(ws, p, {**TUNED_KW, **TUNED_KW_TRY}, ("m1", "m4"), gemv_kw.KWConfig, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),
+        _reserve_walk(ws, p, {**TUNED_KW, **TUNED_KW_TRY}, ("m1", "m4"), gemv_kw.KWConfig,
+                      gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count),
                       lambda: (gemv_kw.x_scratch(p.device, p.fmt, p.k), gemv_kw.ready_counters(p.device)))
     if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
         _reserve_walk(ws, p, {**TUNED_TKW, **TUNED_TKW_TRY}, ("m1", "m4", "m8"), gemv_tkw.TKWConfig,

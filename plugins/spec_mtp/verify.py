@@ -109,9 +109,9 @@ class HybridVerifier:
         on the fused path) bounds the reference attention's reads without a host sync."""
         model, cache = self.model, self.cache
         # every GDN layer must take the replay (the commit replays all of them or none)
-        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "1") != "0"
-                          and all(hasattr(g.backend, "gdn_verify") and model.dtype in getattr(g.backend, "fused_dtypes", ())
-                                  for g in self.gdn)
+        fused = all(hasattr(g.backend, "gdn_verify") and model.dtype in getattr(g.backend, "fused_dtypes", ())
+                    for g in self.gdn)
+        self._replayed = (os.environ.get("NINFER_GDN_REPLAY", "1") != "0" and fused
                           and self._replay_buffers() is not None)
         x = model.embed(ids)
         meta = None
@@ -141,7 +141,7 @@ class HybridVerifier:
         if fused:
             w_ab = layer._ab_in_step(x) if verify is not None else None
             extra = {}
-            if self._replayed and verify is not None:
+            if self._replayed:
                 i = layer.state_index
                 extra = {"replay": tuple(t[i] for t in self.replay)}
             # the projections in the backend's scope: the verify may then read the slots' state
