@@ -192,6 +192,55 @@ def _ab_part(XH, b, sxh_b, h0: tl.constexpr, n: tl.constexpr, wa, wb):
 
 
 @triton.jit
+def _row_gates(XH, WAB, row, j, sxh_b, swab_r, HID: tl.constexpr, HV: tl.constexpr, BH: tl.constexpr,
+               HP: tl.constexpr, HR: tl.constexpr, wa0, wb0, wa1, wb1):
+    """Row `row`'s raw gates for value head j (fp32): from the rows loaded before the PDL wait
+    (HP > 0: wa0/wb0 [HP], and wa1/wb1 [HR] where HR > 0) or, HP = 0, read here (`_ab_dots`)."""
+    if HP > 0:
+        a_raw, b_raw = _ab_part(XH, row, sxh_b, 0, HP, wa0, wb0)
+        if HR > 0:
+            a1, b1 = _ab_part(XH, row, sxh_b, HP, HR, wa1, wb1)
+            a_raw += a1
+            b_raw += b1
+    else:
+        a_raw, b_raw = _ab_dots(XH, WAB, row, j, sxh_b, swab_r, HID, HV, BH)
+    return a_raw, b_raw
+
+
+@triton.jit
+def _gate_rows(XH, WAB, b, j, sxh_b, swab_r, M: tl.constexpr, MP: tl.constexpr, HID: tl.constexpr,
+               HV: tl.constexpr, BH: tl.constexpr, HP: tl.constexpr, HR: tl.constexpr, wa0, wb0, wa1, wb1):
+    """The raw gates of rows b*M .. b*M + M - 1 for value head j -> (a [MP], b [MP]), zeros past M."""
+    tm = tl.arange(0, MP)
+    ga = tl.zeros([MP], tl.float32)
+    gb = tl.zeros([MP], tl.float32)
+    for t in tl.static_range(M):
+        a_t, b_t = _row_gates(XH, WAB, b * M + t, j, sxh_b, swab_r, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
+        ga = tl.where(tm == t, a_t, ga)
+        gb = tl.where(tm == t, b_t, gb)
+    return ga, gb
+
+
+@triton.jit
+def _gate_row_loads(WAB, j, swab_r, HV: tl.constexpr, HP: tl.constexpr, HR: tl.constexpr):
+    """The gate rows requested before the PDL wait (HID = HP + HR, powers of two; see ab_split):
+    (wa0, wb0 [HP], wa1, wb1 [HR]); placeholders, never read, where HP or HR is 0."""
+    if HP > 0:
+        wa0 = tl.load(WAB + j * swab_r + tl.arange(0, HP))
+        wb0 = tl.load(WAB + (HV + j) * swab_r + tl.arange(0, HP))
+    else:
+        wa0 = tl.zeros([16], tl.float32)
+        wb0 = wa0
+    if HR > 0:
+        wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
+        wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
+    else:
+        wa1 = wa0
+        wb1 = wb0
+    return wa0, wb0, wa1, wb1
+
+
+@triton.jit
 def _gdn_decode_kernel(
     X, A, Bg, CW, CS, ALOG, DTB, S, O, Z, NW, IDX, CNT, XH, WAB,
     sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h, so_b, so_h, sz_b, sxh_b, swab_r,
@@ -199,7 +248,7 @@ def _gdn_decode_kernel(
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0,
     BH: tl.constexpr = 1024, HP: tl.constexpr = 0, HR: tl.constexpr = 0, PDL: tl.constexpr = False,
-    PAIRED: tl.constexpr = False, STATE_EARLY: tl.constexpr = False,
+    PAIRED: tl.constexpr = False, STATE_EARLY: tl.constexpr = False, GATES_EARLY: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -207,14 +256,10 @@ def _gdn_decode_kernel(
     vb = tl.program_id(1)
     b = pid // HV
     j = pid % HV
-    if FUSE_AB and HP > 0:
+    if FUSE_AB:
         # the gate rows are weights, which no kernel writes: requested before the PDL wait, they
         # load while the previous kernel (the qkv/z GEMV) finishes. HID = HP + HR, powers of two.
-        wa0 = tl.load(WAB + j * swab_r + tl.arange(0, HP))
-        wb0 = tl.load(WAB + (HV + j) * swab_r + tl.arange(0, HP))
-        if HR > 0:
-            wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
-            wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
+        wa0, wb0, wa1, wb1 = _gate_row_loads(WAB, j, swab_r, HV, HP, HR)
     h = j // R
     bv = tl.arange(0, BV)
     dk = tl.arange(0, DK)
@@ -230,6 +275,10 @@ def _gdn_decode_kernel(
             slot = b.to(tl.int64)
         sp = S + tl.maximum(slot, 0) * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :]
         st = tl.load(sp, mask=(dk[:, None] * 0 + slot) >= 0, other=0.0, cache_modifier=".cg")
+        if FUSE_AB and GATES_EARLY:
+            # x (the layer's normed input) was written before the projection's launch too: the
+            # gates' dot products run while the projection does, not after it
+            ea, eb = _row_gates(XH, WAB, b, j, sxh_b, swab_r, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
         pdl_wait(PDL)
     else:
         pdl_prologue(PDL)
@@ -251,18 +300,13 @@ def _gdn_decode_kernel(
         k, k1, k2, kx = _conv_step(X, CS, CW, k_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
         v, v1, v2, vx = _conv_step(X, CS, CW, v_ch, b, slot, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t)
 
-        if FUSE_AB:
+        if FUSE_AB and STATE_EARLY and GATES_EARLY:
+            a_raw, b_raw = ea, eb
+        elif FUSE_AB:
             # in_proj_a / in_proj_b in this program: two rows of HID against x_b (a separate GEMM
             # launch of 2 HV rows is mostly launch and latency at one token). Here, after the
             # state and conv loads, it measured 0.4 us a layer faster than before them (H200).
-            if HP > 0:
-                a_raw, b_raw = _ab_part(XH, b, sxh_b, 0, HP, wa0, wb0)
-                if HR > 0:
-                    a1, b1 = _ab_part(XH, b, sxh_b, HP, HR, wa1, wb1)
-                    a_raw += a1
-                    b_raw += b1
-            else:
-                a_raw, b_raw = _ab_dots(XH, WAB, b, j, sxh_b, swab_r, HID, HV, BH)
+            a_raw, b_raw = _row_gates(XH, WAB, b, j, sxh_b, swab_r, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
         else:
             a_raw = tl.load(A + b * sa_b + j).to(tl.float32)
             b_raw = tl.load(Bg + b * sb_b + j).to(tl.float32)
@@ -386,7 +430,8 @@ def gdn_decode_step(
         DK**-0.5, eps,
         HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, HAS_IDX=state_indices is not None, FUSE_NORM=fuse,
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
-        num_warps=num_warps or 4, PAIRED=paired_reductions(), STATE_EARLY=state_early, **pdl_kwargs(mixed_qkv.device),
+        num_warps=num_warps or 4, PAIRED=paired_reductions(), STATE_EARLY=state_early,
+        GATES_EARLY=state_early and fuse_ab and gates_early(), **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(B, HV, DV), norm_weight, eps, out=out)
@@ -404,7 +449,7 @@ def _gdn_columns_kernel(
     HP: tl.constexpr = 0, HR: tl.constexpr = 0, MP: tl.constexpr = 2,
     PDL: tl.constexpr = False, SPLIT_NORM: tl.constexpr = False, OS=None, NCNT=None, PAIRED: tl.constexpr = False,
     AHEAD: tl.constexpr = False, REPLAY: tl.constexpr = False, RG=None, RK=None, RD=None,
-    STATE_EARLY: tl.constexpr = False,
+    STATE_EARLY: tl.constexpr = False, GATES_EARLY: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -412,14 +457,11 @@ def _gdn_columns_kernel(
     vb = tl.program_id(1)
     b = pid // HV
     j = pid % HV
-    if FUSE_AB and HP > 0:
+    if FUSE_AB:
         # as in the decode step: the gate rows (weights) load before the PDL wait, once for all M
         # tokens of the sequence
-        wa0 = tl.load(WAB + j * swab_r + tl.arange(0, HP))
-        wb0 = tl.load(WAB + (HV + j) * swab_r + tl.arange(0, HP))
-        if HR > 0:
-            wa1 = tl.load(WAB + j * swab_r + HP + tl.arange(0, HR))
-            wb1 = tl.load(WAB + (HV + j) * swab_r + HP + tl.arange(0, HR))
+        wa0, wb0, wa1, wb1 = _gate_row_loads(WAB, j, swab_r, HV, HP, HR)
+    tm = tl.arange(0, MP)
     h = j // R
     bv = tl.arange(0, BV)
     dk = tl.arange(0, DK)
@@ -429,26 +471,17 @@ def _gdn_columns_kernel(
         pdl_early_trigger(PDL)
         slot = tl.load(IDX + b, cache_modifier=".cg").to(tl.int64)
         st = tl.load(S + slot * ss_n + j * ss_h + dk[:, None] * DV + (vb * BV + bv)[None, :], cache_modifier=".cg")
+        if FUSE_AB and GATES_EARLY:
+            # the M tokens' x rows were written before the projection's launch too (the decode
+            # step's GATES_EARLY): the gates' dot products run while the projection does
+            ga, gb = _gate_rows(XH, WAB, b, j, sxh_b, swab_r, M, MP, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
         pdl_wait(PDL)
     else:
         pdl_prologue(PDL)
-    if FUSE_AB:
+    if FUSE_AB and not (STATE_EARLY and GATES_EARLY):
         # all M tokens' gates first, so that the rows' registers are free before the state tile
         # loads (held through the token loop they spilled: 255 registers + 288 bytes, sm_90)
-        tm = tl.arange(0, MP)
-        ga = tl.zeros([MP], tl.float32)
-        gb = tl.zeros([MP], tl.float32)
-        for t in tl.static_range(M):
-            if HP > 0:
-                a_t, b_t = _ab_part(XH, b * M + t, sxh_b, 0, HP, wa0, wb0)
-                if HR > 0:
-                    a1, b1 = _ab_part(XH, b * M + t, sxh_b, HP, HR, wa1, wb1)
-                    a_t += a1
-                    b_t += b1
-            else:
-                a_t, b_t = _ab_dots(XH, WAB, b * M + t, j, sxh_b, swab_r, HID, HV, BH)
-            ga = tl.where(tm == t, a_t, ga)
-            gb = tl.where(tm == t, b_t, gb)
+        ga, gb = _gate_rows(XH, WAB, b, j, sxh_b, swab_r, M, MP, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
     if not STATE_EARLY:
         slot = tl.load(IDX + b).to(tl.int64)
     q_ch = h * DK + dk
@@ -559,6 +592,14 @@ def conv_inputs_ahead() -> bool:
     run"): alone slower at BV 32 (19.25 -> 21.12 us a layer) and faster at BV 16, 2 warps (20.10 ->
     18.11); in the MTP round with BV 32, 12.587 against 12.555 / 12.549 ms, within the noise."""
     return os.environ.get("NINFER_GDN_AHEAD", "0") == "1"
+
+
+def gates_early() -> bool:
+    """With state_early, the gates' dot products (ab_input) before the PDL wait too, in the decode
+    step and the verify (NINFER_GDN_GATES_EARLY=1; an A/B switch, off until timed). The caller's
+    promise for state_early covers x: it is the layer's input, written before the projection's
+    launch. The gates come out bit for bit the same either way."""
+    return os.environ.get("NINFER_GDN_GATES_EARLY", "0") == "1"
 
 
 def split_norm_in_launch() -> bool:
@@ -681,7 +722,8 @@ def gdn_verify_columns(
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
         MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, PAIRED=paired_reductions(),
         AHEAD=conv_inputs_ahead(), REPLAY=replay is not None, RG=rg, RK=rk, RD=rd,
-        STATE_EARLY=state_early and bv < DV, **pdl_kwargs(mixed_qkv.device), **extra,
+        STATE_EARLY=state_early and bv < DV, GATES_EARLY=state_early and bv < DV and fuse_ab and gates_early(),
+        **pdl_kwargs(mixed_qkv.device), **extra,
     )
     if z is not None and not fuse and not split_norm:
         gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)

@@ -438,6 +438,52 @@ def test_verify_columns_forced_split(monkeypatch):
                                  m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight)
 
 
+def _gates_early_same_bits(HK, HV, DK, DV, H, m, slots_list, monkeypatch, seed, replay):
+    """NINFER_GDN_GATES_EARLY=1 (the gates' dot products before the PDL wait, under state_early)
+    against =0: the decode step (whole heads, norm inside) and the verify (split heads, which is
+    where state_early applies) give the same bits, outputs and states alike."""
+    from ninfer.kernels.triton import gdn_verify_columns
+
+    L = Layer(HK, HV, DK, DV, slots=5, seed=seed)
+    slots = torch.tensor(slots_list, dtype=torch.int32, device=DEV)
+    B = len(slots_list)
+    x, _, _, z = L.inputs(B * m, True)
+    h = L.randn(B * m, H).bfloat16()
+    w_ab = L.randn(2 * HV, H, scale=H**-0.5).bfloat16()
+    res = {}
+    for early in ("0", "1"):
+        monkeypatch.setenv("NINFER_GDN_GATES_EARLY", early)
+        conv, ssm = L.conv_state.clone(), L.ssm_state.clone()
+        od = gdn_decode_step(x[:B], None, None, L.conv_weight, conv, L.A_log, L.dt_bias, ssm, num_k_heads=HK,
+                             head_k_dim=DK, head_v_dim=DV, state_indices=slots, z=z[:B], norm_weight=L.norm_weight,
+                             ab_input=(h[:B], w_ab), state_early=True)
+        cc = torch.zeros(5 * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+        cr = torch.zeros(5 * m, HV, DK, DV, device=DEV)
+        bufs = (torch.zeros(5 * m, HV, device=DEV), torch.zeros(5 * m, HK, DK, device=DEV),
+                torch.zeros(5 * m, HV, DV, device=DEV)) if replay else None
+        ov = gdn_verify_columns(x, None, None, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, cr,
+                                slots, m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z,
+                                norm_weight=L.norm_weight, block_v=DV // 2, ab_input=(h, w_ab), state_early=True,
+                                replay=bufs)
+        res[early] = (od, conv, ssm, ov, cc, cr, *(bufs or ()))
+    for a, b in zip(res["0"], res["1"]):
+        assert torch.equal(a, b)
+
+
+# H = 80 = 64 + 16: rows before the wait in two parts; 200: read after it in a masked loop
+@pytest.mark.parametrize("H", [80, 200])
+@pytest.mark.parametrize("replay", [False, True])
+def test_gates_early_same_bits(H, replay, monkeypatch):
+    _gates_early_same_bits(2, 4, 16, 16, H, 3, [4, 0], monkeypatch, seed=H, replay=replay)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("HV,H", [(48, 5120), (32, 2048)])
+def test_gates_early_same_bits_real_shapes_gpu(HV, H, monkeypatch):
+    _gates_early_same_bits(16, HV, 128, 128, H, 4, [1], monkeypatch, seed=HV, replay=True)
+
+
 def test_verify_columns_refuse_bad_gate_inputs():
     from ninfer.kernels.triton import gdn_verify_columns
 
