@@ -9,7 +9,8 @@ BV:warps with BV < 128 splits each value head over 128 / BV programs and runs th
 a second launch (it needs the whole head), or with ":n" in the same launch (the last program of a
 head normalizes it, NINFER_GDN_SPLIT_NORM=1); "p" in the suffix (":p", ":np") takes the delta rule's
 paired reductions (NINFER_GDN_PAIRED=1), for the decode step's variants too; "a", the conv inputs
-loaded a token ahead (NINFER_GDN_AHEAD=1). Every variant's output and columns are checked against
+loaded a token ahead (NINFER_GDN_AHEAD=1); "r", the replay form the round uses by default (each token's
+g, k and delta stored instead of its state: `replay=`). Every variant's output and columns are checked against
 the first one's. Floor per layer: the slot's state read once (48 x 128 x 128 fp32 = 3.1 MB) and M
 states written (12.6 MB at M = 4), at the copy rate.
 """
@@ -38,12 +39,14 @@ def layer(m: int) -> dict:
     L = gdn_ab.layer(HID, HK, HV, D, m)
     conv = (2 * HK + HV) * D
     L.update(col_conv=torch.zeros(m, conv, 3, dtype=BF, device=DEV), col_state=torch.zeros(m, HV, D, D, device=DEV),
-             slots=torch.zeros(1, dtype=torch.int32, device=DEV))
+             slots=torch.zeros(1, dtype=torch.int32, device=DEV),
+             replay=(torch.zeros(m, HV, device=DEV), torch.zeros(m, HK, D, device=DEV),
+                     torch.zeros(m, HV, D, device=DEV)))
     return L
 
 
 def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False, paired: bool = False,
-            ahead: bool = False) -> torch.Tensor:
+            ahead: bool = False, replay: bool = False) -> torch.Tensor:
     os.environ["NINFER_GDN_SPLIT_NORM"] = "1" if norm_in else "0"
     os.environ["NINFER_GDN_PAIRED"] = "1" if paired else "0"
     os.environ["NINFER_GDN_AHEAD"] = "1" if ahead else "0"
@@ -51,6 +54,7 @@ def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False, paired:
         L["qkv"], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
         L["col_conv"], L["col_state"], L["slots"], m=m, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"],
         norm_weight=L["norm"], block_v=bv, num_warps=warps, ab_input=(L["x"], L["w_ab"]),
+        replay=L["replay"] if replay else None,
     )  # fmt: skip
 
 
@@ -63,11 +67,11 @@ def decode(L: dict, bv: int | None = None, warps: int | None = None, paired: boo
     )  # fmt: skip
 
 
-def parse(v: str) -> tuple[int, int, bool, bool, bool]:
-    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions, conv inputs ahead)."""
+def parse(v: str) -> tuple[int, int, bool, bool, bool, bool]:
+    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions, conv inputs ahead, replay)."""
     bv, w, *flags = v.split(":")
     f = flags[0] if flags else ""
-    return int(bv), int(w), "n" in f, "p" in f, "a" in f
+    return int(bv), int(w), "n" in f, "p" in f, "a" in f, "r" in f
 
 
 def main() -> None:
@@ -80,7 +84,8 @@ def main() -> None:
     args = ap.parse_args()
     m = args.m
     # BV:warps[:flags]: n, the split heads' norm in the same launch (NINFER_GDN_SPLIT_NORM=1); p, the
-    # paired reductions (NINFER_GDN_PAIRED=1); a, the conv inputs a token ahead (NINFER_GDN_AHEAD=1)
+    # paired reductions (NINFER_GDN_PAIRED=1); a, the conv inputs a token ahead (NINFER_GDN_AHEAD=1);
+    # r, the replay form (compared with the first replay variant: its outputs and stored deltas)
     variants = [parse(v) for v in args.variants.split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     layers = [layer(m) for _ in range(LAYERS)]
@@ -88,26 +93,32 @@ def main() -> None:
     print(f"27B GDN, {LAYERS} layers, M = {m}: floor {floor_us:.1f} us/layer (state read once, {m} written, "
           f"4.2 TB/s)", flush=True)
     L = layers[0]
-    ref = None
-    for bv, w, nin, pr, ah in variants:
+    refs: dict[bool, tuple] = {}
+    for bv, w, nin, pr, ah, rp in variants:
         L["col_state"].zero_()
-        o = columns(L, m, bv, w, nin, pr, ah).float()
-        cs = L["col_state"].clone()
-        if ref is None:
-            ref = (o, cs)
+        o = columns(L, m, bv, w, nin, pr, ah, rp).float()
+        cs = (L["replay"][2] if rp else L["col_state"]).clone()
+        if rp not in refs:
+            refs[rp] = (o, cs)
             continue
+        ref = refs[rp]
         err = max((o - ref[0]).abs().max().item(), (cs - ref[1]).abs().max().item())
-        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}{' a' if ah else ''}: max difference from the first variant {err:.3g}"
-              + ("" if err < 6e-2 else "  <-- MISMATCH"), flush=True)
+        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}{' a' if ah else ''}{' r' if rp else ''}: "
+              f"max difference from the first variant of its form {err:.3g}" + ("" if err < 6e-2 else "  <-- MISMATCH"),
+              flush=True)
+    if len(refs) == 2:
+        err = (refs[True][0] - refs[False][0]).abs().max().item()
+        print(f"  replay against columns, outputs: max difference {err:.3g}" + ("" if err < 6e-2 else "  <-- MISMATCH"))
     # the decode step mutates its state: fine for timing
-    for bv, w, _, pr, _ in [parse(v) for v in args.decode_variants.split(",")]:
+    for bv, w, _, pr, _, _ in [parse(v) for v in args.decode_variants.split(",")]:
         ms = graph_ms(lambda bv=bv, w=w, pr=pr: [decode(x, bv, w, pr) for x in layers], reps=args.reps)
         print(f"  decode step (M = 1) BV {bv:3d} w{w}{' p' if pr else '  '} {ms:7.4f} ms/replay  {ms / LAYERS * 1e3:6.2f} us/layer", flush=True)
-    for bv, w, nin, pr, ah in variants:
-        tag = f"BV {bv:3d} w{w}{' n' if nin else '  '}{' p' if pr else '  '}{' a' if ah else '  '}"
+    for bv, w, nin, pr, ah, rp in variants:
+        flags = "".join(f" {c}" if on else "  " for c, on in (("n", nin), ("p", pr), ("a", ah), ("r", rp)))
+        tag = f"BV {bv:3d} w{w}{flags}"
         try:
-            ms = graph_ms(lambda bv=bv, w=w, nin=nin, pr=pr, ah=ah: [columns(x, m, bv, w, nin, pr, ah) for x in layers],
-                          reps=args.reps)
+            ms = graph_ms(lambda bv=bv, w=w, nin=nin, pr=pr, ah=ah, rp=rp: [columns(x, m, bv, w, nin, pr, ah, rp)
+                                                                          for x in layers], reps=args.reps)
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"  columns {tag}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             continue

@@ -498,6 +498,60 @@ case "${1:-}" in
     echo "35B rc=$? $(( $(date +%s) - t0 )) s"
     grep -E "^int4|spec round|projection|^skipped|ERROR" "$OUT/b35.txt" | cut -c1-150
     ;;
+  gdnbv)
+    # the GDN kernels' value columns a program and warps (~3 min): bench/gdn_columns.py over BV:warps
+    # in the replay form the round uses, the decode step split or whole; then the 27B MTP round with
+    # NINFER_GDN_VERIFY_BV against the default (run on an H100 in the twenty-third session: the
+    # defaults, 32:4 and whole heads, won; one warp lost 2x; the round part never ran)
+    t0=$(date +%s)
+    timeout 200 python3 bench/gdn_columns.py --variants 32:4:pr,32:2:pr,16:2:pr,64:4:pr,64:2:pr,32:4:p \
+      --decode-variants 128:4:p,128:8:p,32:4:p,32:2:p,16:2:p > "$OUT/gc.txt" 2>&1
+    echo "gdn_columns rc=$? $(( $(date +%s) - t0 )) s"; grep -E "us/layer|MISMATCH|Error|floor" "$OUT/gc.txt" | cut -c1-150
+    timeout $(( 570 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
+      --budget-s $(( 500 - ($(date +%s) - t0) )) --variants "${GDNBV_VARIANTS:-X=1|NINFER_GDN_VERIFY_BV=16:2|NINFER_GDN_VERIFY_BV=32:2|X=1}" \
+      > "$OUT/r.txt" 2>&1
+    echo "rounds rc=$? $(( $(date +%s) - t0 )) s"; grep -E "spec round|^skipped|ERROR" "$OUT/r.txt" | cut -c1-150
+    ;;
+  gates)
+    # the GDN gates' dot products before the PDL wait (NINFER_GDN_GATES_EARLY=1, written after the
+    # gdnncu profile: about half the verify columns' launch was its token-by-token gate dots): the
+    # GPU tests, then the 27B and the 35B-A3B (plain step and MTP round each) alternated (~5 min)
+    t0=$(date +%s)
+    timeout 100 python3 -m pytest -q -rf -m gpu tests/core/kernels/test_triton_gdn.py -k "gates_early or state_early or gates_from" \
+      > "$OUT/t.txt" 2>&1
+    echo "GDN GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    V="X=1|NINFER_GDN_GATES_EARLY=1|X=1|NINFER_GDN_GATES_EARLY=1"
+    timeout $(( 230 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
+      --budget-s $(( 200 - ($(date +%s) - t0) )) --variants "$V" > "$OUT/r27.txt" 2>&1
+    echo "27B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r27.txt" | cut -c1-150
+    timeout $(( ${GATES_S:-390} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+      --only int4_8k_mtp3_short --budget-s $(( ${GATES_S:-390} - 40 - ($(date +%s) - t0) )) --variants "$V" > "$OUT/r35.txt" 2>&1
+    echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+    ;;
+  gdnncu)
+    # what the GDN verify columns (replay, BV 32, 4 warps: 17.6 us a layer against the decode
+    # step's 9.1, H100) wait on: Nsight Compute's full set for one launch of each (~2 min)
+    for k in _gdn_columns_kernel _gdn_decode_kernel; do
+      timeout 240 ncu --clock-control none --set full --import-source yes -k regex:$k -s 3 -c 1 \
+        -o "$OUT/$k" python3 bench/gdn_ncu.py > "$OUT/$k.log" 2>&1
+      echo "$k rc=$?"
+      ncu --import "$OUT/$k.ncu-rep" --page details > "$OUT/$k.txt" 2>&1
+      grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc A|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued|No Eligible|Block Limit" "$OUT/$k.txt" | head -20
+      ncu --import "$OUT/$k.ncu-rep" --page raw --csv 2>/dev/null | python3 -c "
+import csv,sys
+rows=list(csv.reader(sys.stdin))
+if len(rows)>=3:
+    h,v=rows[0],rows[2]
+    def num(x):
+        try: return float(x.replace(',',''))
+        except ValueError: return None
+    st=[(num(v[i]),h[i]) for i in range(len(h)) if 'issue_stalled' in h[i] and h[i].endswith('per_issue_active.ratio') and num(v[i]) is not None]
+    for x,n in sorted(st,reverse=True)[:9]: print(f'   stall {n.split(\"stalled_\")[-1]:60s} {x:.2f}')
+"
+    done
+    ncu --import "$OUT/_gdn_columns_kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/cols_sass.csv" 2>/dev/null
+    echo "sass rows: $(wc -l < "$OUT/cols_sass.csv")"
+    ;;
   p35)
     # where the 35B-A3B's time goes (~7 min): its plain int4 step and its MTP round (K = 3, a verify
     # of 4 on the pair kernels: 4.27 of the round's 5.07 ms on an H100), by kernel, graph replays
