@@ -43,6 +43,10 @@
 #   bash bench/next_session.sh moe4    # the 35B round with the shared pairs first (NINFER_MOE_SHARED_FIRST=1) (~6 min)
 #   bash bench/next_session.sh int8    # the 27B int8 step: the drafter's q8 K-walk entries against NINFER_KW=0 (~4 min)
 #   bash bench/next_session.sh p35     # the 35B-A3B step and MTP round by kernel (~7 min)
+#   bash bench/next_session.sh gates   # the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1): GPU tests, the 27B
+#                                      # and 35B plain step and MTP round alternated (~5 min warm; set GATES_S when cold)
+#   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
+#   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh ahead2  # the MTP GPU tests with eager rounds run ahead (passed on an H100, 31)
 #   bash bench/next_session.sh probe   # where the medium int4 35B's batched captured MTP rounds part from eager
 #                                      # (bench/probe_moe_spec2.py), then the MTP GPU tests under NINFER_GDN_REPLAY=1
