@@ -13,3 +13,29 @@ GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/d
 NW=4
 [ "${GPU_MIB:-0}" -lt 100000 ] && NW=3
 export NW
+# Triton's compiled kernels across calls: each call that finds a released machine starts cold, and
+# compiling is most of a cold call's first minutes (over 2.5 min before the 27B bench's first
+# timing, twenty-third session). `pack_triton_cache` (next_session.sh calls it last) leaves the
+# cache in $OUT/0_triton.tgz (named to sort first among the 8 files a call brings back); copy it
+# to .tcache/ here (`cp /work/.device/N/0_triton.tgz .tcache/`) and carry [".whl", ".tcache"].
+# The keys hold the source, the Triton version and the target, so a stale entry is never used.
+export TRITON_CACHE_DIR=/tmp/tcache
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .tcache/0_triton.tgz ]; then
+  tar xzf .tcache/0_triton.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null \
+    && echo "triton cache: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) kernels from .tcache"
+fi
+
+pack_triton_cache() {
+  [ "${TCACHE_PACK:-1}" = "0" ] && return 0
+  local f="$OUT/0_triton.tgz"
+  tar czf "$f" -C "$TRITON_CACHE_DIR" . 2>/dev/null
+  if [ "$(stat -c %s "$f")" -gt 16000000 ]; then
+    # the intermediate forms are not needed to load a kernel: the cubin and its metadata are
+    tar czf "$f" -C "$TRITON_CACHE_DIR" --exclude='*.ptx' --exclude='*.ttir' --exclude='*.ttgir' \
+      --exclude='*.llir' --exclude='*.source' --exclude='*.amdgcn' . 2>/dev/null
+  fi
+  echo "triton cache: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) kernels, $(( $(stat -c %s "$f") / 1048576 )) MiB packed"
+  [ "$(stat -c %s "$f")" -gt 16000000 ] && rm -f "$f" && echo "triton cache over 16 MB: not brought back"
+  return 0
+}

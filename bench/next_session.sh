@@ -784,3 +784,4 @@ if len(rows)>=3:
     exit 2
     ;;
 esac
+pack_triton_cache
