@@ -48,6 +48,7 @@
 #                                      # GATES_S=590 in the command's environment)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
+#   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
 #   bash bench/next_session.sh ahead2  # the MTP GPU tests with eager rounds run ahead (passed on an H100, 31)
 #   bash bench/next_session.sh probe   # where the medium int4 35B's batched captured MTP rounds part from eager
 #                                      # (bench/probe_moe_spec2.py), then the MTP GPU tests under NINFER_GDN_REPLAY=1
@@ -536,27 +537,23 @@ case "${1:-}" in
     ;;
   gdnncu)
     # what the GDN verify columns (replay, BV 32, 4 warps: 17.6 us a layer against the decode
-    # step's 9.1, H100) wait on: Nsight Compute's full set for one launch of each (~2 min)
+    # step's 9.1, H100) wait on: Nsight Compute's full set for one launch of each (~1 min)
     for k in _gdn_columns_kernel _gdn_decode_kernel; do
       timeout 240 ncu --clock-control none --set full --import-source yes -k regex:$k -s 3 -c 1 \
         -o "$OUT/$k" python3 bench/gdn_ncu.py > "$OUT/$k.log" 2>&1
-      echo "$k rc=$?"
-      ncu --import "$OUT/$k.ncu-rep" --page details > "$OUT/$k.txt" 2>&1
-      grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc A|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued|No Eligible|Block Limit" "$OUT/$k.txt" | head -20
-      ncu --import "$OUT/$k.ncu-rep" --page raw --csv 2>/dev/null | python3 -c "
-import csv,sys
-rows=list(csv.reader(sys.stdin))
-if len(rows)>=3:
-    h,v=rows[0],rows[2]
-    def num(x):
-        try: return float(x.replace(',',''))
-        except ValueError: return None
-    st=[(num(v[i]),h[i]) for i in range(len(h)) if 'issue_stalled' in h[i] and h[i].endswith('per_issue_active.ratio') and num(v[i]) is not None]
-    for x,n in sorted(st,reverse=True)[:9]: print(f'   stall {n.split(\"stalled_\")[-1]:60s} {x:.2f}')
-"
+      echo "$k rc=$?"; python3 bench/ncu_summary.py "$OUT/$k.ncu-rep"
     done
-    ncu --import "$OUT/_gdn_columns_kernel.ncu-rep" --page source --csv --print-source sass > "$OUT/cols_sass.csv" 2>/dev/null
-    echo "sass rows: $(wc -l < "$OUT/cols_sass.csv")"
+    ;;
+  pairncu)
+    # what the 35B's decode MoE pair kernels wait on at T = 1 and 4 (the verify's MoE: +1.05 ms of
+    # the 35B round over its plain step, H100): Nsight Compute, one launch each (~2 min)
+    for t in 1 4; do
+      for k in _pair_gate_up_kernel _pair_down_kernel; do
+        timeout 200 ncu --clock-control none --set full --import-source yes -k regex:$k -s 3 -c 1 \
+          -o "$OUT/${k}_t$t" python3 bench/pair_ncu.py --t $t > "$OUT/${k}_t$t.log" 2>&1
+        echo "$k T=$t rc=$?"; python3 bench/ncu_summary.py "$OUT/${k}_t$t.ncu-rep" --regions 8
+      done
+    done
     ;;
   p35)
     # where the 35B-A3B's time goes (~7 min): its plain int4 step and its MTP round (K = 3, a verify

@@ -1,0 +1,43 @@
+"""One 35B-A3B MoE layer on the decode pair kernels (pair_gemv.py), int4 recipe (q4 gate_up, q5
+down, q8 shared), at the real shapes, T tokens with random routing, a few launches for Nsight
+Compute to read one of:
+
+    ncu --set full --import-source yes -k regex:_pair_gate_up_kernel -s 3 -c 1 python3 bench/pair_ncu.py --t 4
+
+(`bench/next_session.sh pairncu` runs T = 1 and 4 for both kernels and prints bench/ncu_summary.py
+of each.) The verify's MoE at T = 4 is the 35B round's largest extra over its plain step: gate_up
+25.1 and down 18.8 µs a layer against 8.9 and 8.5 at T = 1 (H100, PDL off; BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "plugins" / "moe_triton"))
+from moe_cases import expert_bank, logits_hitting, shared_expert  # noqa: E402
+
+from ninfer_plugins.moe_triton.moe import TritonMoe  # noqa: E402
+from ninfer_plugins.moe_triton.router import route  # noqa: E402
+
+E, H, I, TOP_K = 256, 2048, 512, 8
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--t", type=int, default=4)
+    ap.add_argument("--launches", type=int, default=5)
+    args = ap.parse_args()
+    (w, _, _), (sw, _, sg) = expert_bank(E, H, I, "q4_g64", "q5_g64", seed=0), shared_expert(H, I, "q8_g32", seed=1)
+    moe = TritonMoe(fused_dtypes=(torch.bfloat16,))
+    x = torch.randn(args.t, H, device="cuda").to(torch.bfloat16)
+    if not moe.takes_pairs(args.t, w, sw):
+        sys.exit(f"the pair kernels do not take T = {args.t}")
+    for i in range(args.launches):
+        r = route(logits_hitting(args.t, E, seed=i), TOP_K, x=x, shared_gate_weight=sg)
+        moe.run(x, r, w, sw)
+    torch.cuda.synchronize()
+    print("done")
