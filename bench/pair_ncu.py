@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "plugins" / "moe_triton"))
-from moe_cases import expert_bank, logits_hitting, shared_expert  # noqa: E402
+from moe_cases import DEV, expert_bank, logits_hitting, shared_expert  # noqa: E402
 
 from ninfer_plugins.moe_triton.moe import TritonMoe  # noqa: E402
 from ninfer_plugins.moe_triton.router import route  # noqa: E402
@@ -30,14 +30,18 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--t", type=int, default=4)
     ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="toy shapes (8 experts, top 3), interpreted on the CPU")
     args = ap.parse_args()
-    (w, _, _), (sw, _, sg) = expert_bank(E, H, I, "q4_g64", "q5_g64", seed=0), shared_expert(H, I, "q8_g32", seed=1)
-    moe = TritonMoe(fused_dtypes=(torch.bfloat16,))
-    x = torch.randn(args.t, H, device="cuda").to(torch.bfloat16)
+    e, h, i, top_k = (8, 256, 128, 3) if args.smoke else (E, H, I, TOP_K)
+    (w, _, _), (sw, _, sg) = expert_bank(e, h, i, "q4_g64", "q5_g64", seed=0), shared_expert(h, i, "q8_g32", seed=1)
+    act = torch.bfloat16 if DEV == "cuda" else torch.float32
+    moe = TritonMoe(fused_dtypes=(act,))
+    x = torch.randn(args.t, h, device=DEV).to(torch.bfloat16).to(act)
     if not moe.takes_pairs(args.t, w, sw):
         sys.exit(f"the pair kernels do not take T = {args.t}")
     for i in range(args.launches):
-        r = route(logits_hitting(args.t, E, seed=i), TOP_K, x=x, shared_gate_weight=sg)
+        r = route(logits_hitting(args.t, e, seed=i), top_k, x=x, shared_gate_weight=sg)
         moe.run(x, r, w, sw)
-    torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
     print("done")
