@@ -43,8 +43,9 @@
 #   bash bench/next_session.sh moe4    # the 35B round with the shared pairs first (NINFER_MOE_SHARED_FIRST=1) (~6 min)
 #   bash bench/next_session.sh int8    # the 27B int8 step: the drafter's q8 K-walk entries against NINFER_KW=0 (~4 min)
 #   bash bench/next_session.sh p35     # the 35B-A3B step and MTP round by kernel (~7 min)
-#   bash bench/next_session.sh gates   # the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1): GPU tests, the 27B
-#                                      # and 35B plain step and MTP round alternated (~5 min warm; cold: GATES_27_S=400
+#   bash bench/next_session.sh gates   # the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1) and the route
+#                                      # kernel's shared gate unrolled (against NINFER_ROUTE_SG_LOOP=1): GPU tests, the 27B
+#                                      # and 35B plain step and MTP round alternated (~6 min warm; cold: GATES_27_S=400
 #                                      # GATES_S=590 in the command's environment)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
@@ -520,19 +521,24 @@ case "${1:-}" in
     ;;
   gates)
     # the GDN gates' dot products before the PDL wait (NINFER_GDN_GATES_EARLY=1, written after the
-    # gdnncu profile: about half the verify columns' launch was its token-by-token gate dots): the
-    # GPU tests, then the 27B and the 35B-A3B (plain step and MTP round each) alternated (~5 min)
+    # gdnncu profile: about half the verify columns' launch was its token-by-token gate dots), and the
+    # route kernel's shared gate ahead of its logits, unrolled (the default since the twenty-third
+    # session; NINFER_ROUTE_SG_LOOP=1 is the former loop: the 35B verify's route took 7.7 us at T = 4):
+    # the GPU tests, then the 27B and the 35B-A3B (plain step and MTP round each) alternated
+    # (~6 min warm; on a cold machine GATES_27_S=400 GATES_S=590)
     t0=$(date +%s)
-    timeout 100 python3 -m pytest -q -rf -m gpu tests/core/kernels/test_triton_gdn.py -k "gates_early or state_early or gates_from" \
-      > "$OUT/t.txt" 2>&1
-    echo "GDN GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
-    V="X=1|NINFER_GDN_GATES_EARLY=1|X=1|NINFER_GDN_GATES_EARLY=1"
+    timeout 150 python3 -m pytest -q -rf -m gpu -n 2 tests/core/kernels/test_triton_gdn.py tests/plugins/moe_triton/test_moe_router.py \
+      -k "gates_early or state_early or gates_from or route or plan" > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     # a cold machine: the first 27B run compiles and captures for over 2.5 min (GATES_27_S=400 GATES_S=590)
-    timeout $(( ${GATES_27_S:-230} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
-      --budget-s $(( ${GATES_27_S:-230} - 30 - ($(date +%s) - t0) )) --variants "$V" > "$OUT/r27.txt" 2>&1
+    timeout $(( ${GATES_27_S:-250} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
+      --budget-s $(( ${GATES_27_S:-250} - 30 - ($(date +%s) - t0) )) \
+      --variants "X=1|NINFER_GDN_GATES_EARLY=1|X=1|NINFER_GDN_GATES_EARLY=1" > "$OUT/r27.txt" 2>&1
     echo "27B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r27.txt" | cut -c1-150
-    timeout $(( ${GATES_S:-390} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k_mtp3_short --budget-s $(( ${GATES_S:-390} - 40 - ($(date +%s) - t0) )) --variants "$V" > "$OUT/r35.txt" 2>&1
+    timeout $(( ${GATES_S:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+      --only int4_8k_mtp3_short --budget-s $(( ${GATES_S:-570} - 40 - ($(date +%s) - t0) )) \
+      --variants "X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1|X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1" \
+      > "$OUT/r35.txt" 2>&1
     echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
     ;;
   gdnncu)

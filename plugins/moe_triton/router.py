@@ -103,6 +103,8 @@ def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, 
     tl.store(WEIGHTS + t64[:, None] * SLOTS + kth, p / total[:, None], mask=chosen)
 
     if SHARED == 1:
+        # the shared gate's dot block by block (NINFER_ROUTE_SG_LOOP=1; the route kernel's default
+        # takes it ahead of its logits' load, unrolled, in one reduction)
         acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):
             hh = h0 + tl.arange(0, BLOCK_H)
@@ -160,17 +162,34 @@ def _route_kernel(
     T, E, H, stride_l, stride_x, stride_sg, n_tiles,
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-    PLAN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TILES: tl.constexpr,
+    PLAN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TILES: tl.constexpr, HC: tl.constexpr = 0,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
     t64 = t.to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < E
+    if SHARED == 1 and HC > 0:
+        # the shared gate's dot (HC = H) first: its loads wait on nothing, and unrolled into one
+        # [BLOCK_T, BLOCK_H] sum they are all in flight together, then one reduction (a runtime
+        # loop over H waited an L2 round trip and reduced once per block: eight at the 35B's H)
+        hh = tl.arange(0, BLOCK_H)
+        sacc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+        for h0 in tl.static_range(0, HC, BLOCK_H):
+            h_ok = (h0 + hh) < HC
+            xv = tl.load(X + t64[:, None] * stride_x + h0 + hh[None, :], mask=t_ok[:, None] & h_ok[None, :], other=0.0)
+            sacc += xv.to(tl.float32) * tl.load(SG_W + h0 + hh, mask=h_ok, other=0.0).to(tl.float32)[None, :]
+        sg_logit = tl.sum(sacc, 1)
     logit = tl.load(LOGITS + t64[:, None] * stride_l + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0)
     logit = tl.where(e_ok[None, :], logit.to(tl.float32), float("-inf"))
-    sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
-                      TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
+    if SHARED == 1 and HC > 0:
+        sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
+                          TOP_K, SLOTS, 0, BLOCK_T, BLOCK_E, BLOCK_H)
+        tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(sg_logit), mask=t_ok)
+        tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
+    else:
+        sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
+                          TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
     chosen = sel > 0
 
     if PLAN:
@@ -375,7 +394,9 @@ def route(
 
     With `x` [T, H] and `shared_gate_weight` ([1, H] or [H], dense) or `shared_gate_logit` [T] /
     [T, 1], each token also gets its shared-expert pair. `plan` (T <= 16) builds the decode tile
-    plan in the same launch.
+    plan in the same launch. The shared gate's dot runs ahead of the logits' load, unrolled over
+    H with one reduction; NINFER_ROUTE_SG_LOOP=1 (an A/B switch, read at each launch) takes the
+    former block-by-block loop after the top-k. The gate agrees to fp32 rounding either way.
     """
     T, E = logits.shape
     mode = NO_SHARED
@@ -422,6 +443,7 @@ def route(
         TOP_K=top_k, SLOTS=slots, SHARED=mode,
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=min(256, triton.next_power_of_2(xt.shape[-1])),
         PLAN=plan, BLOCK_M=DECODE_BLOCK_M, BLOCK_TILES=triton.next_power_of_2(max(n_tiles, 1)),
+        HC=xt.shape[-1] if mode == SHARED_DOT and os.environ.get("NINFER_ROUTE_SG_LOOP", "0") != "1" else 0,
         num_warps=warps,
     )
     return r

@@ -69,6 +69,25 @@ def test_interpreted_decode_route_and_plan(T, E, top_k, shared):
 
 
 @interp
+@pytest.mark.parametrize("T,H", [(1, 72), (4, 2048), (16, 300)])
+def test_interpreted_shared_gate_ahead_or_in_a_loop(T, H, monkeypatch):
+    """The shared gate's dot ahead of the logits, unrolled with one reduction (the default), and
+    block by block after the top-k (NINFER_ROUTE_SG_LOOP=1): the same ids and routed weights bit
+    for bit, the shared gate to fp32 rounding, both against the torch gate."""
+    g = torch.Generator().manual_seed(T + H)
+    x = torch.randn(T, H, generator=g)
+    sg = torch.randn(1, H, generator=g) / H**0.5
+    logits = logits_hitting(T, 24, seed=T)
+    out = {}
+    for loop in ("0", "1"):
+        monkeypatch.setenv("NINFER_ROUTE_SG_LOOP", loop)
+        out[loop] = _check(logits, 4, T <= 16, "dot", x, sg)
+    assert torch.equal(out["0"].ids, out["1"].ids)
+    assert torch.equal(out["0"].weights[:, :4], out["1"].weights[:, :4])
+    torch.testing.assert_close(out["0"].weights[:, 4], out["1"].weights[:, 4], atol=1e-6, rtol=1e-5)
+
+
+@interp
 def test_interpreted_every_token_same_experts():
     # one tile per expert holding all T tokens, and experts 0 and E-1 at both ends of the plan
     logits = torch.full((16, 12), -5.0)
