@@ -43,10 +43,10 @@
 #   bash bench/next_session.sh moe4    # the 35B round with the shared pairs first (NINFER_MOE_SHARED_FIRST=1) (~6 min)
 #   bash bench/next_session.sh int8    # the 27B int8 step: the drafter's q8 K-walk entries against NINFER_KW=0 (~4 min)
 #   bash bench/next_session.sh p35     # the 35B-A3B step and MTP round by kernel (~7 min)
-#   bash bench/next_session.sh gates   # the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1) and the route
-#                                      # kernel's shared gate unrolled (against NINFER_ROUTE_SG_LOOP=1): GPU tests, the 27B
-#                                      # and 35B plain step and MTP round alternated (~6 min warm; cold: GATES_27_S=400
-#                                      # GATES_S=590 in the command's environment)
+#   bash bench/next_session.sh gates   # the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1): GPU tests, the 27B
+#                                      # plain step and MTP round alternated (~4 min warm; cold: GATES_S=560)
+#   bash bench/next_session.sh moe5    # the 35B step and round: GATES_EARLY, the route kernel's shared gate unrolled, pair
+#                                      # down's one-load combine, each against its switch (~7 min warm; cold: MOE5_S=590)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
@@ -521,23 +521,31 @@ case "${1:-}" in
     ;;
   gates)
     # the GDN gates' dot products before the PDL wait (NINFER_GDN_GATES_EARLY=1, written after the
-    # gdnncu profile: about half the verify columns' launch was its token-by-token gate dots), and the
-    # route kernel's shared gate ahead of its logits, unrolled (the default since the twenty-third
-    # session; NINFER_ROUTE_SG_LOOP=1 is the former loop: the 35B verify's route took 7.7 us at T = 4):
-    # the GPU tests, then the 27B and the 35B-A3B (plain step and MTP round each) alternated
-    # (~6 min warm; on a cold machine GATES_27_S=400 GATES_S=590)
+    # gdnncu profile: about half the verify columns' launch was its token-by-token gate dots): the
+    # GPU tests, then the 27B plain step and MTP round alternated (~4 min warm; on a cold machine
+    # GATES_S=560: the first 27B run compiles and captures for over 2.5 min)
     t0=$(date +%s)
-    timeout 150 python3 -m pytest -q -rf -m gpu -n 2 tests/core/kernels/test_triton_gdn.py tests/plugins/moe_triton/test_moe_router.py \
-      -k "gates_early or state_early or gates_from or route or plan" > "$OUT/t.txt" 2>&1
+    timeout 120 python3 -m pytest -q -rf -m gpu -n 2 tests/core/kernels/test_triton_gdn.py \
+      -k "gates_early or state_early or gates_from" > "$OUT/t.txt" 2>&1
     echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
-    # a cold machine: the first 27B run compiles and captures for over 2.5 min (GATES_27_S=400 GATES_S=590)
-    timeout $(( ${GATES_27_S:-250} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
-      --budget-s $(( ${GATES_27_S:-250} - 30 - ($(date +%s) - t0) )) \
+    timeout $(( ${GATES_S:-330} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
+      --budget-s $(( ${GATES_S:-330} - 30 - ($(date +%s) - t0) )) \
       --variants "X=1|NINFER_GDN_GATES_EARLY=1|X=1|NINFER_GDN_GATES_EARLY=1" > "$OUT/r27.txt" 2>&1
     echo "27B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r27.txt" | cut -c1-150
-    timeout $(( ${GATES_S:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k_mtp3_short --budget-s $(( ${GATES_S:-570} - 40 - ($(date +%s) - t0) )) \
-      --variants "X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1|X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1" \
+    ;;
+  moe5)
+    # the 35B-A3B's plain step and MTP round with this session's untimed changes, each against its
+    # off switch, alternated: the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1, off), the
+    # route kernel's shared gate ahead and unrolled (default; NINFER_ROUTE_SG_LOOP=1 is the former
+    # loop), pair down's one-load combine of all T tokens (default; NINFER_MOE_COMBINE_LOOP=1);
+    # first the router and pair GPU tests (~7 min warm; cold: MOE5_S=590)
+    t0=$(date +%s)
+    timeout 150 python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/moe_triton/test_moe_router.py \
+      tests/plugins/moe_triton/test_moe_pairs.py > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    V="X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1|NINFER_MOE_COMBINE_LOOP=1"
+    timeout $(( ${MOE5_S:-560} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+      --only int4_8k_mtp3_short --budget-s $(( ${MOE5_S:-560} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
       > "$OUT/r35.txt" 2>&1
     echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
     ;;

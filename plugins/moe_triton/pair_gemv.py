@@ -235,11 +235,13 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
                SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
                ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
                FAST: tl.constexpr, ADD_NORM: tl.constexpr, FRESH: tl.constexpr,
-               PRELOAD: tl.constexpr, WAIT: tl.constexpr):
+               PRELOAD: tl.constexpr, WAIT: tl.constexpr, TP: tl.constexpr = 0):
     """One CTA of down: pair p (expert e), row chunk pid_c, K slice pid_s; the chunk's last CTA
     over every pair and slice combines (returns whether this CTA did). FRESH: ids and weights were written during this launch
     (the fused block): the combine reads them past L1. PRELOAD / WAIT: _slice_partials's (WAIT:
-    this CTA has not waited yet; its weight tile loads before the wait)."""
+    this CTA has not waited yet; its weight tile loads before the wait). TP (a power of two >= T,
+    int formats): the combine loads every token's partials at once, [TP, slot x slice, rows], one
+    round trip for all T; 0: a token at a time."""
     x_row = HIN + p.to(tl.int64) * shin
     row0 = pid_c * ROWS
     ws_p = WS + p.to(tl.int64) * N * N_SLICES * 4
@@ -257,32 +259,46 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
     arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
     combines = arrived == N_PAIRS * N_SLICES - 1
     if combines:
-        # every slot and slice of a token in one load ([slot x slice, the chunk's rows]), so the
-        # tail this CTA adds is one round trip a token (offsets are small: int32)
+        # every slot and slice of a token in one load ([slot x slice, the chunk's rows]), and with
+        # TP every token's in one ([TP, slot x slice, rows]): the tail this CTA adds is one round
+        # trip for all T, not one a token (offsets are small: int32)
         rr = row0 + tl.arange(0, ROWS)
         js = tl.arange(0, SLOTS_P2 * SLICES_P2)
         j = js // SLICES_P2
         sl = js % SLICES_P2
         ok = (j < SLOTS) & (sl < N_SLICES)
-        for t in range(0, T):
-            q = t * SLOTS + j
+        if TP > 0:
+            tt = tl.arange(0, TP)
+            qq = tt[:, None] * SLOTS + j[None, :]
+            live = (tt < T)[:, None] & (j < SLOTS)[None, :]
             if FRESH:
-                wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0, cache_modifier=".cg")
+                wts = tl.load(WEIGHTS + qq, mask=live, other=0.0, cache_modifier=".cg")
             else:
-                wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0)
-            part = tl.load(WS + ((q * N)[:, None] + rr[None, :]) * (N_SLICES * 4) + (sl * 4)[:, None],
-                           mask=ok[:, None], other=0.0, cache_modifier=".cg")
-            if FMT == 16 or SFMT == 16:
+                wts = tl.load(WEIGHTS + qq, mask=live, other=0.0)
+            parts = tl.load(WS + ((qq * N)[:, :, None] + rr[None, None, :]) * (N_SLICES * 4) + (sl * 4)[None, :, None],
+                            mask=(live & ok[None, :])[:, :, None], other=0.0, cache_modifier=".cg")
+            acc3 = tl.sum(parts * wts[:, :, None], 1)
+            tl.store(OUT + tt[:, None] * so + rr[None, :], acc3.to(OUT.dtype.element_ty), mask=(tt < T)[:, None])
+        else:
+            for t in range(0, T):
+                q = t * SLOTS + j
                 if FRESH:
-                    eq = tl.load(IDS + q, mask=j < SLOTS, other=0, cache_modifier=".cg")
+                    wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0, cache_modifier=".cg")
                 else:
-                    eq = tl.load(IDS + q, mask=j < SLOTS, other=0)
-                is_s = (eq == E)[:, None] & (rr[None, :] >= 0)
-                eq = tl.where(eq == E, 0, eq)  # the shared pair's routed address is never read
-                f = _row_gscale(WG + (eq.to(tl.int64) * N)[:, None] + rr[None, :], SWG + rr[None, :], is_s, FMT, SFMT)
-                part = part * tl.where(ok[:, None], f, 0.0)
-            acc = tl.sum(part * wt[:, None], 0)
-            tl.store(OUT + t * so + rr, acc.to(OUT.dtype.element_ty))
+                    wt = tl.load(WEIGHTS + q, mask=j < SLOTS, other=0.0)
+                part = tl.load(WS + ((q * N)[:, None] + rr[None, :]) * (N_SLICES * 4) + (sl * 4)[:, None],
+                               mask=ok[:, None], other=0.0, cache_modifier=".cg")
+                if FMT == 16 or SFMT == 16:
+                    if FRESH:
+                        eq = tl.load(IDS + q, mask=j < SLOTS, other=0, cache_modifier=".cg")
+                    else:
+                        eq = tl.load(IDS + q, mask=j < SLOTS, other=0)
+                    is_s = (eq == E)[:, None] & (rr[None, :] >= 0)
+                    eq = tl.where(eq == E, 0, eq)  # the shared pair's routed address is never read
+                    f = _row_gscale(WG + (eq.to(tl.int64) * N)[:, None] + rr[None, :], SWG + rr[None, :], is_s, FMT, SFMT)
+                    part = part * tl.where(ok[:, None], f, 0.0)
+                acc = tl.sum(part * wt[:, None], 0)
+                tl.store(OUT + t * so + rr, acc.to(OUT.dtype.element_ty))
         tl.atomic_xchg(CNT + pid_c, 0)
         if ADD_NORM:
             # the last chunk to finish: the block's residual add and norm over the combined rows
@@ -304,7 +320,7 @@ def _pair_down_kernel(
     SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
     ADD_NORM: tl.constexpr = False, EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
-    SHARED_FIRST: tl.constexpr = False,
+    SHARED_FIRST: tl.constexpr = False, TP: tl.constexpr = 0,
 ):
     p = _pair_of(tl.program_id(2), SLOTS, T, SHARED_FIRST)
     if EARLY:
@@ -321,7 +337,7 @@ def _pair_down_kernel(
                N, E, SLOTS, N_SLICES, N_PAIRS, T, N_CHUNKS,
                shin, so, sw, swh, sws, ssw, sswh, ssws, sres, shout, eps,
                FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, SLOTS_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR,
-               FAST, ADD_NORM, False, EARLY, PDL)
+               FAST, ADD_NORM, False, EARLY, PDL, TP)
 
 
 # --- host side --------------------------------------------------------------------------------------
@@ -389,6 +405,17 @@ def early() -> bool:
     a gate_up launched early (TritonMoe.run passes one value to both). The 35B-A3B int4 step,
     H100 (BENCHMARKS.md twenty-third run): 399.1 tok/s against 391.6 / 387.5 as committed."""
     return os.environ.get("NINFER_MOE_EARLY", "1") != "0"
+
+
+def combine_width(tokens: int, fmt: int, shared_fmt: int) -> int:
+    """The down combine's token width (`_down_item`'s TP): every token's partials in one load up
+    to PAIR_MAX tokens (the default); 0, a token at a time, for NVFP4 (its per-row global scales),
+    for q6 (sm_90: the whole launch took 231-235 registers against 168 with the loop; q4 / q5 / q8:
+    +0-4), or with NINFER_MOE_COMBINE_LOOP=1 (an A/B switch, read at each launch)."""
+    if (tokens > PAIR_MAX or 16 in (fmt, shared_fmt) or 6 in (fmt, shared_fmt)
+            or os.environ.get("NINFER_MOE_COMBINE_LOOP", "0") == "1"):
+        return 0
+    return triton.next_power_of_2(tokens)
 
 
 def shared_first() -> bool:
@@ -501,6 +528,6 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
         HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],
         ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), ADD_NORM=add_norm is not None,
         EARLY=early() if early_down is None else early_down, SHARED_FIRST=T > 1 and slots > 1 and shared_first(),
-        num_warps=cfg.num_warps, **pdl_kwargs(h.device),
+        TP=combine_width(T, routed.fmt, shared.fmt), num_warps=cfg.num_warps, **pdl_kwargs(h.device),
     )
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from moe_cases import ACT, DEV, captured, expert_bank, logits_hitting, shared_expert
 
 from ninfer.kernels import reference as R
@@ -89,6 +90,32 @@ def test_interpreted_pair_switches_change_no_bit(gu, dn, sh, switch, T, monkeypa
     switched, _ = _run(bank, shared, T, 3, seed=T)
     _close(switched, ref)
     assert torch.equal(switched, plain)
+
+
+@interp
+@pytest.mark.parametrize("gu,dn,sh", CPU_CASES[:2])
+@pytest.mark.parametrize("T", [1, 2, 3, 4])
+def test_interpreted_down_combines_every_token_at_once(gu, dn, sh, T, monkeypatch):
+    """down's last CTA a chunk combines all T tokens in one [TP, slot x slice, rows] load (the
+    default at int formats) or a token at a time (NINFER_MOE_COMBINE_LOOP=1): both the oracle's
+    output, and each other's up to the order of one sum (T = 3: the fourth token row masked)."""
+    bank = expert_bank(8, 256, 128, gu, dn, seed=T + 5)
+    shared = shared_expert(256, 128, sh, seed=T + 6)
+    assert PG.combine_width(T, 4, 8) == triton.next_power_of_2(T)
+    at_once, ref = _run(bank, shared, T, 3, seed=T)
+    monkeypatch.setenv("NINFER_MOE_COMBINE_LOOP", "1")
+    assert PG.combine_width(T, 4, 8) == 0
+    looped, _ = _run(bank, shared, T, 3, seed=T)
+    _close(at_once, ref)
+    _close(looped, ref)
+    torch.testing.assert_close(at_once.float(), looped.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_combine_width_falls_back_to_the_loop():
+    assert PG.combine_width(5, 4, 8) == 0  # past PAIR_MAX
+    assert PG.combine_width(2, 16, 8) == 0 and PG.combine_width(2, 4, 16) == 0  # NVFP4's row scales
+    assert PG.combine_width(4, 6, 8) == 0  # q6: the launch's registers
+    assert PG.combine_width(3, 4, 8) == 4
 
 
 @interp
