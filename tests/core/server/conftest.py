@@ -133,8 +133,10 @@ def scripts(fake: Served) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def slow(fake: Served) -> Iterator[Any]:
-    """Slow the fake engine's steps to 10 ms so that a client can leave mid-generation."""
-    fake.model.step_delay = 0.01
+    """Slow the fake engine's steps to 30 ms so that a client can leave mid-generation. (At 10 ms,
+    "free within two steps of the disconnect" failed once on a loaded 2-core machine: 20 ms is
+    within a thread's scheduling delay there.)"""
+    fake.model.step_delay = 0.03
     yield fake.model
     fake.model.step_delay = 0.0
 
