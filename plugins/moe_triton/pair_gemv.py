@@ -410,8 +410,9 @@ def early() -> bool:
 def combine_width(tokens: int, fmt: int, shared_fmt: int) -> int:
     """The down combine's token width (`_down_item`'s TP): every token's partials in one load up
     to PAIR_MAX tokens (the default); 0, a token at a time, for NVFP4 (its per-row global scales),
-    for q6 (sm_90: the whole launch took 231-235 registers against 168 with the loop; q4 / q5 / q8:
-    +0-4), or with NINFER_MOE_COMBINE_LOOP=1 (an A/B switch, read at each launch)."""
+    for q6 (sm_90 under Triton 3.9, the CI's: the whole launch took 231-235 registers against 168
+    with the loop, q4 / q5 / q8 +0-4; under 3.6, the lent GPU's, 96-128 either way), or with
+    NINFER_MOE_COMBINE_LOOP=1 (an A/B switch, read at each launch)."""
     if (tokens > PAIR_MAX or 16 in (fmt, shared_fmt) or 6 in (fmt, shared_fmt)
             or os.environ.get("NINFER_MOE_COMBINE_LOOP", "0") == "1"):
         return 0
