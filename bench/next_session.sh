@@ -540,7 +540,7 @@ case "${1:-}" in
     # loop), pair down's one-load combine of all T tokens (default; NINFER_MOE_COMBINE_LOOP=1);
     # first the router and pair GPU tests (~7 min warm; cold: MOE5_S=590)
     t0=$(date +%s)
-    timeout 150 python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/moe_triton/test_moe_router.py \
+    timeout ${MOE5_T:-150} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/moe_triton/test_moe_router.py \
       tests/plugins/moe_triton/test_moe_pairs.py > "$OUT/t.txt" 2>&1
     echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     V="X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1|NINFER_MOE_COMBINE_LOOP=1"
