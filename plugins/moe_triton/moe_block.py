@@ -20,7 +20,9 @@ dispatches CTAs in; items wait only on lower items, so the waits end):
    pair down kernel does.
 The last row chunk to combine puts the counters back to zero for the next launch. Bits equal the
 three launches' (same partials, same summation orders) where the router's dot sums in the same
-order (the interpreter; compiled, a router logit can differ in its last fp32 bit).
+order (the interpreter; compiled, a router logit can differ in its last fp32 bit) and at one
+token (at 2-4, pair down combines every token in one load, `combine_width`, the block a token at
+a time: compiled, their sums may differ in order).
 
 The waits are ninfer.kernels.triton.sync's (relaxed polls with a short sleep, one acquire, a trap
 rather than a hang). The scratch is one per (device, shapes): launches must run one

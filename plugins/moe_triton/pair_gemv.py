@@ -268,6 +268,7 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
         sl = js % SLICES_P2
         ok = (j < SLOTS) & (sl < N_SLICES)
         if TP > 0:
+            tl.static_assert(FMT != 16 and SFMT != 16, "the one-load combine has no NVFP4 row scales")
             tt = tl.arange(0, TP)
             qq = tt[:, None] * SLOTS + j[None, :]
             live = (tt < T)[:, None] & (j < SLOTS)[None, :]
@@ -408,14 +409,14 @@ def early() -> bool:
 
 
 def combine_width(tokens: int, fmt: int, shared_fmt: int) -> int:
-    """The down combine's token width (`_down_item`'s TP): every token's partials in one load up
-    to PAIR_MAX tokens (the default); 0, a token at a time, for NVFP4 (its per-row global scales),
+    """The down combine's token width (`_down_item`'s TP): every token's partials in one load for
+    2 to PAIR_MAX tokens (the default); 0, a token at a time, for one token, for NVFP4 (its per-row global scales),
     for q6 (sm_90 under Triton 3.9, the CI's: the whole launch took 231-235 registers against 168
     with the loop, q4 / q5 / q8 +0-4; under 3.6, the lent GPU's, 96-128 either way), or with
     NINFER_MOE_COMBINE_LOOP=1 (an A/B switch, read at each launch)."""
-    if (tokens > PAIR_MAX or 16 in (fmt, shared_fmt) or 6 in (fmt, shared_fmt)
+    if (tokens < 2 or tokens > PAIR_MAX or 16 in (fmt, shared_fmt) or 6 in (fmt, shared_fmt)
             or os.environ.get("NINFER_MOE_COMBINE_LOOP", "0") == "1"):
-        return 0
+        return 0  # (one token: one round trip either way, and its bits stay the loop's)
     return triton.next_power_of_2(tokens)
 
 

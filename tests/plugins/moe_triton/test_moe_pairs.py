@@ -101,7 +101,7 @@ def test_interpreted_down_combines_every_token_at_once(gu, dn, sh, T, monkeypatc
     output, and each other's up to the order of one sum (T = 3: the fourth token row masked)."""
     bank = expert_bank(8, 256, 128, gu, dn, seed=T + 5)
     shared = shared_expert(256, 128, sh, seed=T + 6)
-    assert PG.combine_width(T, 4, 8) == triton.next_power_of_2(T)
+    assert PG.combine_width(T, 4, 8) == (triton.next_power_of_2(T) if T > 1 else 0)
     at_once, ref = _run(bank, shared, T, 3, seed=T)
     monkeypatch.setenv("NINFER_MOE_COMBINE_LOOP", "1")
     assert PG.combine_width(T, 4, 8) == 0
@@ -115,7 +115,8 @@ def test_combine_width_falls_back_to_the_loop():
     assert PG.combine_width(5, 4, 8) == 0  # past PAIR_MAX
     assert PG.combine_width(2, 16, 8) == 0 and PG.combine_width(2, 4, 16) == 0  # NVFP4's row scales
     assert PG.combine_width(4, 6, 8) == 0  # q6: the launch's registers
-    assert PG.combine_width(3, 4, 8) == 4
+    assert PG.combine_width(3, 4, 8) == 4 and PG.combine_width(2, 5, 8) == 2
+    assert PG.combine_width(1, 4, 8) == 0  # one token: the loop's single trip
 
 
 @interp
