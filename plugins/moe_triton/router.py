@@ -182,14 +182,13 @@ def _route_kernel(
         sg_logit = tl.sum(sacc, 1)
     logit = tl.load(LOGITS + t64[:, None] * stride_l + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0)
     logit = tl.where(e_ok[None, :], logit.to(tl.float32), float("-inf"))
+    # _top_k's shared pair: none where it was taken above
+    TK_SHARED: tl.constexpr = 0 if SHARED == 1 and HC > 0 else SHARED
+    sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
+                      TOP_K, SLOTS, TK_SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
     if SHARED == 1 and HC > 0:
-        sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
-                          TOP_K, SLOTS, 0, BLOCK_T, BLOCK_E, BLOCK_H)
         tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(sg_logit), mask=t_ok)
         tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
-    else:
-        sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
-                          TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H)
     chosen = sel > 0
 
     if PLAN:
