@@ -40,7 +40,6 @@
 #   bash bench/next_session.sh mtp35   # the 35B-A3B MTP round (never measured) and its projection beside the plain step
 #   bash bench/next_session.sh bars    # on an H200: the issues' bar figures with every default (27B int4/nvfp4/bf16,
 #                                      # 131K INT8 KV, the MTP round; the 35B step and round; ~9.5 min)
-#   bash bench/next_session.sh moe4    # the 35B round with the shared pairs first (NINFER_MOE_SHARED_FIRST=1) (~6 min)
 #   bash bench/next_session.sh int8    # the 27B int8 step: the drafter's q8 K-walk entries against NINFER_KW=0 (~4 min)
 #   bash bench/next_session.sh p35     # the 35B-A3B step and MTP round by kernel (~7 min)
 #   bash bench/next_session.sh gates   # the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1): GPU tests, the 27B
@@ -577,20 +576,6 @@ case "${1:-}" in
     head -44 "$OUT/p35.txt" | cut -c1-150
     timeout 300 $P --out "$OUT/p35m" --spec mtp --draft-tokens 3 > "$OUT/p35m.txt" 2>&1
     echo "profile 35B round rc=$?"; head -44 "$OUT/p35m.txt" | cut -c1-150
-    ;;
-  moe4)
-    # the 35B-A3B's verify of 4 on the pair kernels with every token's shared pair scheduled first
-    # (NINFER_MOE_SHARED_FIRST=1, written without a GPU: the T shared-expert reads may hit L2):
-    # its GPU test, then the 35B MTP round (full head, then the shortlist head) alternated with the
-    # tree as committed in one process (~6 min)
-    t0=$(date +%s)
-    timeout 90 python3 -m pytest -q -rf -m gpu tests/plugins/moe_triton/test_moe_pairs.py -k "shared_pairs_first or pair_switches" \
-      > "$OUT/t.txt" 2>&1
-    echo "GPU test rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
-    timeout $(( 560 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k_mtp3,int4_8k_mtp3_short --budget-s $(( 480 - ($(date +%s) - t0) )) \
-      --variants "X=1|NINFER_MOE_SHARED_FIRST=1|X=1|NINFER_MOE_SHARED_FIRST=1" > "$OUT/m.txt" 2>&1
-    echo "35B rounds rc=$? $(( $(date +%s) - t0 )) s"; grep -E "spec round|^skipped|ERROR" "$OUT/m.txt" | cut -c1-150
     ;;
   int8)
     # the 27B --quant int8 step (q8 everywhere): since the twenty-second session its q8 gate+up, down

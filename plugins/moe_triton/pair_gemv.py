@@ -18,8 +18,8 @@ format by a runtime branch (one more compiled body, no extra launch).
 
 Weights are read once per pair: two tokens that pick the same expert read it twice, which at
 T <= 4 and 8 of 256 experts costs little (the shared expert is read T times: 2 MB each at q8;
-NINFER_MOE_SHARED_FIRST=1 schedules the T shared pairs together, so that all but the first may
-find it in L2: `shared_first`).
+scheduling the T shared pairs first, so that they might share it in L2, measured 0.11 ms slower
+a 35B round: BENCHMARKS.md twenty-fifth run).
 
 Needs: int formats (q4/q5/q6/q8) for the routed and the shared experts, K % (128 KBS) == 0 for
 both K (hidden and inner), the expert widths a multiple of the rows per trip. `supports` says.
@@ -216,10 +216,10 @@ def _pair_gate_up_kernel(
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
     SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
-    PDL: tl.constexpr = False, SHARED_FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
-    p = _pair_of(tl.program_id(2), SLOTS, tl.num_programs(2) // SLOTS, SHARED_FIRST)
+    p = tl.program_id(2)
     _gate_up_item(X, HOUT, WS, CNT, p, tl.load(IDS + p), tl.program_id(0), tl.program_id(1),
                   W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
                   INNER, E, SLOTS, N_SLICES, CHUNKS, sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
@@ -321,9 +321,9 @@ def _pair_down_kernel(
     SLICES_P2: tl.constexpr, SLOTS_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
     ADD_NORM: tl.constexpr = False, EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
-    SHARED_FIRST: tl.constexpr = False, TP: tl.constexpr = 0,
+    TP: tl.constexpr = 0,
 ):
-    p = _pair_of(tl.program_id(2), SLOTS, T, SHARED_FIRST)
+    p = tl.program_id(2)
     if EARLY:
         # after a gate_up launched EARLY: this CTA was scheduled once the router had completed,
         # so its pair's expert id (read past L1) and weight tile are loaded before the wait on
@@ -420,30 +420,6 @@ def combine_width(tokens: int, fmt: int, shared_fmt: int) -> int:
     return triton.next_power_of_2(tokens)
 
 
-def shared_first() -> bool:
-    """NINFER_MOE_SHARED_FIRST=1 (an A/B switch, off; read at each call): at T > 1 tokens, both
-    pair launches schedule every token's shared-expert pair first (grid order), then the routed
-    pairs. The T shared pairs read the same matrices (2 MB at q8 for the 35B's gate_up), and run
-    together they can find them in L2 instead of each reading them from DRAM; in token order
-    they are a ninth of the grid apart. The arithmetic and the combine's order are unchanged
-    (the same bits)."""
-    return os.environ.get("NINFER_MOE_SHARED_FIRST", "0") == "1"
-
-
-@triton.jit
-def _pair_of(q, SLOTS, T, SHARED_FIRST: tl.constexpr):
-    """The pair a grid index runs: itself, or (SHARED_FIRST) indices 0..T-1 are the tokens' shared
-    pairs (slot SLOTS - 1) and the rest the routed pairs in token order."""
-    if SHARED_FIRST:
-        routed = SLOTS - 1
-        qr = tl.maximum(q - T, 0)
-        t = tl.where(q < T, q, qr // routed)
-        j = tl.where(q < T, routed, qr % routed)
-        return t * SLOTS + j
-    else:
-        return q
-
-
 def _fast(fast: bool | None) -> bool:
     return (True if fast is None else fast) and not interpreting()
 
@@ -484,7 +460,6 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
         # read the router's ids before its own (launch.late_dependents). The tiles stay after x's
         # preparation here: requested before it they took 95 -> 116 registers on sm_90 (10 -> 8
         # CTAs an SM: the 35B's 1,152 CTAs would no longer fit one wave)
-        SHARED_FIRST=T > 1 and slots > 1 and shared_first(),
         **pdl_kwargs(x.device, late=early() if early_down is None else early_down),
     )
     return h
@@ -529,7 +504,6 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
         SLICES_P2=triton.next_power_of_2(n_slices), SLOTS_P2=triton.next_power_of_2(slots),
         HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],
         ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), ADD_NORM=add_norm is not None,
-        EARLY=early() if early_down is None else early_down, SHARED_FIRST=T > 1 and slots > 1 and shared_first(),
-        TP=combine_width(T, routed.fmt, shared.fmt), num_warps=cfg.num_warps, **pdl_kwargs(h.device),
+        EARLY=early() if early_down is None else early_down, TP=combine_width(T, routed.fmt, shared.fmt), num_warps=cfg.num_warps, **pdl_kwargs(h.device),
     )
     return out

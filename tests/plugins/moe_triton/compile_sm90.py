@@ -121,22 +121,12 @@ def pair_variants(quick: bool):
     # tile before its own (and the same with the add+norm)
     yield "pairs 4/5/8 early, PDL", lambda: run_pairs(4, 5, 8, True, early=True)
     yield "pairs 4/6/8 early, PDL, down + add and norm", lambda: run_pairs(4, 6, 8, True, add_norm=True, early=True)
-    # NINFER_MOE_SHARED_FIRST=1: the grid's shared pairs first (T = 4)
-    yield "pairs 4/5/8 shared first", lambda: run_pairs(4, 5, 8, True, shared_first=True)
-    yield "pairs 4/5/8 shared first, early, PDL", lambda: run_pairs(4, 5, 8, True, early=True, shared_first=True)
 
 
-def run_pairs(gu, dn, sh, fast, add_norm: bool = False, early: bool = False, shared_first: bool = False) -> None:
+def run_pairs(gu, dn, sh, fast, add_norm: bool = False, early: bool = False) -> None:
     import ninfer.kernels.triton.launch as L
     from ninfer_plugins.moe_triton import grouped_gemv as GV
     from ninfer_plugins.moe_triton import pair_gemv as PG
-
-    if shared_first:
-        os.environ["NINFER_MOE_SHARED_FIRST"] = "1"
-        try:
-            return run_pairs(gu, dn, sh, fast, add_norm, early)
-        finally:
-            os.environ.pop("NINFER_MOE_SHARED_FIRST")
 
     if early:
         enabled = L.pdl_enabled

@@ -70,26 +70,22 @@ def test_interpreted_pairs_equal_the_oracle(gu, dn, sh, T):
 
 @interp
 @pytest.mark.parametrize("gu,dn,sh", CPU_CASES[:2] + [("nvfp4", "nvfp4", "q8_g32")])
-@pytest.mark.parametrize("switch,T", [("NINFER_MOE_EARLY", 1), ("NINFER_MOE_EARLY", 3),
-                                      ("NINFER_MOE_SHARED_FIRST", 2), ("NINFER_MOE_SHARED_FIRST", 4)])
-def test_interpreted_pair_switches_change_no_bit(gu, dn, sh, switch, T, monkeypatch):
-    """Two switches that change only when the pair kernels' loads or CTAs run, so the same bits.
-    NINFER_MOE_EARLY=1: down's weight tiles are requested before x is prepared (and, on a GPU
-    under PDL, before its wait). NINFER_MOE_SHARED_FIRST=1: the grid runs every token's shared
-    pair first, then the routed pairs (each pair's arithmetic and the combine's order are the
-    pair index's)."""
+@pytest.mark.parametrize("T", [1, 3])
+def test_interpreted_early_pairs_equal_the_default_order(gu, dn, sh, T, monkeypatch):
+    """NINFER_MOE_EARLY=1: down's weight tiles are requested before x is prepared (and, on a GPU
+    under PDL, before its wait): the same arithmetic, so the same bits, as the default order."""
     bank = expert_bank(8, 256, 128, gu, dn, seed=T + 3)
     shared = shared_expert(256, 128, sh, seed=T + 4)
-    monkeypatch.setenv(switch, "0")
+    monkeypatch.setenv("NINFER_MOE_EARLY", "0")
     plain, ref = _run(bank, shared, T, 3, seed=T)
-    monkeypatch.setenv(switch, "1")
-    assert (PG.early if switch == "NINFER_MOE_EARLY" else PG.shared_first)()
+    monkeypatch.setenv("NINFER_MOE_EARLY", "1")
+    assert PG.early()
     # the split-K scratch still holds every pair's partials from the run before: poisoned, so a
-    # pair a reordered grid skipped cannot pass for one it ran
+    # pair the second run skipped cannot pass for one it ran
     QK.Workspace.get(plain.device).partials.fill_(float("nan"))
-    switched, _ = _run(bank, shared, T, 3, seed=T)
-    _close(switched, ref)
-    assert torch.equal(switched, plain)
+    early, _ = _run(bank, shared, T, 3, seed=T)
+    _close(early, ref)
+    assert torch.equal(early, plain)
 
 
 @interp
@@ -170,21 +166,6 @@ def test_gpu_pairs_real_shapes(real, T):
     if T == 1:
         plain, _ = _run(bank, shared, T, TOP_K, seed=T, moe=TritonMoe(fused_dtypes=(ACT,), fast=False))
         _close(plain, ref)
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("T", [2, 4])
-def test_gpu_shared_pairs_first_real_shapes(real, T, monkeypatch):
-    """NINFER_MOE_SHARED_FIRST=1 at the 35B's shapes: the same bits as the token order."""
-    bank, shared = real
-    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "0")
-    plain, ref = _run(bank, shared, T, TOP_K, seed=T + 10)
-    monkeypatch.setenv("NINFER_MOE_SHARED_FIRST", "1")
-    QK.Workspace.get(plain.device).partials.fill_(float("nan"))
-    first, _ = _run(bank, shared, T, TOP_K, seed=T + 10)
-    _close(first, ref)
-    assert torch.equal(first, plain)
 
 
 @pytest.mark.gpu
