@@ -46,6 +46,8 @@
 #                                      # plain step and MTP round alternated (~4 min warm; cold: GATES_S=560)
 #   bash bench/next_session.sh moe5    # the 35B step and round: GATES_EARLY, the route kernel's shared gate unrolled, pair
 #                                      # down's one-load combine, each against its switch (~7 min warm; cold: MOE5_S=590)
+#   bash bench/next_session.sh split   # split kernels' release arrivals against NINFER_SPLIT_ACQ_REL=1: GPU tests, then
+#                                      # the 35B step and round (SPLIT_M=qwen3.6-27b for the 27B), a process a side
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
@@ -547,6 +549,30 @@ case "${1:-}" in
       --only int4_8k_mtp3_short --budget-s $(( ${MOE5_S:-560} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
       > "$OUT/r35.txt" 2>&1
     echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+    ;;
+  split)
+    # the split kernels' arrivals as a release each and one acquire fence in the last CTA, with a
+    # relaxed re-arm (default since the twenty-fourth session) against NINFER_SPLIT_ACQ_REL=1 (each
+    # arrival acq_rel: an L1 invalidation in every CTA; the pairncu profile had ~5% of the pair
+    # kernels' stall samples on it and 25-36% in the arrival tail). The switch is read at import,
+    # so each side is its own process: GPU tests of every kernel that changed, then the model
+    # (SPLIT_M, default the 35B) one process a side, alternated until SPLIT_S (default 580) s
+    t0=$(date +%s)
+    timeout ${SPLIT_T:-200} python3 -m pytest -q -rf -m gpu -n 4 tests/plugins/moe_triton/test_moe_pairs.py \
+      tests/plugins/moe_triton/test_moe_router.py tests/plugins/quant_int/test_gemv_h2.py tests/plugins/quant_int/test_gemv_kw.py \
+      tests/plugins/quant_int/test_skinny.py tests/core/kernels/test_triton_sample.py tests/core/kernels/test_triton_argmax.py \
+      tests/core/kernels/test_triton_gdn.py ${SPLIT_TESTS:-} > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    i=0
+    for side in X=1 NINFER_SPLIT_ACQ_REL=1 X=1 NINFER_SPLIT_ACQ_REL=1 X=1 NINFER_SPLIT_ACQ_REL=1; do
+      left=$(( ${SPLIT_S:-580} - ($(date +%s) - t0) ))
+      if [ $left -lt 100 ]; then echo "skipped $side: $left s left"; continue; fi
+      i=$((i + 1))
+      env $side timeout $left python3 bench/dense_27b.py --skip-tests --model ${SPLIT_M:-qwen3.6-35b-a3b} \
+        --only int4_8k_mtp3_short --budget-s $((left - 20)) > "$OUT/s$i.txt" 2>&1
+      echo "$side rc=$? $(( $(date +%s) - t0 )) s"
+      grep -E "^int4|spec round|ERROR" "$OUT/s$i.txt" | cut -c1-150
+    done
     ;;
   gdnncu)
     # what the GDN verify columns (replay, BV 32, 4 warps: 17.6 us a layer against the decode

@@ -35,6 +35,7 @@ import torch
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
+from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import interpreting, pdl_early_trigger, pdl_kwargs, pdl_prologue, pdl_wait
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 from ninfer_plugins.quant_int import gemv_h2 as H2
@@ -187,9 +188,10 @@ def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
                         2, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST, False, False)
     tl.debug_barrier()
     cnt = CNT + p * CHUNKS + pid_c
-    arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
+    arrived = SY.arrive(cnt)
     last = arrived == N_SLICES - 1
     if last:
+        SY.acquire_all(arrived)
         rn = tl.arange(0, BLOCK_N)
         for r0 in range(row0, row0 + ROWS, BLOCK_N):
             rr = r0 + rn
@@ -203,7 +205,7 @@ def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
                 u = u * _row_gscale(WG + eg + INNER, UWG + rr, is_s, FMT, SFMT)
             h = g * tl.sigmoid(g) * u
             tl.store(HOUT + p.to(tl.int64) * sh_out + rr, h.to(HOUT.dtype.element_ty))
-        tl.atomic_xchg(cnt, 0)
+        SY.rearm(cnt)
     return last
 
 
@@ -256,9 +258,10 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
                         ws_p, N_SLICES, pid_s, row0, 0, ROWS,
                         1, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST, PRELOAD, WAIT)
     tl.debug_barrier()
-    arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+    arrived = SY.arrive(CNT + pid_c)
     combines = arrived == N_PAIRS * N_SLICES - 1
     if combines:
+        SY.acquire_all(arrived)
         # every slot and slice of a token in one load ([slot x slice, the chunk's rows]), and with
         # TP every token's in one ([TP, slot x slice, rows]): the tail this CTA adds is one round
         # trip for all T, not one a token (offsets are small: int32)
@@ -300,14 +303,15 @@ def _down_item(HIN, IDS, WEIGHTS, OUT, WS, CNT, p, e, pid_c, pid_s,
                     part = part * tl.where(ok[:, None], f, 0.0)
                 acc = tl.sum(part * wt[:, None], 0)
                 tl.store(OUT + t * so + rr, acc.to(OUT.dtype.element_ty))
-        tl.atomic_xchg(CNT + pid_c, 0)
+        SY.rearm(CNT + pid_c)
         if ADD_NORM:
             # the last chunk to finish: the block's residual add and norm over the combined rows
             tl.debug_barrier()
-            done = tl.atomic_add(CNT + N_CHUNKS, 1, sem="acq_rel")
+            done = SY.arrive(CNT + N_CHUNKS)
             if done == N_CHUNKS - 1:
+                SY.acquire_all(done)
                 H2._add_norm_rows(OUT, RES, NW, HOUT, T, N, so, sres, shout, eps, 4)  # 4: PAIR_MAX
-                tl.atomic_xchg(CNT + N_CHUNKS, 0)
+                SY.rearm(CNT + N_CHUNKS)
     return combines
 
 

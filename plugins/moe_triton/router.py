@@ -31,6 +31,7 @@ import torch
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
+from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 from ninfer_plugins.quant_int.gemv_h2 import add_norm_args
 
@@ -292,8 +293,9 @@ def _route_gemv_kernel(
         lg = tl.where(r < E, lg.to(X.dtype.element_ty).to(tl.float32), lg)
         tl.store(LWS + tt * LSTRIDE + r, lg, mask=(r * 0 + tt) < T)
     tl.debug_barrier()
-    arrived = tl.atomic_add(CNT, 1, sem="acq_rel")
+    arrived = SY.arrive(CNT)
     if arrived == tl.num_programs(0) - 1:
+        SY.acquire_all(arrived)
         t = tl.arange(0, BLOCK_T)
         t_ok = t < T
         t64 = t.to(tl.int64)
@@ -318,7 +320,7 @@ def _route_gemv_kernel(
                 s_row, xn = _add_norm_row(X, RES, NW, tt, stride_x, stride_res, h, t_in, H, eps)
                 tl.store(HOUT + tt * stride_hout + h, xn, mask=t_in)
                 tl.store(RES + tt * stride_res + h, s_row, mask=t_in)
-        tl.atomic_xchg(CNT, 0)
+        SY.rearm(CNT)
 
 
 # The fused router serves one token (plain decode). Measured on the H200 (bench/moe.py, 35B

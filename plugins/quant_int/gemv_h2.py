@@ -51,6 +51,7 @@ import triton.language as tl
 
 from ninfer_plugins.quant_int import kernels as QK
 from ninfer.kernels.triton import prefetch as PF
+from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 
 MAX_M = 4
@@ -828,8 +829,9 @@ def _gemv_h2_kernel(
                   FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
     # the last slice of this row chunk to arrive sums all slices, in slice order
     tl.debug_barrier()
-    arrived = tl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+    arrived = SY.arrive(CNT + pid_c)
     if arrived == N_SLICES - 1:
+        SY.acquire_all(arrived)
         sl = tl.arange(0, SLICES_P2)[:, None]
         for r0 in range(row_lo, row_hi, BLOCK_N):
             rr = r0 + rn
@@ -841,14 +843,15 @@ def _gemv_h2_kernel(
                 if FMT == 16:
                     y = y * tl.load(G + rr, mask=ok, other=0.0)  # NVFP4's per-row global scale
                 tl.store(Y + mm * stride_ym + rr, y.to(Y.dtype.element_ty), mask=ok & ((rr * 0 + mm) < M))
-        tl.atomic_xchg(CNT + pid_c, 0)
+        SY.rearm(CNT + pid_c)
         if ADD_NORM:
             # the last row chunk to finish also does the block's residual add and norm over y
             tl.debug_barrier()
-            done = tl.atomic_add(CNT + N_CHUNKS, 1, sem="acq_rel")
+            done = SY.arrive(CNT + N_CHUNKS)
             if done == N_CHUNKS - 1:
+                SY.acquire_all(done)
                 _add_norm_rows(Y, RES, NW, HOUT, M, N, stride_ym, stride_res, stride_hout, eps, BLOCK_M)
-                tl.atomic_xchg(CNT + N_CHUNKS, 0)
+                SY.rearm(CNT + N_CHUNKS)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ import triton.language as tl
 
 from ninfer.kernels.epoch import epoch
 from ninfer.kernels.triton import prefetch as PF
+from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import interpreting, lasting, pdl_kwargs, pdl_prologue
 from ninfer.kernels.triton.norms import rmsnorm_row
 from ninfer.kernels.triton.sync import wait_at_least
@@ -624,8 +625,9 @@ def _kw_out(part, rows, ok, cols4, pid_r, pid_s, Y, WS, CNT, G, M, stride_ym, FM
     else:
         tl.store(WS + (rows[None, :].to(tl.int64) * SPLITS + pid_s) * 4 + cols4, part, mask=ok[None, :] & (cols4 < BLOCK_M))
         tl.debug_barrier()
-        arrived = tl.atomic_add(CNT + pid_r, 1, sem="acq_rel")
+        arrived = SY.arrive(CNT + pid_r)
         if arrived == SPLITS - 1:
+            SY.acquire_all(arrived)
             sl = tl.arange(0, SPLITS)[:, None]
             for mm in tl.static_range(BLOCK_M):
                 p = tl.load(WS + (rows[None, :].to(tl.int64) * SPLITS + sl) * 4 + mm, mask=ok[None, :], other=0.0,
@@ -634,7 +636,7 @@ def _kw_out(part, rows, ok, cols4, pid_r, pid_s, Y, WS, CNT, G, M, stride_ym, FM
                 if FMT == 16:
                     y = y * tl.load(G + rows, mask=ok, other=0.0)
                 tl.store(Y + mm * stride_ym + rows, y.to(Y.dtype.element_ty), mask=ok & ((rows * 0 + mm) < M))
-            tl.atomic_xchg(CNT + pid_r, 0)
+            SY.rearm(CNT + pid_r)
 
 
 def l2_ahead_trips(p: QK.Prepared, cfg: KWConfig, budget: int | None = None) -> int:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_value
 from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
@@ -116,6 +117,7 @@ def logical_to_element(k: torch.Tensor) -> torch.Tensor:
 if HAVE_GLUON:
     XHEAD_C = gl.constexpr(XHEAD)
     SUM_SC_C = gl.constexpr(SUM_SC)
+    ACQ_REL_C = gl.constexpr(SY.SPLIT_ACQ_REL)  # ninfer.kernels.triton.sync's arrival form
 
     @gluon.jit
     def _issue(W, H, S, wsm, hsm, ssm, slot, row0, kb0, stride_wn, stride_hn, stride_sn,
@@ -221,8 +223,16 @@ if HAVE_GLUON:
         load, then resets the chunk's counter. The slices are a loop, not one [SLICES_P2, ...]
         tile: a thread holds every slice of its columns, and 17-34 slices (the 27B's down_proj)
         made this the kernel's register peak (168-255 registers, the main loop needs ~90)."""
-        arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+        # a release per slice; the last one's acq_rel fence then sees every slice's partial
+        # (ninfer.kernels.triton.sync.arrive / acquire_all, written out for Gluon)
+        if ACQ_REL_C:
+            arrived = gl.atomic_add(CNT + pid_c, 1, sem="acq_rel")
+        else:
+            arrived = gl.atomic_add(CNT + pid_c, 1, sem="release")
         if arrived == N_SLICES - 1:
+            if not ACQ_REL_C:
+                arrived = gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [arrived],
+                                                    dtype=gl.int32, is_pure=False, pack=1)
             SC: gl.constexpr = SUM_SC_C if SLICES_P2 > SUM_SC_C else SLICES_P2
             sl_ = gl.arange(0, SC, layout=gl.SliceLayout(1, LRED))
             cc = gl.arange(0, RED * MT, layout=gl.SliceLayout(0, LRED))
@@ -237,7 +247,10 @@ if HAVE_GLUON:
                                 mask=(sl < N_SLICES)[:, None] & ok[None, :], other=0.0, cache_modifier=".cg")
                     acc += gl.sum(p, 0)
                 gl.store(Y + tok * stride_ym + rr, acc.to(Y.dtype.element_ty), mask=ok)
-            gl.atomic_xchg(CNT + pid_c, 0)
+            if ACQ_REL_C:
+                gl.atomic_xchg(CNT + pid_c, 0)
+            else:
+                gl.atomic_xchg(CNT + pid_c, 0, sem="relaxed")
 
     @gluon.jit(do_not_specialize=["M", "N", "ROWS_PER_CTA", "N_SLICES"])
     def _gemv_tc_kernel(

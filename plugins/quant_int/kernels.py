@@ -52,6 +52,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue  # noqa: E402
+from ninfer.kernels.triton import sync as SY  # noqa: E402
 
 # --- packed decode in PTX ------------------------------------------------------------------------
 # Int codes are two's complement nibbles. Each asm instance takes two bytes (Triton hands the MMA
@@ -412,13 +413,14 @@ def _qmm_kernel(
         tl.store(part + pid_k * tile_elems + offs, acc)
         # every thread's partial is stored before the one release below publishes them
         tl.debug_barrier()
-        arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel")
+        arrived = SY.arrive(CNT + tile)
         if arrived == SPLIT_K - 1:
+            SY.acquire_all(arrived)
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for p in range(SPLIT_K):
                 total += tl.load(part + p * tile_elems + offs, cache_modifier=".cg")
             tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(CNT + tile, 0)
+            SY.rearm(CNT + tile)
 
 
 # --- host side --------------------------------------------------------------------------------------

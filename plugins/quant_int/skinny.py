@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.kernels.triton import sync as SY
 from ninfer_plugins.quant_int import kernels as QK
 
 # Two halfwords (one 32-bit word, bytes b0..b3 from its low end) -> four bf16x2 registers of
@@ -201,13 +202,14 @@ def _skinny_kernel(
         tl.store(part + pid_k * tile_elems + offs, acc)
         # every thread's partial is stored before the one release below publishes them
         tl.debug_barrier()
-        arrived = tl.atomic_add(CNT + tile, 1, sem="acq_rel")
+        arrived = SY.arrive(CNT + tile)
         if arrived == SPLIT_K - 1:
+            SY.acquire_all(arrived)
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for p in range(SPLIT_K):
                 total += tl.load(part + p * tile_elems + offs, cache_modifier=".cg")
             tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(CNT + tile, 0)
+            SY.rearm(CNT + tile)
 
 
 @dataclass(frozen=True)

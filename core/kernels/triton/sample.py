@@ -27,6 +27,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ninfer.config import TOP_K_CAP
+from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import interpreting, lasting, pdl_kwargs, pdl_prologue
 from ninfer.sampling import check_later_keywords
 
@@ -416,8 +417,9 @@ def _argmax_rows_kernel(L, sl, MAP, OUT, so, PV, PI, CNT, V, NCH, CHUNK: tl.cons
     tl.store(PV + row * NCH + c, top)
     tl.store(PI + row * NCH + c, tl.min(tl.where(x == top, i, V), 0).to(tl.int64))
     tl.debug_barrier()  # this program's partial is stored before it counts itself
-    arrived = tl.atomic_add(CNT + row, 1, sem="acq_rel")
+    arrived = SY.arrive(CNT + row)
     if arrived == NCH - 1:
+        SY.acquire_all(arrived)
         # the last chunk of the row to arrive: the first maximum over the chunks' partials
         j = tl.arange(0, NCHP)
         pv = tl.load(PV + row * NCH + j, mask=j < NCH, other=float("-inf"), cache_modifier=".cg")
@@ -429,7 +431,7 @@ def _argmax_rows_kernel(L, sl, MAP, OUT, so, PV, PI, CNT, V, NCH, CHUNK: tl.cons
         if HAS_MAP:
             idx = tl.load(MAP + idx).to(tl.int64)
         tl.store(OUT + row * so, idx)
-        tl.atomic_xchg(CNT + row, 0, sem="relaxed")
+        SY.rearm(CNT + row)
 
 
 def _argmax_scratch(device: torch.device, rows: int, nch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,9 +14,20 @@ after another, producers first) the poll is a plain atomic read.
 
 from __future__ import annotations
 
+import os
+
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
+
+# The split kernels' arrival counters (a CTA stores its partial, then counts itself in; the last
+# to arrive sums everyone's). Every CTA's count is a release; only the last CTA then takes an
+# acquire fence, and the counter is re-armed relaxed. NINFER_SPLIT_ACQ_REL=1 is the former form:
+# each arrival acq_rel (an L1 invalidation in every CTA, evicting the co-resident CTAs' x lines)
+# and an acq_rel re-arm (the last CTA waits for its output stores to be acknowledged first).
+SPLIT_ACQ_REL = os.environ.get("NINFER_SPLIT_ACQ_REL", "0") == "1"
+_ACQ_REL = tl.constexpr(SPLIT_ACQ_REL)
+_COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 
 
 @triton.jit
@@ -58,3 +69,38 @@ def wait_at_least(P, target, ASM: tl.constexpr):
         v = tl.atomic_add(P, 0, sem="acquire")
         while v < target:
             v = tl.atomic_add(P, 0, sem="acquire")
+
+
+@triton.jit
+def arrive(P):
+    """Count this CTA in at the int32 counter P and return the count before it. Call after the
+    CTA's stores and a `tl.debug_barrier()`: the count releases them. The CTA that sees the
+    last count calls `acquire_all` before it reads the others' stores."""
+    if _ACQ_REL:
+        n = tl.atomic_add(P, 1, sem="acq_rel")
+    else:
+        n = tl.atomic_add(P, 1, sem="release")
+    return n
+
+
+@triton.jit
+def acquire_all(n):
+    """In the CTA that saw the last count `n` of `arrive`: a GPU-scope acq_rel fence after that
+    count's read, so every store the other CTAs released before their counts is visible here
+    (the PTX memory model's fence-based acquire pattern). Returns n. A no-op under the
+    interpreter (its CTAs run one after another) and with NINFER_SPLIT_ACQ_REL=1 (the count
+    itself was acq_rel)."""
+    if _COMPILED and not _ACQ_REL:
+        n = tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [n], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    return n
+
+
+@triton.jit
+def rearm(P):
+    """Set the counter P back to 0 for the next launch, relaxed: the launch's end (or the next
+    kernel's PDL wait, which waits for it) publishes it; nothing in this launch reads it again."""
+    if _ACQ_REL:
+        tl.atomic_xchg(P, 0)
+    else:
+        tl.atomic_xchg(P, 0, sem="relaxed")
