@@ -466,6 +466,14 @@ def pair_sweep(layers: list[Layer], bw: float, results: list, deadline: float) -
 
     gu_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64) for w in (2, 4)
                if kbs * 16 * bn >= 128 * w]
+    # one K slice (kbs = H / 128): each chunk finished in its only CTA, no counter (sm_90 registers
+    # under Triton 3.6, q4 routed / q8 shared: 8:16:8 w4 72, w2 128; 8:16:16 w4 128; 16:16:16 w4 168)
+    onek = [PG.PairConfig(8, H // 128, 8, 4), PG.PairConfig(8, H // 128, 8, 2), PG.PairConfig(8, H // 128, 16, 4),
+            PG.PairConfig(16, H // 128, 16, 4)]
+    if os.environ.get("NINFER_SWEEP_ONEK") == "1":
+        gu_cfgs, only_gate_up = [PG.GATE_UP, *onek], True
+    else:
+        gu_cfgs, only_gate_up = gu_cfgs + onek, False
     dn_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64, 128) for w in (2, 4)
                if kbs * 16 * bn >= 128 * w]
     for T in (1, 4):
@@ -473,7 +481,7 @@ def pair_sweep(layers: list[Layer], bw: float, results: list, deadline: float) -
         rs = [route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate)
               for x, L in zip(xs, layers)]
         hs = [PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E) for x, r, L in zip(xs, rs, layers)]
-        for kind, cfgs in (("gate_up", gu_cfgs), ("down", dn_cfgs)):
+        for kind, cfgs in (("gate_up", gu_cfgs), ("down", [] if only_gate_up else dn_cfgs)):
             for cfg in cfgs:
                 if time.time() > deadline:
                     return
@@ -816,6 +824,7 @@ def main() -> int:
     ap.add_argument("--recipes", default="int4", help="kernel timings for these of int4,int8,bf16")
     ap.add_argument("--sweep", action="store_true", help="also sweep block sizes (several minutes)")
     ap.add_argument("--pair-sweep", action="store_true", help="sweep the pair kernels' block sizes (T = 1, 4)")
+    ap.add_argument("--sweep-only", action="store_true", help="with --sweep / --pair-sweep: no decode or prefill timings")
     ap.add_argument("--e2e", default="int4,bf16", help="`ninfer bench` runs: recipes, each optionally with +switch suffixes (E2E_SWITCHES: "
                     "pdl, nopdl, gdnab, moenorm, gemvnorm, noh2), e.g. int4,int4+gdnab+moenorm")
     ap.add_argument("--floor", action="store_true", help="print the decode floor (arithmetic, no GPU) and exit")
@@ -891,7 +900,7 @@ def main() -> int:
             layers = build_layers(recipe, count)
             log(f"{recipe}: {count} layers built in {time.time() - t0:.0f} s")
             rows = results["decode"].setdefault(recipe, [])
-            for T in DECODE_T:
+            for T in () if args.sweep_only else DECODE_T:
                 if time.time() > kernels_deadline:
                     break
                 bench_decode(layers, T, bw, moe, rows)
@@ -901,7 +910,7 @@ def main() -> int:
             # the tile kernels, then (int recipes) every expert decoded to bf16 + grouped GEMMs
             # (prefill_grouped.py, NINFER_MOE_PREFILL=grouped), at the longest prefill size
             for label, grouped in ((recipe, False), (f"{recipe}+grouped", True)):
-                if time.time() >= kernels_deadline or (grouped and recipe == "bf16"):
+                if time.time() >= kernels_deadline or (grouped and recipe == "bf16") or args.sweep_only:
                     continue
                 old_env = os.environ.get("NINFER_MOE_PREFILL")
                 os.environ["NINFER_MOE_PREFILL"] = "grouped" if grouped else ""
@@ -980,10 +989,11 @@ def kernel_tables(results: dict) -> str:
         for r in results["sweep"]:
             if "error" in r:
                 continue
-            key = (r["T"], r["which"])
-            val = r.get("layer_us", r.get("layer_ms"))
+            # the tile sweep's rows name "which" / "cfg"; the pair sweep's "op" / "config" / "us"
+            key = (r["T"], r.get("which", r.get("op")))
+            val = r.get("layer_us", r.get("layer_ms", r.get("us")))
             if key not in best or val < best[key][0]:
-                best[key] = (val, r["cfg"])
+                best[key] = (val, r.get("cfg", r.get("config")))
         for (T, which), (val, cfg) in sorted(best.items()):
             lines.append(f"- T={T} {which}: best {cfg} ({val:.3f} {'us' if T <= 16 else 'ms'})")
     return "\n".join(lines).strip() + "\n"

@@ -9,7 +9,8 @@ GEMV of one activation row, split over K slices and row chunks like gemv_h2.py, 
 Two launches per layer, no host sync, grids fixed by shapes (CUDA-graph safe):
 * gate_up: grid (row chunks, K slices, pairs). A chunk is R gate rows and the same R up rows of
   the pair's expert (both read against the same x slice). The last CTA of a (pair, chunk) to
-  arrive sums the slices in order and writes h = silu(gate) * up, rounded to x's dtype.
+  arrive sums the slices in order and writes h = silu(gate) * up, rounded to x's dtype. With one
+  K slice (kbs = H / 128) a chunk's only CTA does it, with no counter (DIRECT).
 * down: grid (row chunks, K slices, pairs), x = h of the pair. The last CTA of a chunk over every
   pair and slice writes out[t, rows] = sum_j weight[t, j] * sum_s partial[t * slots + j, s]: the
   routing weights and the per-token combine are fused, in a fixed order (bit-reproducible).
@@ -68,13 +69,31 @@ FIRST_GATE_UP = PairConfig(block_n=32, kbs=4, rows=32)
 FIRST_DOWN = PairConfig(block_n=32, kbs=2, rows=64)
 
 
+def _env_config(name: str) -> PairConfig | None:
+    """A PairConfig from the environment, "block_n:kbs:rows:warps" (an A/B switch read at each
+    call); None when unset."""
+    v = os.environ.get(name, "")
+    if not v:
+        return None
+    try:
+        bn, kbs, rows, w = (int(t) for t in v.split(":"))
+    except ValueError:
+        raise ValueError(f"{name}={v!r}: expected block_n:kbs:rows:warps, e.g. 8:16:8:4") from None
+    return PairConfig(bn, kbs, rows, w)
+
+
 def configs_for(hidden: int, inner: int) -> tuple[PairConfig, PairConfig] | None:
-    """(gate_up, down) configs for a layer's widths: GATE_UP / DOWN where they divide the
-    shapes, else the same with fewer K blocks a slice or fewer rows a chunk; None if nothing fits."""
+    """(gate_up, down) configs for a layer's widths: GATE_UP / DOWN (or NINFER_PAIR_GATE_UP /
+    NINFER_PAIR_DOWN, "block_n:kbs:rows:warps") where they divide the shapes, else the same with
+    fewer K blocks a slice or fewer rows a chunk; None if nothing fits. A gate_up whose slice is
+    the whole of K (kbs = hidden / 128, e.g. 8:16:8:4 at the 35B's 2048) finishes each chunk in
+    its only CTA, without a counter (`_gate_up_item`'s DIRECT)."""
     out = []
-    for base, k, rows in ((GATE_UP, hidden, inner), (DOWN, inner, hidden)):
+    gu0 = _env_config("NINFER_PAIR_GATE_UP") or GATE_UP
+    dn0 = _env_config("NINFER_PAIR_DOWN") or DOWN
+    for base, k, rows in ((gu0, hidden, inner), (dn0, inner, hidden)):
         kbs = next((b for b in (base.kbs, 2, 1) if b <= base.kbs and k % (128 * b) == 0), None)
-        chunk = next((r for r in (base.rows, 32) if r <= base.rows and rows % r == 0), None)
+        chunk = next((r for r in (base.rows, 32) if r <= base.rows and rows % r == 0 and r % base.block_n == 0), None)
         if kbs is None or chunk is None:
             return None
         out.append(PairConfig(base.block_n, kbs, chunk, base.num_warps))
@@ -158,6 +177,26 @@ def _ws_sum(WS_p, rows, N_SLICES, SLICES_P2: tl.constexpr):
 
 
 @triton.jit
+def _gate_up_finish(HOUT, ws_p, p, e, row0, WG, GWG, UWG, INNER, E, N_SLICES, sh_out,
+                    FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                    SLICES_P2: tl.constexpr):
+    """h = silu(gate) * up over a chunk's rows from its slices' partials (summed in slice order)."""
+    rn = tl.arange(0, BLOCK_N)
+    for r0 in range(row0, row0 + ROWS, BLOCK_N):
+        rr = r0 + rn
+        g = _ws_sum(ws_p, rr, N_SLICES, SLICES_P2)
+        u = _ws_sum(ws_p, rr + INNER, N_SLICES, SLICES_P2)
+        if FMT == 16 or SFMT == 16:
+            # NVFP4: each row's global scale (1 for the other side's format)
+            eg = e.to(tl.int64) * 2 * INNER + rr
+            is_s = (rr * 0 + e) == E
+            g = g * _row_gscale(WG + eg, GWG + rr, is_s, FMT, SFMT)
+            u = u * _row_gscale(WG + eg + INNER, UWG + rr, is_s, FMT, SFMT)
+        h = g * tl.sigmoid(g) * u
+        tl.store(HOUT + p.to(tl.int64) * sh_out + rr, h.to(HOUT.dtype.element_ty))
+
+
+@triton.jit
 def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
                   W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
                   INNER, E, SLOTS, N_SLICES, CHUNKS,
@@ -165,9 +204,11 @@ def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
                   FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
                   SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
                   ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
-                  FAST: tl.constexpr):
+                  FAST: tl.constexpr, DIRECT: tl.constexpr = False):
     """One CTA of gate_up: pair p (expert e; e == E: the shared expert), row chunk pid_c, K slice
-    pid_s. Returns whether this CTA was the chunk's last to arrive (it wrote the chunk's h)."""
+    pid_s. Returns whether this CTA was the chunk's last to arrive (it wrote the chunk's h).
+    DIRECT (one K slice, N_SLICES == 1): the CTA is its chunk's only one; it reads its own
+    partials back after a barrier and writes h, with no counter (no release, no atomic)."""
     tok = p // SLOTS
     x_row = X + tok.to(tl.int64) * sx
     row0 = pid_c * ROWS
@@ -187,25 +228,21 @@ def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
                         ws_p, N_SLICES, pid_s, row0, INNER, ROWS,
                         2, FMT, BLOCK_N, KBS, HEAD, ASM, CONSTR, FAST, False, False)
     tl.debug_barrier()
-    cnt = CNT + p * CHUNKS + pid_c
-    arrived = SY.arrive(cnt)
-    last = arrived == N_SLICES - 1
-    if last:
-        SY.acquire_all(arrived)
-        rn = tl.arange(0, BLOCK_N)
-        for r0 in range(row0, row0 + ROWS, BLOCK_N):
-            rr = r0 + rn
-            g = _ws_sum(ws_p, rr, N_SLICES, SLICES_P2)
-            u = _ws_sum(ws_p, rr + INNER, N_SLICES, SLICES_P2)
-            if FMT == 16 or SFMT == 16:
-                # NVFP4: each row's global scale (1 for the other side's format)
-                eg = e.to(tl.int64) * 2 * INNER + rr
-                is_s = (rr * 0 + e) == E
-                g = g * _row_gscale(WG + eg, GWG + rr, is_s, FMT, SFMT)
-                u = u * _row_gscale(WG + eg + INNER, UWG + rr, is_s, FMT, SFMT)
-            h = g * tl.sigmoid(g) * u
-            tl.store(HOUT + p.to(tl.int64) * sh_out + rr, h.to(HOUT.dtype.element_ty))
-        SY.rearm(cnt)
+    if DIRECT:
+        # the barrier made every thread's partials visible to the CTA (stores go through to the
+        # L2, which the .cg loads read)
+        _gate_up_finish(HOUT, ws_p, p, e, row0, WG, GWG, UWG, INNER, E, 1, sh_out,
+                        FMT, SFMT, BLOCK_N, ROWS, 1)
+        last = pid_s == 0
+    else:
+        cnt = CNT + p * CHUNKS + pid_c
+        arrived = SY.arrive(cnt)
+        last = arrived == N_SLICES - 1
+        if last:
+            SY.acquire_all(arrived)
+            _gate_up_finish(HOUT, ws_p, p, e, row0, WG, GWG, UWG, INNER, E, N_SLICES, sh_out,
+                            FMT, SFMT, BLOCK_N, ROWS, SLICES_P2)
+            SY.rearm(cnt)
     return last
 
 
@@ -218,14 +255,14 @@ def _pair_gate_up_kernel(
     FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
     SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, DIRECT: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     p = tl.program_id(2)
     _gate_up_item(X, HOUT, WS, CNT, p, tl.load(IDS + p), tl.program_id(0), tl.program_id(1),
                   W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
                   INNER, E, SLOTS, N_SLICES, CHUNKS, sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
-                  FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST)
+                  FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST, DIRECT)
 
 
 @triton.jit
@@ -388,11 +425,16 @@ def _workspace(pairs: int, rows: int, n_slices: int, counters: int) -> tuple[int
     return pairs * rows * n_slices * 4, counters
 
 
+def _gate_up_counters(pairs: int, inner: int, hidden: int, cfg: PairConfig) -> int:
+    """gate_up's counters: one a (pair, chunk); none with one K slice (DIRECT)."""
+    return 0 if hidden == 128 * cfg.kbs else pairs * (inner // cfg.rows)
+
+
 def workspace_need(tokens: int, slots: int, hidden: int, inner: int) -> tuple[int, int]:
     """(fp32 partials, counters) the two launches need at `tokens` tokens."""
     gu, dn = configs_for(hidden, inner) or (GATE_UP, DOWN)
     pairs = tokens * slots
-    a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), pairs * (inner // gu.rows))
+    a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), _gate_up_counters(pairs, inner, hidden, gu))
     b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows + 1)  # + the add+norm's counter
     return max(a[0], b[0]), max(a[1], b[1])
 
@@ -443,7 +485,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
     n_slices = hidden // (128 * cfg.kbs)
     chunks = inner // cfg.rows
     ws = QK.Workspace.get(x.device)
-    ws.ensure(*_workspace(pairs, 2 * inner, n_slices, pairs * chunks), QK.capturing(x))
+    ws.ensure(*_workspace(pairs, 2 * inner, n_slices, _gate_up_counters(pairs, inner, hidden, cfg)), QK.capturing(x))
     w, wh, wsc = _int_args(routed)
     gw, gwh, gws = _int_args(shared_gate)
     uw, uwh, uws = _int_args(shared_up)
@@ -458,7 +500,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
         x.stride(0), h.stride(0), w.stride(0), wh.stride(0), wsc.stride(0), gw.stride(0), gwh.stride(0), gws.stride(0),
         FMT=routed.fmt, SFMT=shared_gate.fmt, BLOCK_N=cfg.block_n, KBS=cfg.kbs, ROWS=cfg.rows,
         SLICES_P2=triton.next_power_of_2(n_slices), HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared_gate.fmt],
-        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast),
+        ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), DIRECT=n_slices == 1,
         num_warps=cfg.num_warps,
         # early: the down launch after this one is scheduled only past this one's wait, so it may
         # read the router's ids before its own (launch.late_dependents). The tiles stay after x's

@@ -127,6 +127,28 @@ def test_interpreted_nvfp4_pairs_equal_the_oracle(gu, dn, sh):
 
 
 @interp
+@pytest.mark.parametrize("gu,sh", [("q4_g64", "q8_g32"), ("q5_g64", "q6_g64")])
+def test_interpreted_gate_up_in_one_slice_needs_no_counter(gu, sh):
+    """gate_up with one K slice (KBS = H / 128) finishes each chunk in its only CTA, no counter:
+    with the counters poisoned it still gives h as the two-slice split (KBS = 1) does, up to
+    the order of one sum, and leaves the counters as it found them."""
+    T = 2
+    (w, gu_ref, _), (sw, _, sg) = expert_bank(8, 256, 128, gu, "q5_g64", seed=11), shared_expert(256, 128, sh, seed=12)
+    g = torch.Generator(device=DEV).manual_seed(5)
+    x = torch.randn(T, 256, generator=g, device=DEV).to(torch.bfloat16)
+    r = route(logits_hitting(T, 8, seed=5), 3, x=x, shared_gate_weight=sg)
+    split = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, 128, 8, PG.PairConfig(32, 1, 32, 2))
+    one = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, 128, 8, PG.PairConfig(16, 2, 16, 2))
+    torch.testing.assert_close(one.float(), split.float(), atol=2e-2, rtol=2e-2)
+    ws = QK.Workspace.get(x.device)  # sized by the call above
+    ws.counters.fill_(7)
+    again = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, 128, 8, PG.PairConfig(16, 2, 16, 2))
+    assert bool((ws.counters == 7).all())
+    ws.counters.zero_()
+    assert torch.equal(one, again)
+
+
+@interp
 def test_interpreted_pair_configs_and_fallbacks():
     assert PG.configs_for(2048, 512) == (PG.GATE_UP, PG.DOWN)
     gu, dn = PG.configs_for(256, 128)
@@ -217,6 +239,41 @@ def test_gpu_first_pair_configs_equal_the_oracle(real, T):
     out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, PG.FIRST_DOWN)
     ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
     _close(out, ref)
+
+
+ONE_SLICE = [PG.PairConfig(8, H // 128, 8, 4), PG.PairConfig(8, H // 128, 8, 2), PG.PairConfig(8, H // 128, 16, 4),
+             PG.PairConfig(16, H // 128, 16, 4)]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_one_slice_gate_up_equals_the_oracle(real, T, monkeypatch):
+    """gate_up with its K slice the whole of H (each chunk in one CTA, no counter; the configs
+    bench/moe.py's pair sweep times): the oracle's output, bit for bit the same on a second run
+    with the counters poisoned, and through NINFER_PAIR_GATE_UP in TritonMoe.run."""
+    (w, gu, dn), (sw, sdec, sg) = real
+    g = torch.Generator(device=DEV).manual_seed(T + 20)
+    x = torch.randn(T, H, generator=g, device=DEV).bfloat16()
+    r = route(logits_hitting(T, E, seed=T + 20), TOP_K, x=x, shared_gate_weight=sg)
+    ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
+    for cfg in ONE_SLICE:
+        h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, cfg)
+        out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16)
+        _close(out, ref)
+        ws = QK.Workspace.get(x.device)
+        saved = ws.counters.clone()
+        ws.counters.fill_(5)
+        torch.cuda.synchronize()
+        again = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, cfg)
+        torch.cuda.synchronize()
+        assert bool((ws.counters == 5).all())
+        ws.counters.copy_(saved)
+        assert torch.equal(h, again), cfg.describe()
+    monkeypatch.setenv("NINFER_PAIR_GATE_UP", "8:16:8:4")
+    assert PG.configs_for(H, I)[0] == ONE_SLICE[0]
+    out, ref2 = _run((w, gu, dn), (sw, sdec, sg), T, TOP_K, seed=T + 20)
+    _close(out, ref2)
 
 
 @pytest.mark.gpu
