@@ -470,18 +470,22 @@ def pair_sweep(layers: list[Layer], bw: float, results: list, deadline: float) -
     # under Triton 3.6, q4 routed / q8 shared: 8:16:8 w4 72, w2 128; 8:16:16 w4 128; 16:16:16 w4 168)
     onek = [PG.PairConfig(8, H // 128, 8, 4), PG.PairConfig(8, H // 128, 8, 2), PG.PairConfig(8, H // 128, 16, 4),
             PG.PairConfig(16, H // 128, 16, 4)]
-    if os.environ.get("NINFER_SWEEP_ONEK") == "1":
-        gu_cfgs, only_gate_up = [PG.GATE_UP, *onek], True
-    else:
-        gu_cfgs, only_gate_up = gu_cfgs + onek, False
     dn_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64, 128) for w in (2, 4)
                if kbs * 16 * bn >= 128 * w]
+    # down with fewer rows a chunk: more CTAs (576 at T = 1 ran at 12% occupancy, Nsight Compute);
+    # sm_90 registers under Triton 3.6, q5 / q8 shared: 16:4:16 w2 72, w4 64; 8:4:16 w2 72; 8:4:8 w2 54
+    small = [PG.PairConfig(16, 4, 16, 2), PG.PairConfig(16, 4, 16, 4), PG.PairConfig(8, 4, 16, 2),
+             PG.PairConfig(8, 4, 8, 2)]
+    if os.environ.get("NINFER_SWEEP_ONEK") == "1":  # the defaults and these only
+        gu_cfgs, dn_cfgs = [PG.GATE_UP, *onek], [PG.DOWN, *small]
+    else:
+        gu_cfgs, dn_cfgs = gu_cfgs + onek, dn_cfgs + small
     for T in (1, 4):
         xs = [torch.randn(T, H, device=DEV).bfloat16() for _ in layers]
         rs = [route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate)
               for x, L in zip(xs, layers)]
         hs = [PG.gate_up(x, r.ids, L.experts.gate_up, L.shared.gate, L.shared.up, I, E) for x, r, L in zip(xs, rs, layers)]
-        for kind, cfgs in (("gate_up", gu_cfgs), ("down", [] if only_gate_up else dn_cfgs)):
+        for kind, cfgs in (("gate_up", gu_cfgs), ("down", dn_cfgs)):
             for cfg in cfgs:
                 if time.time() > deadline:
                     return

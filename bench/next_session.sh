@@ -48,8 +48,8 @@
 #                                      # down's one-load combine, each against its switch (~7 min warm; cold: MOE5_S=590)
 #   bash bench/next_session.sh split   # split kernels' release arrivals against NINFER_SPLIT_ACQ_REL=1: GPU tests, then
 #                                      # the 35B step and round (SPLIT_M=qwen3.6-27b for the 27B), a process a side
-#   bash bench/next_session.sh onek    # gate_up in one K slice, no counter: GPU tests, the pair sweep's gate_up
-#                                      # (NINFER_SWEEP_ONEK=1), the 35B step and round with NINFER_PAIR_GATE_UP (~8 min)
+#   bash bench/next_session.sh onek    # gate_up in one K slice (no counter), down in smaller chunks: GPU tests, the
+#                                      # pair sweep (NINFER_SWEEP_ONEK=1), the 35B step and round with the switches (~8 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
@@ -578,9 +578,10 @@ case "${1:-}" in
     ;;
   onek)
     # gate_up with one K slice (kbs = H / 128: each chunk finished in its only CTA, no counter,
-    # no release; pairncu had 25-36% of the pair kernels' stall samples in the arrival tail): its
-    # GPU tests, the pair sweep's gate_up at T = 1 and 4 over the one-slice configs against the
-    # default, then the 35B step and round with NINFER_PAIR_GATE_UP (~8 min warm; cold ONEK_S=590)
+    # no release; pairncu had 25-36% of the pair kernels' stall samples in the arrival tail) and
+    # down with fewer rows a chunk (more CTAs): GPU tests, the pair sweep at T = 1 and 4 over
+    # those configs against the defaults, then the 35B step and round with NINFER_PAIR_GATE_UP /
+    # NINFER_PAIR_DOWN (~8 min warm; cold ONEK_S=590)
     t0=$(date +%s)
     timeout ${ONEK_T:-150} python3 -m pytest -q -rf -m gpu -n 3 tests/plugins/moe_triton/test_moe_pairs.py \
       -k "one_slice or real_shapes or replay" > "$OUT/t.txt" 2>&1
@@ -588,7 +589,7 @@ case "${1:-}" in
     NINFER_SWEEP_ONEK=1 timeout 150 python3 bench/moe.py --out "$OUT/k" --no-tests --no-e2e --recipes int4 --pair-sweep \
       --sweep-only --budget-s 120 > "$OUT/k.txt" 2>&1
     echo "pair sweep rc=$? $(( $(date +%s) - t0 )) s"; grep -E "pair sweep|Error" "$OUT/k.txt" | cut -c1-150
-    V="X=1|NINFER_PAIR_GATE_UP=${ONEK_A:-8:16:8:4}|NINFER_PAIR_GATE_UP=${ONEK_B:-8:16:16:4}"
+    V="X=1|NINFER_PAIR_GATE_UP=${ONEK_A:-8:16:8:4}|NINFER_PAIR_GATE_UP=${ONEK_B:-8:16:16:4}|NINFER_PAIR_DOWN=${ONEK_D:-16:4:16:2}"
     timeout $(( ${ONEK_S:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
       --only int4_8k_mtp3_short --budget-s $(( ${ONEK_S:-570} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
       > "$OUT/r35.txt" 2>&1

@@ -414,6 +414,13 @@ def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix,
             and sg.fmt == su.fmt and _fits(routed_dn, inner, hidden, dn) and _fits(sd, inner, hidden, dn))
 
 
+def _check(cfg: PairConfig, k: int, rows: int, what: str) -> None:
+    """A config given to a launch must tile its matrix: whole K slices, whole chunks, whole trips."""
+    if k % (128 * cfg.kbs) or rows % cfg.rows or cfg.rows % cfg.block_n:
+        raise ValueError(f"pair {what}: {cfg.describe()} does not tile K {k} x {rows} rows (K a multiple of "
+                         f"128 kbs, rows of the chunk, the chunk of block_n)")
+
+
 def _int_args(m: Matrix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(words int32, high-bit words, scales) as gemv_h2 reads them."""
     w = m.q.view(torch.int32)
@@ -479,6 +486,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
     pairs = T * slots
     hidden = x.shape[1]
     cfg = cfg or configs_for(hidden, inner)[0]
+    _check(cfg, hidden, inner, "gate_up")
     h = torch.empty(pairs, inner, dtype=x.dtype, device=x.device)
     if pairs == 0:
         return h
@@ -526,6 +534,7 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
     pairs = T * slots
     inner = h.shape[1]
     cfg = cfg or configs_for(hidden, inner)[1]
+    _check(cfg, inner, hidden, "down")
     out = torch.empty(T, hidden, dtype=dtype, device=h.device)
     if pairs == 0:
         return out

@@ -133,7 +133,7 @@ def test_interpreted_gate_up_in_one_slice_needs_no_counter(gu, sh):
     with the counters poisoned it still gives h as the two-slice split (KBS = 1) does, up to
     the order of one sum, and leaves the counters as it found them."""
     T = 2
-    (w, gu_ref, _), (sw, _, sg) = expert_bank(8, 256, 128, gu, "q5_g64", seed=11), shared_expert(256, 128, sh, seed=12)
+    (w, _, _), (sw, _, sg) = expert_bank(8, 256, 128, gu, "q5_g64", seed=11), shared_expert(256, 128, sh, seed=12)
     g = torch.Generator(device=DEV).manual_seed(5)
     x = torch.randn(T, 256, generator=g, device=DEV).to(torch.bfloat16)
     r = route(logits_hitting(T, 8, seed=5), 3, x=x, shared_gate_weight=sg)
@@ -146,6 +146,31 @@ def test_interpreted_gate_up_in_one_slice_needs_no_counter(gu, sh):
     assert bool((ws.counters == 7).all())
     ws.counters.zero_()
     assert torch.equal(one, again)
+
+
+@interp
+@pytest.mark.parametrize("cfg", [PG.PairConfig(16, 1, 16, 2), PG.PairConfig(8, 1, 8, 1)], ids=lambda c: c.describe())
+def test_interpreted_down_in_small_chunks_equals_the_oracle(cfg, monkeypatch):
+    """down with fewer rows a chunk than a trip of the default (16 and 8 rows: more CTAs), given
+    directly and through NINFER_PAIR_DOWN: the oracle's output."""
+    bank = expert_bank(8, 256, 128, "q4_g64", "q5_g64", seed=13)
+    shared = shared_expert(256, 128, "q8_g32", seed=14)
+    (w, _, _), (sw, _, _) = bank, shared
+    monkeypatch.setenv("NINFER_PAIR_DOWN", f"{cfg.block_n}:{cfg.kbs}:{cfg.rows}:{cfg.num_warps}")
+    assert PG.configs_for(256, 128)[1] == cfg
+    for T in (1, 3):
+        out, ref = _run(bank, shared, T, 3, seed=T + 13)
+        _close(out, ref)
+    with pytest.raises(ValueError, match="block_n:kbs:rows:warps"):
+        monkeypatch.setenv("NINFER_PAIR_DOWN", "16:4")
+        PG.configs_for(256, 128)
+    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+    ids = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="does not tile"):  # K 128 has no slice of 4 blocks
+        PG.down(torch.zeros(4, 128, dtype=torch.bfloat16), ids, torch.zeros(1, 4), w.down, sw.down, 256, 8,
+                torch.bfloat16, PG.PairConfig(16, 4, 16, 2))
+    with pytest.raises(ValueError, match="does not tile"):  # a chunk of 8 rows, trips of 16
+        PG.gate_up(x, ids, w.gate_up, sw.gate, sw.up, 128, 8, PG.PairConfig(16, 2, 8, 2))
 
 
 @interp
@@ -243,15 +268,19 @@ def test_gpu_first_pair_configs_equal_the_oracle(real, T):
 
 ONE_SLICE = [PG.PairConfig(8, H // 128, 8, 4), PG.PairConfig(8, H // 128, 8, 2), PG.PairConfig(8, H // 128, 16, 4),
              PG.PairConfig(16, H // 128, 16, 4)]
+# down with fewer rows a chunk (more CTAs: 576 at T = 1 leave 12% occupancy, Nsight Compute)
+SMALL_DOWN = [PG.PairConfig(16, 4, 16, 2), PG.PairConfig(16, 4, 16, 4), PG.PairConfig(8, 4, 16, 2),
+              PG.PairConfig(8, 4, 8, 2)]
 
 
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 4])
-def test_gpu_one_slice_gate_up_equals_the_oracle(real, T, monkeypatch):
-    """gate_up with its K slice the whole of H (each chunk in one CTA, no counter; the configs
-    bench/moe.py's pair sweep times): the oracle's output, bit for bit the same on a second run
-    with the counters poisoned, and through NINFER_PAIR_GATE_UP in TritonMoe.run."""
+def test_gpu_one_slice_gate_up_and_small_down_equal_the_oracle(real, T, monkeypatch):
+    """gate_up with its K slice the whole of H (each chunk in one CTA, no counter) and down with
+    fewer rows a chunk (the configs bench/moe.py's pair sweep times with NINFER_SWEEP_ONEK=1):
+    the oracle's output, bit for bit the same on a second run (gate_up's with the counters
+    poisoned), and through NINFER_PAIR_GATE_UP / NINFER_PAIR_DOWN in TritonMoe.run."""
     (w, gu, dn), (sw, sdec, sg) = real
     g = torch.Generator(device=DEV).manual_seed(T + 20)
     x = torch.randn(T, H, generator=g, device=DEV).bfloat16()
@@ -270,8 +299,14 @@ def test_gpu_one_slice_gate_up_equals_the_oracle(real, T, monkeypatch):
         assert bool((ws.counters == 5).all())
         ws.counters.copy_(saved)
         assert torch.equal(h, again), cfg.describe()
+    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E)
+    for cfg in SMALL_DOWN:
+        out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, cfg)
+        _close(out, ref)
+        assert torch.equal(out, PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, cfg))
     monkeypatch.setenv("NINFER_PAIR_GATE_UP", "8:16:8:4")
-    assert PG.configs_for(H, I)[0] == ONE_SLICE[0]
+    monkeypatch.setenv("NINFER_PAIR_DOWN", "16:4:16:2")
+    assert PG.configs_for(H, I) == (ONE_SLICE[0], SMALL_DOWN[0])
     out, ref2 = _run((w, gu, dn), (sw, sdec, sg), T, TOP_K, seed=T + 20)
     _close(out, ref2)
 
