@@ -50,6 +50,8 @@
 #                                      # the 35B step and round (SPLIT_M=qwen3.6-27b for the 27B), a process a side
 #   bash bench/next_session.sh onek    # gate_up in one K slice (no counter), down in smaller chunks: GPU tests, the
 #                                      # pair sweep (NINFER_SWEEP_ONEK=1), the 35B step and round with the switches (~8 min)
+#   bash bench/next_session.sh moel2   # the routers ask the L2 for the picked experts (NINFER_MOE_L2PF=1/2): router GPU
+#                                      # tests, the 35B step and round against off (~6 min warm)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
@@ -592,6 +594,21 @@ case "${1:-}" in
     V="X=1|NINFER_PAIR_GATE_UP=${ONEK_A:-8:16:8:4}|NINFER_PAIR_GATE_UP=${ONEK_B:-8:16:16:4}|NINFER_PAIR_DOWN=${ONEK_D:-16:4:16:2}"
     timeout $(( ${ONEK_S:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
       --only int4_8k_mtp3_short --budget-s $(( ${ONEK_S:-570} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
+      > "$OUT/r35.txt" 2>&1
+    echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+    ;;
+  moel2)
+    # the decode routers asking the L2 for the picked experts' gate_up rows (NINFER_MOE_L2PF,
+    # cp.async.bulk.prefetch, written without a GPU): the router GPU tests (a bulk prefetch of a
+    # whole expert plane, up to 1 MB, was never run), then the 35B step and round with 1 and 2
+    # pieces a plane against off, alternated twice (~6 min warm; cold MOEL2_S=590)
+    t0=$(date +%s)
+    timeout ${MOEL2_T:-150} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/moe_triton/test_moe_router.py \
+      tests/plugins/moe_triton/test_moe_pairs.py -k "l2 or real_shapes" > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    V="X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2"
+    timeout $(( ${MOEL2_S:-450} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+      --only int4_8k_mtp3_short --budget-s $(( ${MOEL2_S:-450} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
       > "$OUT/r35.txt" 2>&1
     echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
     ;;

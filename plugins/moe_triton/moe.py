@@ -238,9 +238,11 @@ class TritonMoe:
         # the pair kernels read ids and weights only: no tile plan to build
         plan = decode and not self.takes_pairs(x.shape[0], w, shared)
         if shared.gate_weight is not None:
-            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, x=x, shared_gate_weight=shared.gate_weight)
+            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, x=x, shared_gate_weight=shared.gate_weight,
+                            prefetch=w.gate_up)
         else:
-            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, shared_gate_logit=moe.shared_expert_gate(x))
+            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, shared_gate_logit=moe.shared_expert_gate(x),
+                            prefetch=w.gate_up)
         return self.run(x, r, w, shared, add_norm)
 
     def forward_layer_add_norm(self, moe: Any, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
@@ -292,7 +294,7 @@ class TritonMoe:
         ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
         xe = x if fold_norm is None else torch.empty_like(x)
         r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters),
-                       add_norm=None if fold_norm is None else (*fold_norm, xe))
+                       add_norm=None if fold_norm is None else (*fold_norm, xe), prefetch=w.gate_up)
         return self.run(xe, r, w, shared, add_norm)
 
     @staticmethod
@@ -308,9 +310,10 @@ class TritonMoe:
         return w
 
     def _route(self, logits: torch.Tensor, top_k: int, num_experts: int, decode: bool, plan: bool = True,
-               **shared: Any) -> Routing:
+               prefetch: Any = None, **shared: Any) -> Routing:
         if decode:
-            return route(logits, top_k, plan=plan, **shared)
+            # (prefetch: the picked experts' gate_up rows asked of the L2, NINFER_MOE_L2PF)
+            return route(logits, top_k, plan=plan, prefetch=prefetch, **shared)
         return GM.plan(route(logits, top_k, **shared), num_experts, self.configs["prefill_gate_up"].block_m)
 
     def _fused_router(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights | None) -> torch.Tensor | None:

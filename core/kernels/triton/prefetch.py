@@ -30,6 +30,16 @@ LINE = 128  # bytes an L2 line
 STEPS = (0, 1, 2, 4, 8, 16)
 
 
+def bulk_ok(device) -> bool:
+    """Whether l2_bulk may run on this device: the interpreter, or a CUDA device of sm_90 on
+    (cp.async.bulk is Hopper's)."""
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True
+    return torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def budget_bytes() -> int:
     """NINFER_L2PF: MB of weights the whole grid may prefetch ahead (0 or unset: off). Read at each
     launch, so an A/B in one process may switch it between runs (graphs are captured per run)."""
@@ -72,3 +82,33 @@ def l2_prefetch(P, ASM: tl.constexpr):
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
         tl.load(P)
+
+
+@triton.jit
+def l2_bulk(P, nbytes, ASM: tl.constexpr):
+    """Ask the L2 for nbytes (a multiple of 16; <= 0: nothing) from P (a byte pointer, 16-byte
+    aligned), per element, with one instruction each: `cp.async.bulk.prefetch.L2.global` (sm_90+;
+    the caller gates it on the device). A hint: nothing is loaded into registers. Without ASM
+    (the interpreter) the range's first and last bytes are read and dropped: the same index
+    arithmetic runs (the interpreter does not catch a read past a tensor; the callers' spans are
+    checked on the host)."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [P, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.load(P, mask=nbytes > 0)
+        tl.load(P + nbytes - 1, mask=nbytes > 0)
+
+
+@triton.jit
+def l2_bulk_rows(idx, ok, P, SPAN, NCH: tl.constexpr, ASM: tl.constexpr):
+    """l2_bulk of SPAN bytes at P + idx * SPAN for every element of idx where ok (a block of rows
+    per index, e.g. one expert's weights in a stack), in NCH pieces of a multiple of 16 bytes.
+    SPAN: a multiple of 16 (0: nothing)."""
+    piece = ((SPAN + NCH - 1) // NCH + 15) // 16 * 16
+    c = tl.arange(0, NCH).to(tl.int64)
+    off = c[None, :] * piece
+    n = tl.minimum(SPAN - off, piece)
+    n = tl.where(ok[:, None] & (n > 0), n, 0).to(tl.int32)
+    l2_bulk(P + idx[:, None].to(tl.int64) * SPAN + off, n, ASM)

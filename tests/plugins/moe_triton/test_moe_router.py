@@ -366,3 +366,82 @@ def test_gpu_route_gemv_real_shapes(T):
         assert float(agree) >= 0.95
         same = (mine.ids == ref.ids).all(-1)
         torch.testing.assert_close(mine.weights[same], ref.weights[same], atol=2e-3, rtol=2e-2)
+
+
+# --- the picked experts asked of the L2 (NINFER_MOE_L2PF) ----------------------------------------
+
+
+def _l2pf_case(T, E, H, I, seed, keys=False, use_gemv=True, dtype=torch.float32):
+    """route_gemv (or the router linear then route) with and without NINFER_MOE_L2PF, on a stack
+    of E experts' q5 gate_up planes: the same routing either way."""
+    from moe_cases import expert_bank
+
+    from ninfer_plugins.moe_triton.router import route_gemv
+
+    (w, _, _) = expert_bank(E, H, I, "q5_g64", "q4_g64", seed=seed)
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(T, H, generator=g, device=DEV).to(dtype)
+    router = (torch.randn(E, H, generator=g, device=DEV) * 2 / H**0.5).to(dtype)
+    sg = (torch.randn(1, H, generator=g, device=DEV) / H**0.5).to(dtype)
+    lws = torch.zeros(4 * (E + 1), device=DEV)
+    cnt = torch.zeros(1, dtype=torch.int32, device=DEV)
+    top_k = 3 if E < 64 else 8
+    if use_gemv:
+        return route_gemv(x, router, top_k, sg, (lws, cnt), topk_keys=keys, prefetch=w.gate_up), w
+    return route(torch.nn.functional.linear(x, router), top_k, x=x, shared_gate_weight=sg, prefetch=w.gate_up), w
+
+
+@interp
+@pytest.mark.parametrize("use_gemv,keys", [(True, False), (True, True), (False, False)])
+def test_interpreted_l2_prefetch_routes_the_same(use_gemv, keys, monkeypatch):
+    outs = []
+    for pieces in ("0", "4"):
+        monkeypatch.setenv("NINFER_MOE_L2PF", pieces)
+        outs.append(_l2pf_case(3, 16, 256, 128, seed=4, keys=keys, use_gemv=use_gemv)[0])
+    assert torch.equal(outs[0].ids, outs[1].ids) and torch.equal(outs[0].weights, outs[1].weights)
+
+
+def test_l2_prefetch_spans_cover_each_expert_and_the_switch_is_checked(monkeypatch):
+    """prefetch_args: one expert's rows of each plane, so E spans are the plane; a plane that is
+    not there (q4 has no high bits) or not contiguous is skipped; off without the switch; the
+    switch takes powers of two up to 64."""
+    from moe_cases import expert_bank
+
+    from ninfer_plugins.moe_triton.grouped_gemv import Matrix
+    from ninfer_plugins.moe_triton.router import l2_pieces, prefetch_args
+
+    E = 8
+    (w5, _, _), (w4, _, _) = (expert_bank(E, 256, 128, s, "q4_g64", seed=1) for s in ("q5_g64", "q4_g64"))
+    anchor = torch.zeros(2, 9, dtype=torch.int32, device=DEV)
+    monkeypatch.delenv("NINFER_MOE_L2PF", raising=False)
+    assert l2_pieces() == 0 and prefetch_args(w5.gate_up, E, anchor) == {}
+    monkeypatch.setenv("NINFER_MOE_L2PF", "2")
+    a = prefetch_args(w5.gate_up, E, anchor)
+    assert a["PF"] == 2
+    for name, t in (("q", w5.gate_up.q), ("h", w5.gate_up.h), ("s", w5.gate_up.s)):
+        assert a["span_" + name] * E == t.numel() * t.element_size() and a["span_" + name] % 16 == 0
+        assert a["P" + name.upper()].data_ptr() == t.data_ptr()
+    b = prefetch_args(w4.gate_up, E, anchor)
+    assert b["span_h"] == 0 and b["span_q"] * E == w4.gate_up.q.numel() * w4.gate_up.q.element_size()
+    m = w4.gate_up
+    strided = Matrix(m.fmt, m.q.t().contiguous().t(), m.k, m.s, m.h)
+    assert prefetch_args(strided, E, anchor)["span_q"] == 0
+    for bad in ("3", "8", "-1", "x"):
+        monkeypatch.setenv("NINFER_MOE_L2PF", bad)
+        with pytest.raises(ValueError, match="NINFER_MOE_L2PF"):
+            l2_pieces()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T,use_gemv", [(1, True), (4, False), (4, True)])
+def test_gpu_l2_prefetch_routes_the_same_real_shapes(T, use_gemv, monkeypatch):
+    """At the 35B's shapes in bf16 (256 experts, H 2048, I 512, q5 gate_up planes): the routing
+    with the picked experts asked of the L2 (1 and 2 pieces a plane) is the routing without."""
+    outs = []
+    for pieces in ("0", "1", "2"):
+        monkeypatch.setenv("NINFER_MOE_L2PF", pieces)
+        outs.append(_l2pf_case(T, 256, 2048, 512, seed=T, use_gemv=use_gemv, dtype=torch.bfloat16)[0])
+    torch.cuda.synchronize()
+    for o in outs[1:]:
+        assert torch.equal(outs[0].ids, o.ids) and torch.equal(outs[0].weights, o.weights)
