@@ -117,6 +117,22 @@ steps() {
   echo "$label rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4_8k|^skipped|ERROR" "$OUT/$file" | cut -c1-150
 }
 
+# GPU tests, two workers: gpu_tests SECONDS PYTEST_ARGS...; prints the summary and failures; needs t0
+gpu_tests() {
+  local limit=$1
+  shift
+  timeout "$limit" python3 -m pytest -q -rf -m gpu -n 2 "$@" > "$OUT/t.txt" 2>&1
+  echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+}
+
+# the 35B-A3B's plain step and MTP round (shortlist head) under each variant of V ("ENV|ENV|..."),
+# twice over, in one process, until SECONDS from t0: rounds35 SECONDS V
+rounds35() {
+  timeout $(( $1 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+    --only int4_8k_mtp3_short --budget-s $(( $1 - 40 - ($(date +%s) - t0) )) --variants "$2|$2" > "$OUT/r35.txt" 2>&1
+  echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+}
+
 # the nineteenth session's GPU tests (reads before the PDL wait, the K-walk's x from the norms), -v
 # -rfP so each is named and the ordering test's control count is printed: early_tests SECONDS; needs t0
 early_tests() {
@@ -539,20 +555,14 @@ case "${1:-}" in
     echo "27B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r27.txt" | cut -c1-150
     ;;
   moe5)
-    # the 35B-A3B's plain step and MTP round with this session's untimed changes, each against its
-    # off switch, alternated: the GDN gates before the PDL wait (NINFER_GDN_GATES_EARLY=1, off), the
-    # route kernel's shared gate ahead and unrolled (default; NINFER_ROUTE_SG_LOOP=1 is the former
-    # loop), pair down's one-load combine of all T tokens (default; NINFER_MOE_COMBINE_LOOP=1);
-    # first the router and pair GPU tests (~7 min warm; cold: MOE5_S=590)
+    # the 35B-A3B's plain step and MTP round, each of the twenty-third session's changes against its
+    # off switch, alternated (all three kept after the twenty-fourth session's run): the GDN gates
+    # before the PDL wait (NINFER_GDN_GATES_EARLY=0 is without), the route kernel's shared gate
+    # ahead and unrolled (NINFER_ROUTE_SG_LOOP=1 is the former loop), pair down's one-load combine
+    # (NINFER_MOE_COMBINE_LOOP=1); first the router and pair GPU tests (~7 min warm; cold: MOE5_S=590)
     t0=$(date +%s)
-    timeout ${MOE5_T:-150} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/moe_triton/test_moe_router.py \
-      tests/plugins/moe_triton/test_moe_pairs.py > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
-    V="X=1|NINFER_GDN_GATES_EARLY=1|NINFER_ROUTE_SG_LOOP=1|NINFER_MOE_COMBINE_LOOP=1"
-    timeout $(( ${MOE5_S:-560} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k_mtp3_short --budget-s $(( ${MOE5_S:-560} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
-      > "$OUT/r35.txt" 2>&1
-    echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+    gpu_tests ${MOE5_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_pairs.py
+    rounds35 ${MOE5_S:-560} "X=1|NINFER_GDN_GATES_EARLY=0|NINFER_ROUTE_SG_LOOP=1|NINFER_MOE_COMBINE_LOOP=1"
     ;;
   split)
     # the split kernels' arrivals as a release each and one acquire fence in the last CTA, with a
@@ -585,17 +595,12 @@ case "${1:-}" in
     # those configs against the defaults, then the 35B step and round with NINFER_PAIR_GATE_UP /
     # NINFER_PAIR_DOWN (~8 min warm; cold ONEK_S=590)
     t0=$(date +%s)
-    timeout ${ONEK_T:-150} python3 -m pytest -q -rf -m gpu -n 3 tests/plugins/moe_triton/test_moe_pairs.py \
-      -k "one_slice or real_shapes or replay" > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    gpu_tests ${ONEK_T:-150} tests/plugins/moe_triton/test_moe_pairs.py -k "one_slice or real_shapes or replay"
     NINFER_SWEEP_ONEK=1 timeout 150 python3 bench/moe.py --out "$OUT/k" --no-tests --no-e2e --recipes int4 --pair-sweep \
       --sweep-only --budget-s 120 > "$OUT/k.txt" 2>&1
     echo "pair sweep rc=$? $(( $(date +%s) - t0 )) s"; grep -E "pair sweep|Error" "$OUT/k.txt" | cut -c1-150
-    V="X=1|NINFER_PAIR_GATE_UP=${ONEK_A:-8:16:8:4}|NINFER_PAIR_GATE_UP=${ONEK_B:-8:16:16:4}|NINFER_PAIR_DOWN=${ONEK_D:-16:4:16:2}"
-    timeout $(( ${ONEK_S:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k_mtp3_short --budget-s $(( ${ONEK_S:-570} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
-      > "$OUT/r35.txt" 2>&1
-    echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+    rounds35 ${ONEK_S:-570} \
+      "X=1|NINFER_PAIR_GATE_UP=${ONEK_A:-8:16:8:4}|NINFER_PAIR_GATE_UP=${ONEK_B:-8:16:16:4}|NINFER_PAIR_DOWN=${ONEK_D:-16:4:16:2}"
     ;;
   moel2)
     # the decode routers asking the L2 for the picked experts' gate_up rows (NINFER_MOE_L2PF,
@@ -603,14 +608,9 @@ case "${1:-}" in
     # whole expert plane, up to 1 MB, was never run), then the 35B step and round with 1 and 2
     # pieces a plane against off, alternated twice (~6 min warm; cold MOEL2_S=590)
     t0=$(date +%s)
-    timeout ${MOEL2_T:-150} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/moe_triton/test_moe_router.py \
-      tests/plugins/moe_triton/test_moe_pairs.py -k "l2 or real_shapes" > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    V="X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2"
-    timeout $(( ${MOEL2_S:-450} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k_mtp3_short --budget-s $(( ${MOEL2_S:-450} - 40 - ($(date +%s) - t0) )) --variants "$V|$V" \
-      > "$OUT/r35.txt" 2>&1
-    echo "35B rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|spec round|^skipped|ERROR" "$OUT/r35.txt" | cut -c1-150
+    gpu_tests ${MOEL2_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_pairs.py \
+      -k "l2 or real_shapes"
+    rounds35 ${MOEL2_S:-450} "X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2"
     ;;
   gdnncu)
     # what the GDN verify columns (replay, BV 32, 4 warps: 17.6 us a layer against the decode

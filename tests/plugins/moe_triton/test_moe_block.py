@@ -226,20 +226,16 @@ def test_triton_moe_takes_the_block_only_when_switched_on(monkeypatch):
     assert torch.equal(res_b, res_r) and torch.equal(out_b, out_r)
 
 
-@interp
-def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
-    """NINFER_MOE_BLOCK_MAX_T=3: a 3-token call (a speculative verify) goes to the block too,
-    against the router linear + route + pair kernels it takes otherwise (the logits of a torch
-    linear and of the block's dots may differ in their last bits: close, not equal)."""
+def _torch_gated_moe(monkeypatch, seed):
+    """A TritonMoe over one tiny layer (8 experts, q4 gate_up, q5 down, q8 shared) whose router
+    linear is a torch linear with the dense weight _fused_router reads: (moe, layer, weights)."""
     import types
 
     from ninfer_plugins.moe_triton import moe as M
     from ninfer_plugins.moe_triton.moe import TritonMoe
 
-    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T",
-                 "NINFER_MOE_BLOCK_TOPK"):
-        monkeypatch.delenv(name, raising=False)
-    w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=8)
+    w, sw, router, _, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=seed)
+
     def gate(x):  # the router linear of the path without the block
         return torch.nn.functional.linear(x, router)
 
@@ -248,6 +244,18 @@ def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
     moe = TritonMoe(fused_dtypes=(ACT,))
     monkeypatch.setattr(moe, "_weights", lambda bank: w)
     monkeypatch.setattr(M, "shared_weights", lambda m: sw)
+    return moe, layer, w
+
+
+@interp
+def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
+    """NINFER_MOE_BLOCK_MAX_T=3: a 3-token call (a speculative verify) goes to the block too,
+    against the router linear + route + pair kernels it takes otherwise (the logits of a torch
+    linear and of the block's dots may differ in their last bits: close, not equal)."""
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T",
+                 "NINFER_MOE_BLOCK_TOPK"):
+        monkeypatch.delenv(name, raising=False)
+    moe, layer, _ = _torch_gated_moe(monkeypatch, seed=8)
     calls = []
     real = MB.moe_block
     monkeypatch.setattr(MB, "moe_block", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
@@ -340,24 +348,11 @@ def test_triton_moe_asks_the_l2_for_picked_experts_only_when_switched_on(monkeyp
     """NINFER_MOE_L2PF=1: the decode routers (route_gemv at one token, route after the router
     linear at three) are handed the routed gate_up stack and ask for its picked rows; the layer's
     output is the same bits as without."""
-    import types
-
-    from ninfer_plugins.moe_triton import moe as M
     from ninfer_plugins.moe_triton import router as RT
-    from ninfer_plugins.moe_triton.moe import TritonMoe
 
     for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_L2PF"):
         monkeypatch.delenv(name, raising=False)
-    w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=9)
-
-    def gate(x):
-        return torch.nn.functional.linear(x, router)
-
-    gate.prepared = router
-    layer = types.SimpleNamespace(top_k=3, experts=None, gate=gate)
-    moe = TritonMoe(fused_dtypes=(ACT,))
-    monkeypatch.setattr(moe, "_weights", lambda bank: w)
-    monkeypatch.setattr(M, "shared_weights", lambda m: sw)
+    moe, layer, w = _torch_gated_moe(monkeypatch, seed=9)
     asked = []
     real = RT.prefetch_args
     monkeypatch.setattr(RT, "prefetch_args", lambda m, e, a: asked.append((m, bool(real(m, e, a)))) or real(m, e, a))
