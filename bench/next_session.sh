@@ -52,6 +52,8 @@
 #                                      # pair sweep (NINFER_SWEEP_ONEK=1), the 35B step and round with the switches (~8 min)
 #   bash bench/next_session.sh moel2   # the routers ask the L2 for the picked experts (NINFER_MOE_L2PF=1/2): router GPU
 #                                      # tests, the 35B step and round against off (~6 min warm)
+#   bash bench/next_session.sh go7     # onek's and moel2's GPU tests, then the 35B step and round: one-slice gate_up,
+#                                      # small-chunk down, the routers' L2 prefetch, NINFER_L2PF=16, each against as is
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
@@ -611,6 +613,16 @@ case "${1:-}" in
     gpu_tests ${MOEL2_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_pairs.py \
       -k "l2 or real_shapes"
     rounds35 ${MOEL2_S:-450} "X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2"
+    ;;
+  go7)
+    # the twenty-fourth session's 35B experiments in one call (no pair sweep): the GPU tests of
+    # the one-slice gate_up, the small-chunk down and the routers' L2 prefetch, then the 35B step
+    # and round with each against the defaults, and NINFER_L2PF (never timed) beside them,
+    # alternated twice in one process (~9 min warm; cold GO7_S=590 GO7_T=200)
+    t0=$(date +%s)
+    gpu_tests ${GO7_T:-150} tests/plugins/moe_triton/test_moe_pairs.py tests/plugins/moe_triton/test_moe_router.py \
+      -k "one_slice or l2 or real_shapes"
+    rounds35 ${GO7_S:-580} "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_L2PF=16"
     ;;
   gdnncu)
     # what the GDN verify columns (replay, BV 32, 4 warps: 17.6 us a layer against the decode
