@@ -1,5 +1,6 @@
 """The GDN verify columns (`gdn_verify_columns`, M tokens of one sequence, every column's state
-written) at the 27B's shapes, per value-column block and warp count, against the M = 1 decode step:
+written) at the 27B's shapes (`--model 35b`: the 35B-A3B's), per value-column block and warp count, against the
+M = 1 decode step:
 
     python3 bench/gdn_columns.py [--m 4] [--reps 30] [--variants 128:4,32:4,32:4:n,32:4:p] [--decode-variants 128:4,128:4:p]
 
@@ -33,6 +34,8 @@ from ninfer.kernels.triton import gdn_decode_step, gdn_verify_columns  # noqa: E
 DEV = "cuda"
 BF = torch.bfloat16
 HID, HK, HV, D, LAYERS = 5120, 16, 48, 128, 48
+# --model: (hidden, k heads, v heads, GDN layers); head dims 128 in both
+SHAPES = {"27b": (5120, 16, 48, 48), "35b": (2048, 16, 32, 30)}
 
 
 def layer(m: int) -> dict:
@@ -77,11 +80,15 @@ def parse(v: str) -> tuple[int, int, bool, bool, bool, bool]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, default=4)
+    ap.add_argument("--model", choices=sorted(SHAPES), default="27b",
+                    help="the GDN shapes: the 27B's (48 v heads, 48 layers) or the 35B-A3B's (32, 30)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--variants", default="128:4,128:8,64:4,64:2,32:4,32:2,16:2,16:1")
     ap.add_argument("--decode-variants", default="128:4",
                     help="the M = 1 decode step's BV:warps (BV < 128: the norm as a second launch)")
     args = ap.parse_args()
+    global HID, HK, HV, LAYERS
+    HID, HK, HV, LAYERS = SHAPES[args.model]
     m = args.m
     # BV:warps[:flags]: n, the split heads' norm in the same launch (NINFER_GDN_SPLIT_NORM=1); p, the
     # paired reductions (NINFER_GDN_PAIRED=1); a, the conv inputs a token ahead (NINFER_GDN_AHEAD=1);
@@ -90,7 +97,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), flush=True)
     layers = [layer(m) for _ in range(LAYERS)]
     floor_us = (HV * D * D * 4 * (1 + m)) / 4.2e12 * 1e6
-    print(f"27B GDN, {LAYERS} layers, M = {m}: floor {floor_us:.1f} us/layer (state read once, {m} written, "
+    print(f"{args.model.upper()} GDN, {LAYERS} layers, M = {m}: floor {floor_us:.1f} us/layer (state read once, {m} written, "
           f"4.2 TB/s)", flush=True)
     L = layers[0]
     refs: dict[bool, tuple] = {}

@@ -54,6 +54,7 @@
 #                                      # tests, the 35B step and round against off (~6 min warm)
 #   bash bench/next_session.sh go7     # onek's and moel2's GPU tests, then the 35B step and round: one-slice gate_up,
 #                                      # small-chunk down, the routers' L2 prefetch, NINFER_L2PF=16, each against as is
+#   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
 #   bash bench/next_session.sh pairncu # Nsight Compute over the 35B MoE pair kernels at T = 1 and 4 (~2 min)
@@ -622,7 +623,17 @@ case "${1:-}" in
     t0=$(date +%s)
     gpu_tests ${GO7_T:-150} tests/plugins/moe_triton/test_moe_pairs.py tests/plugins/moe_triton/test_moe_router.py \
       -k "one_slice or l2 or real_shapes"
-    rounds35 ${GO7_S:-580} "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_L2PF=16"
+    rounds35 ${GO7_S:-580} "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_L2PF=16|NINFER_GDN_VERIFY_BV=32:4"
+    ;;
+  gdnbv35)
+    # the 35B-A3B's GDN verify columns over BV:warps (never swept: its 32 value heads take the
+    # default split BV 16 on 4 warps, 256 programs; the 27B's 48 take 32:4) and its decode step,
+    # then the 35B round with the best candidates (~4 min)
+    t0=$(date +%s)
+    timeout 200 python3 bench/gdn_columns.py --model 35b --variants 16:4:pr,32:4:pr,16:2:pr,32:2:pr,64:4:pr,16:4:p \
+      --decode-variants 128:4:p,128:8:p,32:4:p,16:4:p > "$OUT/gc.txt" 2>&1
+    echo "gdn_columns rc=$? $(( $(date +%s) - t0 )) s"; grep -E "us/layer|MISMATCH|Error|floor" "$OUT/gc.txt" | cut -c1-150
+    rounds35 ${GDNBV35_S:-450} "X=1|NINFER_GDN_VERIFY_BV=32:4|NINFER_GDN_VERIFY_BV=16:2"
     ;;
   gdnncu)
     # what the GDN verify columns (replay, BV 32, 4 warps: 17.6 us a layer against the decode
