@@ -16,13 +16,16 @@ export NW
 # Triton's compiled kernels across calls: each call that finds a released machine starts cold, and
 # compiling is most of a cold call's first minutes (over 2.5 min before the 27B bench's first
 # timing, twenty-third session). `pack_triton_cache` (next_session.sh calls it last) leaves the
-# cache in $OUT/0_triton.tgz (named to sort first among the 8 files a call brings back); copy it
-# to .tcache/ here (`cp /work/.device/N/0_triton.tgz .tcache/`) and carry [".whl", ".tcache"].
+# cache in $OUT/0_triton.tgz (named to sort first among the 8 files a call brings back), or past
+# 15 MB (a call brings back 16 MiB a file) in two pieces 0_triton.tgz.0 and .1; copy them to
+# .tcache/ here (`rm -f .tcache/*; cp /work/.device/N/0_triton.tgz* .tcache/`) and carry
+# [".whl", ".tcache"] (the .whl wheels are 18 MB of the 64 MiB a call may carry).
 # The keys hold the source, the Triton version and the target, so a stale entry is never used.
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$TRITON_CACHE_DIR"
-if [ -f .tcache/0_triton.tgz ]; then
-  tar xzf .tcache/0_triton.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null \
+if ls .tcache/0_triton.tgz* > /dev/null 2>&1; then
+  # one file, or the pieces of one (their names sort in order)
+  cat .tcache/0_triton.tgz* | tar xz -C "$TRITON_CACHE_DIR" 2>/dev/null \
     && echo "triton cache: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) kernels from .tcache"
 fi
 
@@ -36,6 +39,11 @@ pack_triton_cache() {
       --exclude='*.llir' --exclude='*.source' --exclude='*.amdgcn' . 2>/dev/null
   fi
   echo "triton cache: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) kernels, $(( $(stat -c %s "$f") / 1048576 )) MiB packed"
-  [ "$(stat -c %s "$f")" -gt 16000000 ] && rm -f "$f" && echo "triton cache over 16 MB: not brought back"
+  if [ "$(stat -c %s "$f")" -gt 30000000 ]; then
+    rm -f "$f"; echo "triton cache over 30 MB: not brought back"
+  elif [ "$(stat -c %s "$f")" -gt 15000000 ]; then
+    # two pieces under a file's 16 MiB (they take two of the 8 files a call brings back)
+    split -b 15000000 -d -a 1 "$f" "$f." && rm -f "$f" && echo "triton cache in two pieces: $f.0, $f.1"
+  fi
   return 0
 }
