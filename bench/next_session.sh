@@ -560,12 +560,13 @@ case "${1:-}" in
   moe5)
     # the 35B-A3B's plain step and MTP round, each of the twenty-third session's changes against its
     # off switch, alternated (all three kept after the twenty-fourth session's run): the GDN gates
-    # before the PDL wait (NINFER_GDN_GATES_EARLY=0 is without), the route kernel's shared gate
-    # ahead and unrolled (NINFER_ROUTE_SG_LOOP=1 is the former loop), pair down's one-load combine
-    # (NINFER_MOE_COMBINE_LOOP=1); first the router and pair GPU tests (~7 min warm; cold: MOE5_S=590)
+    # before the PDL wait (NINFER_GDN_GATES_EARLY=0 is without), pair down's one-load combine
+    # (NINFER_MOE_COMBINE_LOOP=1 is the loop); the route kernel's former shared-gate loop
+    # (NINFER_ROUTE_SG_LOOP) is removed; first the router and pair GPU tests (~7 min warm;
+    # cold: MOE5_S=590)
     t0=$(date +%s)
     gpu_tests ${MOE5_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_pairs.py
-    rounds35 ${MOE5_S:-560} "X=1|NINFER_GDN_GATES_EARLY=0|NINFER_ROUTE_SG_LOOP=1|NINFER_MOE_COMBINE_LOOP=1"
+    rounds35 ${MOE5_S:-560} "X=1|NINFER_GDN_GATES_EARLY=0|NINFER_MOE_COMBINE_LOOP=1"
     ;;
   split)
     # the split kernels' arrivals as a release each and one acquire fence in the last CTA, with a

@@ -127,17 +127,8 @@ def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, 
     total = tl.where(total > 0, total, 1.0)  # rows past T chose nothing
     tl.store(WEIGHTS + t64[:, None] * SLOTS + kth, p / total[:, None], mask=chosen)
 
-    if SHARED == 1:
-        # the shared gate's dot block by block (NINFER_ROUTE_SG_LOOP=1; the route kernel's default
-        # takes it ahead of its logits' load, unrolled, in one reduction)
-        acc = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            hh = h0 + tl.arange(0, BLOCK_H)
-            xv = tl.load(X + t64[:, None] * stride_x + hh[None, :], mask=t_ok[:, None] & (hh < H)[None, :], other=0.0)
-            wv = tl.load(SG_W + hh, mask=hh < H, other=0.0)
-            acc += tl.sum(xv.to(tl.float32) * wv.to(tl.float32)[None, :], 1)
-        tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(acc), mask=t_ok)
-        tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
+    # (SHARED 1, the gate as a dot: the route kernel takes it ahead of its logits' load)
+    tl.static_assert(SHARED != 1, "_top_k takes the shared gate as a logit (2) or none (0)")
     if SHARED == 2:
         g = tl.load(SG_LOGIT + t64 * stride_sg, mask=t_ok, other=0.0).to(tl.float32)
         tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(g), mask=t_ok)
@@ -198,7 +189,8 @@ def _route_kernel(
     t64 = t.to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < E
-    if SHARED == 1 and HC > 0:
+    if SHARED == 1:
+        tl.static_assert(HC > 0, "the shared gate's dot needs HC = H")
         # the shared gate's dot (HC = H) first: its loads wait on nothing, and unrolled into one
         # [BLOCK_T, BLOCK_H] sum they are all in flight together, then one reduction (a runtime
         # loop over H waited an L2 round trip and reduced once per block: eight at the 35B's H)
@@ -212,11 +204,11 @@ def _route_kernel(
     logit = tl.load(LOGITS + t64[:, None] * stride_l + e[None, :], mask=t_ok[:, None] & e_ok[None, :], other=0.0)
     logit = tl.where(e_ok[None, :], logit.to(tl.float32), float("-inf"))
     # _top_k's shared pair: none where it was taken above
-    TK_SHARED: tl.constexpr = 0 if SHARED == 1 and HC > 0 else SHARED
+    TK_SHARED: tl.constexpr = 0 if SHARED == 1 else SHARED
     sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
                       TOP_K, SLOTS, TK_SHARED, BLOCK_T, BLOCK_E, BLOCK_H,
                       PQ, PH, PS, span_q, span_h, span_s, PF, PF_ASM)
-    if SHARED == 1 and HC > 0:
+    if SHARED == 1:
         tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(sg_logit), mask=t_ok)
         tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
     chosen = sel > 0
@@ -467,8 +459,8 @@ def route(
     With `x` [T, H] and `shared_gate_weight` ([1, H] or [H], dense) or `shared_gate_logit` [T] /
     [T, 1], each token also gets its shared-expert pair. `plan` (T <= 16) builds the decode tile
     plan in the same launch. The shared gate's dot runs ahead of the logits' load, unrolled over
-    H with one reduction; NINFER_ROUTE_SG_LOOP=1 (an A/B switch, read at each launch) takes the
-    former block-by-block loop after the top-k. The gate agrees to fp32 rounding either way.
+    H with one reduction (the former block-by-block loop after the top-k was 0.04 ms slower a
+    35B round: BENCHMARKS.md, twenty-sixth run).
     prefetch: as route_gemv's, where the routing is one program (T <= 16).
     """
     T, E = logits.shape
@@ -516,7 +508,7 @@ def route(
         TOP_K=top_k, SLOTS=slots, SHARED=mode,
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=min(256, triton.next_power_of_2(xt.shape[-1])),
         PLAN=plan, BLOCK_M=DECODE_BLOCK_M, BLOCK_TILES=triton.next_power_of_2(max(n_tiles, 1)),
-        HC=xt.shape[-1] if mode == SHARED_DOT and os.environ.get("NINFER_ROUTE_SG_LOOP", "0") != "1" else 0,
+        HC=xt.shape[-1] if mode == SHARED_DOT else 0,
         num_warps=warps, **(prefetch_args(prefetch, E, r.ids) if grid == 1 else {}),
     )
     return r
