@@ -50,8 +50,8 @@
 #                                      # the 35B step and round (SPLIT_M=qwen3.6-27b for the 27B), a process a side
 #   bash bench/next_session.sh onek    # gate_up in one K slice (no counter), down in smaller chunks: GPU tests, the
 #                                      # pair sweep (NINFER_SWEEP_ONEK=1), the 35B step and round with the switches (~8 min)
-#   bash bench/next_session.sh moel2   # the routers ask the L2 for the picked experts (NINFER_MOE_L2PF=1/2): router GPU
-#                                      # tests, the 35B step and round against off (~6 min warm)
+#   bash bench/next_session.sh moel2   # the routers ask the L2 for the picked experts (NINFER_MOE_L2PF=1/2), gate_up for
+#                                      # its pairs' down rows (NINFER_MOE_DOWN_L2PF=1): GPU tests, the 35B step and round
 #   bash bench/next_session.sh go7     # onek's and moel2's GPU tests, then the 35B step and round: one-slice gate_up,
 #                                      # small-chunk down, the routers' L2 prefetch, NINFER_L2PF=16, each against as is
 #   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
@@ -614,7 +614,7 @@ case "${1:-}" in
     t0=$(date +%s)
     gpu_tests ${MOEL2_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_pairs.py \
       -k "l2 or real_shapes"
-    rounds35 ${MOEL2_S:-450} "X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2"
+    rounds35 ${MOEL2_S:-450} "X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2|NINFER_MOE_DOWN_L2PF=1"
     ;;
   go7)
     # the twenty-fourth session's 35B experiments in one call (no pair sweep): the GPU tests of
@@ -624,7 +624,8 @@ case "${1:-}" in
     t0=$(date +%s)
     gpu_tests ${GO7_T:-150} tests/plugins/moe_triton/test_moe_pairs.py tests/plugins/moe_triton/test_moe_router.py \
       -k "one_slice or l2 or real_shapes"
-    rounds35 ${GO7_S:-580} "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_L2PF=16|NINFER_GDN_VERIFY_BV=32:4"
+    rounds35 ${GO7_S:-580} \
+      "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_MOE_DOWN_L2PF=1|NINFER_L2PF=16|NINFER_GDN_VERIFY_BV=32:4"
     ;;
   gdnbv35)
     # the 35B-A3B's GDN verify columns over BV:warps (never swept: its 32 value heads take the

@@ -344,7 +344,7 @@ class TritonMoe:
             # one value for both launches: a down launched early must follow a gate_up launched so
             early = PG.early()
             h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast,
-                           early_down=early)
+                           early_down=early, down_weights=(w.down, shared.down))
             fold = None
             if self._gemv_norm(add_norm, x, w):
                 fold = (add_norm.residual, add_norm.weight, add_norm.eps, torch.empty_like(add_norm.residual))

@@ -257,13 +257,7 @@ def prefetch_args(m: Any, num_experts: int, anchor: torch.Tensor) -> dict:
         return {}
     args: dict = {"PF": n, "PF_ASM": not interpreting()}
     for name, t in (("q", m.q), ("h", m.h), ("s", m.s)):
-        span = 0
-        if (t is not None and t.is_contiguous() and t.shape[0] % num_experts == 0 and t.data_ptr() % 16 == 0
-                and t.device == anchor.device):
-            span = t.shape[0] // num_experts * t.stride(0) * t.element_size()
-            span = span if span % 16 == 0 else 0
-        args["P" + name.upper()] = t.reshape(-1).view(torch.uint8) if span else anchor.view(torch.uint8)
-        args["span_" + name] = span
+        args["P" + name.upper()], args["span_" + name] = PFB.byte_span(t, num_experts, anchor)
     return args
 
 

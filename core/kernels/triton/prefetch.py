@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
@@ -33,11 +35,22 @@ STEPS = (0, 1, 2, 4, 8, 16)
 def bulk_ok(device) -> bool:
     """Whether l2_bulk may run on this device: the interpreter, or a CUDA device of sm_90 on
     (cp.async.bulk is Hopper's)."""
-    import torch
-
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return True
     return torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def byte_span(t, parts: int, anchor):
+    """(a uint8 view of tensor t, the bytes of one of `parts` equal row blocks of it), for the
+    l2_bulk helpers: e.g. one expert's rows of a stack. (anchor's bytes, 0) when t is None, not
+    contiguous, not 16-byte aligned, on another device, or its block is not a multiple of 16
+    bytes: a span of 0 asks for nothing."""
+    span = 0
+    if (t is not None and t.is_contiguous() and t.shape[0] % parts == 0 and t.data_ptr() % 16 == 0
+            and t.device == anchor.device):
+        span = t.shape[0] // parts * t.stride(0) * t.element_size()
+        span = span if span % 16 == 0 else 0
+    return (t.reshape(-1).view(torch.uint8) if span else anchor.view(torch.uint8)), span
 
 
 def budget_bytes() -> int:
@@ -112,3 +125,27 @@ def l2_bulk_rows(idx, ok, P, SPAN, NCH: tl.constexpr, ASM: tl.constexpr):
     n = tl.minimum(SPAN - off, piece)
     n = tl.where(ok[:, None] & (n > 0), n, 0).to(tl.int32)
     l2_bulk(P + idx[:, None].to(tl.int64) * SPAN + off, n, ASM)
+
+
+@triton.jit
+def l2_bulk_one(P, nbytes, ASM: tl.constexpr):
+    """l2_bulk for one range (P a scalar byte pointer, nbytes a scalar), issued by the CTA's first
+    thread only (a scalar is every thread's; sm_90 would otherwise take the range once a lane)."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.and.s32 p, $2, 0, p; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [P, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.load(P, mask=nbytes > 0)
+        tl.load(P + nbytes - 1, mask=nbytes > 0)
+
+
+@triton.jit
+def l2_bulk_share(P, span, share, shares, ASM: tl.constexpr):
+    """Share `share` of `shares` of the span bytes at P (a multiple of 16 each but the last),
+    asked of the L2 by this CTA's first thread: the CTAs of a grid split one range between them."""
+    piece = ((span + shares - 1) // shares + 15) // 16 * 16
+    off = share.to(tl.int64) * piece
+    n = tl.minimum(span - off, piece)
+    l2_bulk_one(P + off, tl.maximum(n, 0).to(tl.int32), ASM)

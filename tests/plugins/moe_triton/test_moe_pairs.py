@@ -446,3 +446,46 @@ def test_gpu_pair_down_with_the_residual_add_and_norm(T):
     (y, res, normed), (y_ref, res_ref, n_ref) = _down_fold_case(T, seed=T + 30)
     assert torch.equal(y, y_ref) and torch.equal(res, res_ref)
     torch.testing.assert_close(normed.float(), n_ref.float(), atol=0, rtol=1e-2)
+
+
+@interp
+@pytest.mark.parametrize("dn,sh", [("q5_g64", "q8_g32"), ("q6_g64", "q5_g64")])
+def test_interpreted_down_weights_asked_of_the_l2_change_no_bit(dn, sh, monkeypatch):
+    """NINFER_MOE_DOWN_L2PF=1: each gate_up CTA asks for its share of its pair's down rows
+    (routed stack or shared expert); the layer's output is the same bits, and the spans handed
+    to the kernel are one expert's rows of each routed plane and the shared expert's whole
+    planes."""
+    bank = expert_bank(8, 256, 128, "q4_g64", dn, seed=21)
+    shared = shared_expert(256, 128, sh, seed=22)
+    monkeypatch.delenv("NINFER_MOE_DOWN_L2PF", raising=False)
+    off, ref = _run(bank, shared, 3, 3, seed=21)
+    monkeypatch.setenv("NINFER_MOE_DOWN_L2PF", "1")
+    seen = []
+    real = PG.down_prefetch_args
+    monkeypatch.setattr(PG, "down_prefetch_args", lambda *a: seen.append(real(*a)) or seen[-1])
+    on, _ = _run(bank, shared, 3, 3, seed=21)
+    assert torch.equal(on, off) and len(seen) == 1 and seen[0]["DPF"]
+    (w, _, _), (sw, _, _) = bank, shared
+    a = seen[0]
+    for key, t, parts in (("dsq", w.down.q, 8), ("dsh", w.down.h, 8), ("dss", w.down.s, 8),
+                          ("xsq", sw.down.q, 1), ("xsh", sw.down.h, 1), ("xss", sw.down.s, 1)):
+        want = 0 if t is None else t.numel() * t.element_size() // parts
+        assert a[key] == want, key
+    monkeypatch.setenv("NINFER_MOE_DOWN_L2PF", "2")
+    with pytest.raises(ValueError, match="NINFER_MOE_DOWN_L2PF"):
+        PG.down_l2()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T", [1, 4])
+def test_gpu_down_weights_asked_of_the_l2_change_no_bit(real, T, monkeypatch):
+    """At the real shapes, NINFER_MOE_DOWN_L2PF=1 (a bulk prefetch of a share of each pair's down
+    rows per gate_up CTA) against off: the same bits, the oracle's output."""
+    monkeypatch.delenv("NINFER_MOE_DOWN_L2PF", raising=False)
+    off, ref = _run(*real, T, TOP_K, seed=T + 30)
+    monkeypatch.setenv("NINFER_MOE_DOWN_L2PF", "1")
+    on, _ = _run(*real, T, TOP_K, seed=T + 30)
+    torch.cuda.synchronize()
+    assert torch.equal(on, off)
+    _close(on, ref)
