@@ -98,16 +98,21 @@ def l2_prefetch(P, ASM: tl.constexpr):
 
 
 @triton.jit
-def l2_bulk(P, nbytes, ASM: tl.constexpr):
+def l2_bulk(P, nbytes, ASM: tl.constexpr, ONE: tl.constexpr = False):
     """Ask the L2 for nbytes (a multiple of 16; <= 0: nothing) from P (a byte pointer, 16-byte
     aligned), per element, with one instruction each: `cp.async.bulk.prefetch.L2.global` (sm_90+;
-    the caller gates it on the device). A hint: nothing is loaded into registers. Without ASM
-    (the interpreter) the range's first and last bytes are read and dropped: the same index
+    the caller gates it on the device). A hint: nothing is loaded into registers. ONE (P and
+    nbytes scalars, every thread's): only the CTA's first thread asks. Without ASM (the
+    interpreter) the range's first and last bytes are read and dropped: the same index
     arithmetic runs (the interpreter does not catch a read past a tensor; the callers' spans are
     checked on the host)."""
     if ASM:
+        if ONE:
+            who: tl.constexpr = "mov.u32 t, %tid.x; setp.eq.u32 q, t, 0; setp.gt.and.s32 p, $2, 0, q; "
+        else:
+            who: tl.constexpr = "setp.gt.s32 p, $2, 0; "
         tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "{ .reg .pred p, q; .reg .u32 t; " + who + "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
             "=r,l,r", [P, nbytes], dtype=tl.int32, is_pure=False, pack=1)
     else:
         tl.load(P, mask=nbytes > 0)
@@ -128,24 +133,10 @@ def l2_bulk_rows(idx, ok, P, SPAN, NCH: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def l2_bulk_one(P, nbytes, ASM: tl.constexpr):
-    """l2_bulk for one range (P a scalar byte pointer, nbytes a scalar), issued by the CTA's first
-    thread only (a scalar is every thread's; sm_90 would otherwise take the range once a lane)."""
-    if ASM:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.gt.and.s32 p, $2, 0, p; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [P, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.load(P, mask=nbytes > 0)
-        tl.load(P + nbytes - 1, mask=nbytes > 0)
-
-
-@triton.jit
 def l2_bulk_share(P, span, share, shares, ASM: tl.constexpr):
     """Share `share` of `shares` of the span bytes at P (a multiple of 16 each but the last),
     asked of the L2 by this CTA's first thread: the CTAs of a grid split one range between them."""
     piece = ((span + shares - 1) // shares + 15) // 16 * 16
     off = share.to(tl.int64) * piece
     n = tl.minimum(span - off, piece)
-    l2_bulk_one(P + off, tl.maximum(n, 0).to(tl.int32), ASM)
+    l2_bulk(P + off, tl.maximum(n, 0).to(tl.int32), ASM, True)
