@@ -237,12 +237,9 @@ class TritonMoe:
             return (routed.float() + gate * moe.shared_expert(x).float()).to(x.dtype)
         # the pair kernels read ids and weights only: no tile plan to build
         plan = decode and not self.takes_pairs(x.shape[0], w, shared)
-        if shared.gate_weight is not None:
-            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, x=x, shared_gate_weight=shared.gate_weight,
-                            prefetch=w.gate_up)
-        else:
-            r = self._route(logits, moe.top_k, w.num_experts, decode, plan, shared_gate_logit=moe.shared_expert_gate(x),
-                            prefetch=w.gate_up)
+        gate = (dict(x=x, shared_gate_weight=shared.gate_weight) if shared.gate_weight is not None
+                else dict(shared_gate_logit=moe.shared_expert_gate(x)))
+        r = self._route(logits, moe.top_k, w.num_experts, decode, plan, prefetch=w.gate_up, **gate)
         return self.run(x, r, w, shared, add_norm)
 
     def forward_layer_add_norm(self, moe: Any, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,

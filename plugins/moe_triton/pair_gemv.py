@@ -606,6 +606,7 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
         SLICES_P2=triton.next_power_of_2(n_slices), SLOTS_P2=triton.next_power_of_2(slots),
         HEAD=H2.HEAD[routed.fmt], SHEAD=H2.HEAD[shared.fmt],
         ASM=asm, CONSTR=constr, SASM=sasm, SCONSTR=sconstr, FAST=_fast(fast), ADD_NORM=add_norm is not None,
-        EARLY=early() if early_down is None else early_down, TP=combine_width(T, routed.fmt, shared.fmt), num_warps=cfg.num_warps, **pdl_kwargs(h.device),
+        EARLY=early() if early_down is None else early_down, TP=combine_width(T, routed.fmt, shared.fmt),
+        num_warps=cfg.num_warps, **pdl_kwargs(h.device),
     )
     return out

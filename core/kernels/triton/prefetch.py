@@ -120,23 +120,26 @@ def l2_bulk(P, nbytes, ASM: tl.constexpr, ONE: tl.constexpr = False):
 
 
 @triton.jit
+def _piece(span, pieces, i):
+    """Piece i (a scalar or a block) of `pieces` of span bytes, each a multiple of 16 bytes but
+    the last: (byte offset int64, bytes int32; 0 for a piece past the end)."""
+    size = ((span + pieces - 1) // pieces + 15) // 16 * 16
+    off = i.to(tl.int64) * size
+    return off, tl.maximum(tl.minimum(span - off, size), 0).to(tl.int32)
+
+
+@triton.jit
 def l2_bulk_rows(idx, ok, P, SPAN, NCH: tl.constexpr, ASM: tl.constexpr):
     """l2_bulk of SPAN bytes at P + idx * SPAN for every element of idx where ok (a block of rows
     per index, e.g. one expert's weights in a stack), in NCH pieces of a multiple of 16 bytes.
     SPAN: a multiple of 16 (0: nothing)."""
-    piece = ((SPAN + NCH - 1) // NCH + 15) // 16 * 16
-    c = tl.arange(0, NCH).to(tl.int64)
-    off = c[None, :] * piece
-    n = tl.minimum(SPAN - off, piece)
-    n = tl.where(ok[:, None] & (n > 0), n, 0).to(tl.int32)
-    l2_bulk(P + idx[:, None].to(tl.int64) * SPAN + off, n, ASM)
+    off, n = _piece(SPAN, NCH, tl.arange(0, NCH)[None, :])
+    l2_bulk(P + idx[:, None].to(tl.int64) * SPAN + off, tl.where(ok[:, None], n, 0), ASM)
 
 
 @triton.jit
 def l2_bulk_share(P, span, share, shares, ASM: tl.constexpr):
     """Share `share` of `shares` of the span bytes at P (a multiple of 16 each but the last),
     asked of the L2 by this CTA's first thread: the CTAs of a grid split one range between them."""
-    piece = ((span + shares - 1) // shares + 15) // 16 * 16
-    off = share.to(tl.int64) * piece
-    n = tl.minimum(span - off, piece)
-    l2_bulk(P + off, tl.maximum(n, 0).to(tl.int32), ASM, True)
+    off, n = _piece(span, shares, share)
+    l2_bulk(P + off, n, ASM, True)
