@@ -477,7 +477,7 @@ def pair_sweep(layers: list[Layer], bw: float, results: list, deadline: float) -
     small = [PG.PairConfig(16, 4, 16, 2), PG.PairConfig(16, 4, 16, 4), PG.PairConfig(8, 4, 16, 2),
              PG.PairConfig(8, 4, 8, 2)]
     if os.environ.get("NINFER_SWEEP_ONEK") == "1":  # the defaults and these only
-        gu_cfgs, dn_cfgs = [PG.GATE_UP, *onek], [PG.DOWN, *small]
+        gu_cfgs, dn_cfgs = [PG.SPLIT_GATE_UP, *onek], [PG.WIDE_DOWN, *small]
     else:
         gu_cfgs, dn_cfgs = gu_cfgs + onek, dn_cfgs + small
     for T in (1, 4):

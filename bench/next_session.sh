@@ -54,6 +54,8 @@
 #                                      # its pairs' down rows (NINFER_MOE_DOWN_L2PF=1): GPU tests, the 35B step and round
 #   bash bench/next_session.sh go7     # onek's and moel2's GPU tests, then the 35B step and round: one-slice gate_up,
 #                                      # small-chunk down, the routers' L2 prefetch, NINFER_L2PF=16, each against as is
+#   bash bench/next_session.sh go8     # the new pair defaults (one-slice gate_up, 16-row down): every MoE GPU test, the 35B
+#                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
@@ -626,6 +628,18 @@ case "${1:-}" in
       -k "one_slice or l2 or real_shapes"
     rounds35 ${GO7_S:-580} \
       "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_MOE_DOWN_L2PF=1|NINFER_L2PF=16|NINFER_GDN_VERIFY_BV=32:4"
+    ;;
+  go8)
+    # the twenty-fifth session's second: one-slice gate_up (8:16:8:4) and 16-row down (16:4:16:2)
+    # are the defaults now; the MoE, 35B MTP and fused-path GPU tests under them, then the 35B step
+    # and round against neighbouring configs (narrower trips, more or fewer warps), alternated twice
+    # (~9 min warm; GO8_T, GO8_S)
+    t0=$(date +%s)
+    gpu_tests ${GO8_T:-240} tests/plugins/moe_triton tests/plugins/spec_mtp/test_spec_gpu.py \
+      tests/plugins/cuda_fast/test_fused_path.py -k "moe or pair or route or block or 35b or a3b or grouped"
+    G=NINFER_PAIR_GATE_UP; D=NINFER_PAIR_DOWN
+    rounds35 ${GO8_S:-590} \
+      "X=1|$G=4:16:4:2|$G=4:16:8:2|$G=8:16:8:8|$D=8:4:8:2|$D=16:4:16:4|$D=8:4:16:2"
     ;;
   gdnbv35)
     # the 35B-A3B's GDN verify columns over BV:warps (never swept: its 32 value heads take the

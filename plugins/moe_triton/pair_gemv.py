@@ -59,13 +59,17 @@ class PairConfig:
         return f"pair BN{self.block_n} KBS{self.kbs} R{self.rows} w{self.num_warps}"
 
 
-# Defaults: the winners of the H200 sweep (bench/moe.py --pair-sweep, BENCHMARKS.md "35B-A3B MoE"),
-# checked against the oracle on the GPU (test_moe_pairs, 2026-12-03): gate_up 8.7 / 23.1 µs at
-# T = 1 / 4 against 9.3 / 23.8 for FIRST_GATE_UP, down 7.6 / 17.6 against 8.3 / 21.6 for FIRST_DOWN
-# (35B: I 512, H 2048; gate_up at T = 1: 9 pairs x 16 chunks x 8 slices). The first choices stay
-# as a tested alternative (test_gpu_first_pair_configs_equal_the_oracle).
-GATE_UP = PairConfig(block_n=32, kbs=2, rows=32, num_warps=2)
-DOWN = PairConfig(block_n=32, kbs=4, rows=32, num_warps=2)
+# Defaults: gate_up in one K slice (the whole of H: each chunk of 8 gate and 8 up rows is one CTA's,
+# finished there with no counter, DIRECT) and down in chunks of 16 rows. On the 35B (H 2048, I 512)
+# on an H100 (bench/next_session.sh go7, 2026-12-06, each alternated twice in one process): the
+# plain int4 step 2.363 -> 2.262 ms and the MTP round 4.717 -> 4.467 ms for gate_up; down's chunks
+# -0.01 ms more on each. The former defaults (the H200 sweep's winners of 2026-12-03: gate_up
+# BN32 KBS2 R32 w2, down BN32 KBS4 R32 w2) stay as SPLIT_GATE_UP / WIDE_DOWN, tested alternatives
+# (test_gpu_pairs_real_shapes' split configs), as do the first choices.
+GATE_UP = PairConfig(block_n=8, kbs=16, rows=8, num_warps=4)
+DOWN = PairConfig(block_n=16, kbs=4, rows=16, num_warps=2)
+SPLIT_GATE_UP = PairConfig(block_n=32, kbs=2, rows=32, num_warps=2)
+WIDE_DOWN = PairConfig(block_n=32, kbs=4, rows=32, num_warps=2)
 FIRST_GATE_UP = PairConfig(block_n=32, kbs=4, rows=32)
 FIRST_DOWN = PairConfig(block_n=32, kbs=2, rows=64)
 
@@ -93,11 +97,17 @@ def configs_for(hidden: int, inner: int) -> tuple[PairConfig, PairConfig] | None
     gu0 = _env_config("NINFER_PAIR_GATE_UP") or GATE_UP
     dn0 = _env_config("NINFER_PAIR_DOWN") or DOWN
     for base, k, rows in ((gu0, hidden, inner), (dn0, inner, hidden)):
-        kbs = next((b for b in (base.kbs, 2, 1) if b <= base.kbs and k % (128 * b) == 0), None)
+        # the configured K blocks a slice, else one slice of the whole of K if that is fewer, else fewer
+        kbs = next((b for b in (base.kbs, k // 128, 8, 4, 2, 1) if 0 < b <= base.kbs and k % (128 * b) == 0), None)
         chunk = next((r for r in (base.rows, 32) if r <= base.rows and rows % r == 0 and r % base.block_n == 0), None)
         if kbs is None or chunk is None:
             return None
-        out.append(PairConfig(base.block_n, kbs, chunk, base.num_warps))
+        # fewer K blocks may leave a tile too small for the warps (q4's 16 words a block of 128,
+        # 4 a thread): halve them until it covers them (`_fits`)
+        warps = base.num_warps
+        while warps > 1 and kbs * 16 * base.block_n < 128 * warps:
+            warps //= 2
+        out.append(PairConfig(base.block_n, kbs, chunk, warps))
     return out[0], out[1]
 
 

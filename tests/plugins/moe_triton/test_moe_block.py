@@ -149,14 +149,15 @@ def test_interpreted_block_trace_rows():
 
 @interp
 def test_interpreted_block_with_other_pair_configs():
-    # larger gate_up / down items (more rows a chunk, 4 warps): the same routing and the output
-    # to rounding
+    # larger gate_up / down items (more rows a chunk, 4 warps on trips twice as wide, whose tiles
+    # cover 4 warps at these small K): the same routing and the output to rounding
     top_k = 3
     w, sw, router, sg, _ = _layer(8, 256, 128, "q4_g64", "q5_g64", "q8_g32", seed=12)
     x = torch.randn(1, 256, generator=torch.Generator(device=DEV).manual_seed(12), device=DEV).to(ACT)
     base, ids, _ = _block(x, w, sw, router, sg, top_k)
     gu, dn = PG.configs_for(256, 128)
-    for cfgs in ((PG.PairConfig(gu.block_n, gu.kbs, 2 * gu.rows, 4), PG.PairConfig(dn.block_n, dn.kbs, 2 * dn.rows, 4)),
+    for cfgs in ((PG.PairConfig(2 * gu.block_n, gu.kbs, 2 * gu.rows, 4),
+                  PG.PairConfig(2 * dn.block_n, dn.kbs, 2 * dn.rows, 4)),
                  (PG.PairConfig(gu.block_n, gu.kbs, 4 * gu.rows, 2), dn)):
         out, ids2, _ = _block(x, w, sw, router, sg, top_k, configs=cfgs)
         assert torch.equal(ids2, ids)

@@ -176,8 +176,11 @@ def test_interpreted_down_in_small_chunks_equals_the_oracle(cfg, monkeypatch):
 @interp
 def test_interpreted_pair_configs_and_fallbacks():
     assert PG.configs_for(2048, 512) == (PG.GATE_UP, PG.DOWN)
-    gu, dn = PG.configs_for(256, 128)
-    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, 32, 1, 32)
+    assert PG.GATE_UP.kbs * 128 == 2048  # the 35B's gate_up in one K slice (DIRECT)
+    gu, dn = PG.configs_for(256, 128)  # one slice of the whole of K for both
+    assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, PG.GATE_UP.rows, 1, PG.DOWN.rows)
+    gu, _ = PG.configs_for(3072, 512)  # 24 blocks: no one slice within 16, the largest that tiles
+    assert gu.kbs == 8
     assert PG.configs_for(136, 40) is None  # K not a multiple of 128: the tile kernels run
     w, _, _ = expert_bank(4, 256, 128, "q4_g64", "q5_g64", seed=0)
     sw, _, _ = shared_expert(256, 128, "q8_g32", seed=1)
@@ -254,14 +257,18 @@ def test_gpu_pairs_replay_in_a_cuda_graph(real, T, early, monkeypatch):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("T", [1, 4])
-def test_gpu_first_pair_configs_equal_the_oracle(real, T):
-    # the first block sizes (pair_gemv.FIRST_*), the defaults before the sweep's winners
+@pytest.mark.parametrize("which", ["first", "split"])
+def test_gpu_earlier_pair_configs_equal_the_oracle(real, T, which):
+    # the first block sizes (pair_gemv.FIRST_*), and the sweep's winners that were the defaults
+    # until one-slice gate_up (SPLIT_GATE_UP / WIDE_DOWN): gate_up over several K slices, with
+    # the counter and the last CTA's sum
     (w, gu, dn), (sw, sdec, sg) = real
+    cu, cd = (PG.FIRST_GATE_UP, PG.FIRST_DOWN) if which == "first" else (PG.SPLIT_GATE_UP, PG.WIDE_DOWN)
     g = torch.Generator(device=DEV).manual_seed(T)
     x = torch.randn(T, H, generator=g, device=DEV).bfloat16()
     r = route(logits_hitting(T, E, seed=T), TOP_K, x=x, shared_gate_weight=sg)
-    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, PG.FIRST_GATE_UP)
-    out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, PG.FIRST_DOWN)
+    h = PG.gate_up(x, r.ids, w.gate_up, sw.gate, sw.up, I, E, cu)
+    out = PG.down(h, r.ids, r.weights, w.down, sw.down, H, E, torch.bfloat16, cd)
     ref = experts_reference(x, r.ids[:, :TOP_K].long(), r.weights[:, :TOP_K], gu, dn, sdec, r.weights[:, TOP_K])
     _close(out, ref)
 
