@@ -68,6 +68,12 @@ class PairConfig:
 # (test_gpu_pairs_real_shapes' split configs), as do the first choices.
 GATE_UP = PairConfig(block_n=8, kbs=16, rows=8, num_warps=4)
 DOWN = PairConfig(block_n=16, kbs=4, rows=16, num_warps=2)
+# One token (the plain decode step, the drafter's steps) may take its own configs (None: the
+# above), NINFER_PAIR_GATE_UP1 / NINFER_PAIR_DOWN1 to try others. Down in 8-row chunks at one token:
+# the 35B plain step -0.017 and -0.018 ms on an H100 in two calls (2026-12-06, BENCHMARKS.md
+# twenty-seventh run), the MTP round unchanged; gate_up 4:16:4:2 at one token was within noise.
+GATE_UP1: PairConfig | None = None
+DOWN1: PairConfig | None = PairConfig(block_n=8, kbs=4, rows=8, num_warps=2)
 SPLIT_GATE_UP = PairConfig(block_n=32, kbs=2, rows=32, num_warps=2)
 WIDE_DOWN = PairConfig(block_n=32, kbs=4, rows=32, num_warps=2)
 FIRST_GATE_UP = PairConfig(block_n=32, kbs=4, rows=32)
@@ -87,15 +93,19 @@ def _env_config(name: str) -> PairConfig | None:
     return PairConfig(bn, kbs, rows, w)
 
 
-def configs_for(hidden: int, inner: int) -> tuple[PairConfig, PairConfig] | None:
+def configs_for(hidden: int, inner: int, tokens: int = 0) -> tuple[PairConfig, PairConfig] | None:
     """(gate_up, down) configs for a layer's widths: GATE_UP / DOWN (or NINFER_PAIR_GATE_UP /
     NINFER_PAIR_DOWN, "block_n:kbs:rows:warps") where they divide the shapes, else the same with
     fewer K blocks a slice or fewer rows a chunk; None if nothing fits. A gate_up whose slice is
     the whole of K (kbs = hidden / 128, e.g. 8:16:8:4 at the 35B's 2048) finishes each chunk in
-    its only CTA, without a counter (`_gate_up_item`'s DIRECT)."""
+    its only CTA, without a counter (`_gate_up_item`'s DIRECT). tokens == 1: the one-token
+    configs (GATE_UP1 / DOWN1, NINFER_PAIR_GATE_UP1 / NINFER_PAIR_DOWN1) where set."""
     out = []
-    gu0 = _env_config("NINFER_PAIR_GATE_UP") or GATE_UP
-    dn0 = _env_config("NINFER_PAIR_DOWN") or DOWN
+    gu_env, dn_env = _env_config("NINFER_PAIR_GATE_UP"), _env_config("NINFER_PAIR_DOWN")
+    gu0, dn0 = gu_env or GATE_UP, dn_env or DOWN
+    if tokens == 1:  # the one-token configs: given for one token, else given for all, else the defaults
+        gu0 = _env_config("NINFER_PAIR_GATE_UP1") or gu_env or GATE_UP1 or GATE_UP
+        dn0 = _env_config("NINFER_PAIR_DOWN1") or dn_env or DOWN1 or DOWN
     for base, k, rows in ((gu0, hidden, inner), (dn0, inner, hidden)):
         # the configured K blocks a slice, else one slice of the whole of K if that is fewer, else fewer
         kbs = next((b for b in (base.kbs, k // 128, 8, 4, 2, 1) if 0 < b <= base.kbs and k % (128 * b) == 0), None)
@@ -432,17 +442,18 @@ def _fits(m: Matrix, k: int, rows: int, cfg: PairConfig) -> bool:
 
 def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None,
              hidden: int, inner: int, shared_inner: int) -> bool:
-    """Whether a layer's experts (and its shared expert) can take the pair kernels."""
-    cfgs = configs_for(hidden, inner)
-    if shared is None or shared_inner != inner or cfgs is None:
+    """Whether a layer's experts (and its shared expert) can take the pair kernels (with the
+    configs of one token and of more)."""
+    every = (configs_for(hidden, inner, 1), configs_for(hidden, inner))
+    if shared is None or shared_inner != inner or None in every:
         return False
-    gu, dn = cfgs
     sg, su, sd = shared
     if [t.stride(0) if t is not None else None for t in (sg.q, sg.h, sg.s)] != [
             t.stride(0) if t is not None else None for t in (su.q, su.h, su.s)]:
         return False  # gate_up reads both with one set of row strides
-    return (_fits(routed_gu, hidden, inner, gu) and _fits(sg, hidden, inner, gu) and _fits(su, hidden, inner, gu)
-            and sg.fmt == su.fmt and _fits(routed_dn, inner, hidden, dn) and _fits(sd, inner, hidden, dn))
+    return sg.fmt == su.fmt and all(
+        _fits(routed_gu, hidden, inner, gu) and _fits(sg, hidden, inner, gu) and _fits(su, hidden, inner, gu)
+        and _fits(routed_dn, inner, hidden, dn) and _fits(sd, inner, hidden, dn) for gu, dn in every)
 
 
 def _check(cfg: PairConfig, k: int, rows: int, what: str) -> None:
@@ -470,11 +481,14 @@ def _gate_up_counters(pairs: int, inner: int, hidden: int, cfg: PairConfig) -> i
 
 def workspace_need(tokens: int, slots: int, hidden: int, inner: int) -> tuple[int, int]:
     """(fp32 partials, counters) the two launches need at `tokens` tokens."""
-    gu, dn = configs_for(hidden, inner) or (GATE_UP, DOWN)
-    pairs = tokens * slots
-    a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), _gate_up_counters(pairs, inner, hidden, gu))
-    b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows + 1)  # + the add+norm's counter
-    return max(a[0], b[0]), max(a[1], b[1])
+    need = (0, 0)
+    for t in {1, tokens}:  # a smaller count may take the one-token configs, with more slices
+        gu, dn = configs_for(hidden, inner, t) or (GATE_UP, DOWN)
+        pairs = tokens * slots
+        a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), _gate_up_counters(pairs, inner, hidden, gu))
+        b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows + 1)  # + the add+norm's counter
+        need = (max(need[0], a[0], b[0]), max(need[1], a[1], b[1]))
+    return need
 
 
 def reserve(device: torch.device, slots: int, hidden: int, inner: int) -> None:
@@ -541,7 +555,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
     T, slots = ids.shape
     pairs = T * slots
     hidden = x.shape[1]
-    cfg = cfg or configs_for(hidden, inner)[0]
+    cfg = cfg or configs_for(hidden, inner, T)[0]
     _check(cfg, hidden, inner, "gate_up")
     h = torch.empty(pairs, inner, dtype=x.dtype, device=x.device)
     if pairs == 0:
@@ -590,7 +604,7 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, routed: Matr
     T, slots = ids.shape
     pairs = T * slots
     inner = h.shape[1]
-    cfg = cfg or configs_for(hidden, inner)[1]
+    cfg = cfg or configs_for(hidden, inner, T)[1]
     _check(cfg, inner, hidden, "down")
     out = torch.empty(T, hidden, dtype=dtype, device=h.device)
     if pairs == 0:

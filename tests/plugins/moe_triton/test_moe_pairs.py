@@ -176,6 +176,8 @@ def test_interpreted_down_in_small_chunks_equals_the_oracle(cfg, monkeypatch):
 @interp
 def test_interpreted_pair_configs_and_fallbacks():
     assert PG.configs_for(2048, 512) == (PG.GATE_UP, PG.DOWN)
+    assert PG.configs_for(2048, 512, 4) == (PG.GATE_UP, PG.DOWN)
+    assert PG.configs_for(2048, 512, 1) == (PG.GATE_UP1 or PG.GATE_UP, PG.DOWN1 or PG.DOWN)
     assert PG.GATE_UP.kbs * 128 == 2048  # the 35B's gate_up in one K slice (DIRECT)
     gu, dn = PG.configs_for(256, 128)  # one slice of the whole of K for both
     assert (gu.kbs, gu.rows, dn.kbs, dn.rows) == (2, PG.GATE_UP.rows, 1, PG.DOWN.rows)
