@@ -447,9 +447,9 @@ def _pair_layer(x, L, scratch):
     import torch
 
     from ninfer_plugins.moe_triton import pair_gemv as PG
-    from ninfer_plugins.moe_triton.router import ROUTE_GEMV_FASTER_T, route, route_gemv
+    from ninfer_plugins.moe_triton.router import route, route_gemv, route_gemv_tokens
 
-    if x.shape[0] <= ROUTE_GEMV_FASTER_T:
+    if x.shape[0] <= route_gemv_tokens():
         r = route_gemv(x, L.router, TOP_K, L.shared_gate, scratch)
     else:  # as the model does past one token: the router linear, then `route`
         r = route(torch.nn.functional.linear(x, L.router), TOP_K, x=x, shared_gate_weight=L.shared_gate)

@@ -56,6 +56,8 @@
 #                                      # small-chunk down, the routers' L2 prefetch, NINFER_L2PF=16, each against as is
 #   bash bench/next_session.sh go8     # the new pair defaults (one-slice gate_up, 16-row down): every MoE GPU test, the 35B
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
+#   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
+#                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
@@ -640,6 +642,20 @@ case "${1:-}" in
     G=NINFER_PAIR_GATE_UP; D=NINFER_PAIR_DOWN
     rounds35 ${GO8_S:-590} \
       "X=1|$G=4:16:4:2|$G=4:16:8:2|$G=8:16:8:8|$D=8:4:8:2|$D=16:4:16:4|$D=8:4:16:2"
+    ;;
+  go9)
+    # the twenty-fifth session's last switches: the grouped MoE prefill (prefill_grouped.py,
+    # NINFER_MOE_PREFILL=grouped; GPU-tested, never timed) against the tile kernels on the 35B's 8K
+    # prefill, then the 35B round with the verify's 4 tokens routed by route_gemv (one launch
+    # instead of the router linear + `route`: NINFER_ROUTE_GEMV_T=4), on 1 or 4 warps a program,
+    # with the key top-k, alternated twice (~9 min warm; cold GO9_S=590)
+    t0=$(date +%s)
+    gpu_tests ${GO9_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_prefill_grouped.py \
+      -k "route_gemv_real_shapes or grouped_prefill"
+    steps qwen3.6-35b-a3b $(( ${GO9_P:-330} - ($(date +%s) - t0) )) $(( ${GO9_P:-330} - 40 - ($(date +%s) - t0) )) p35.txt \
+      "35B prefill A/B" "X=1" "NINFER_MOE_PREFILL=grouped" "X=1" "NINFER_MOE_PREFILL=grouped"
+    R=NINFER_ROUTE_GEMV_T=4
+    rounds35 ${GO9_S:-590} "X=1|$R|$R NINFER_ROUTE_GEMV_WARPS=4|$R NINFER_ROUTE_TOPK=keys"
     ;;
   gdnbv35)
     # the 35B-A3B's GDN verify columns over BV:warps (never swept: its 32 value heads take the

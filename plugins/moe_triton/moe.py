@@ -34,7 +34,7 @@ from ninfer_plugins.moe_triton import grouped_gemv as GV
 from ninfer_plugins.moe_triton import moe_block as MB
 from ninfer_plugins.moe_triton import pair_gemv as PG
 from ninfer_plugins.moe_triton import prefill_grouped as PF
-from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, ROUTE_GEMV_FASTER_T, Routing, route, route_gemv
+from ninfer_plugins.moe_triton.router import DECODE_BLOCK_M, Routing, route, route_gemv, route_gemv_tokens
 from ninfer_plugins.quant_int import kernels as QK
 from ninfer_plugins.quant_int.formats import FORMATS
 
@@ -315,10 +315,10 @@ class TritonMoe:
 
     def _fused_router(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights | None) -> torch.Tensor | None:
         """The dense router weight [E, H] when this call routes inside its first launch: route_gemv
-        (the pair path at T = 1, where it was measured faster) or the one-launch block (up to
-        moe_block.max_tokens() when it is on), with a dense router and shared gate in x's dtype;
-        else None."""
-        most = max(ROUTE_GEMV_FASTER_T, MB.max_tokens() if MB.enabled() else 0)
+        (the pair path at T = 1, where it was measured faster; NINFER_ROUTE_GEMV_T to try more)
+        or the one-launch block (up to moe_block.max_tokens() when it is on), with a dense router
+        and shared gate in x's dtype; else None."""
+        most = max(route_gemv_tokens(), MB.max_tokens() if MB.enabled() else 0)
         if x.shape[0] > most or not self.takes_pairs(x.shape[0], w, shared) or shared.gate_weight is None:
             return None
         rw = moe.gate.prepared

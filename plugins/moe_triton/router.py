@@ -382,6 +382,30 @@ ROUTE_GEMV_MAX_T = 4
 ROUTE_GEMV_FASTER_T = 1
 
 
+def route_gemv_tokens() -> int:
+    """The most tokens a pair-path call routes with route_gemv: ROUTE_GEMV_FASTER_T, or
+    NINFER_ROUTE_GEMV_T (1..4, read at each call), an A/B switch for the verify's T = 4 in the
+    model (one launch instead of the router linear then `route`; its one-warp top-k tail over
+    [4, 256] is ~4x the static instructions of T = 1's, 6,448 against 1,600 on sm_90)."""
+    v = os.environ.get("NINFER_ROUTE_GEMV_T", "").strip()
+    if not v:
+        return ROUTE_GEMV_FASTER_T
+    if v not in ("1", "2", "3", "4"):
+        raise ValueError(f"NINFER_ROUTE_GEMV_T={v!r}: give 1 to {ROUTE_GEMV_MAX_T} (tokens routed in one launch)")
+    return int(v)
+
+
+def _gemv_warps(T: int) -> int:
+    """route_gemv's warps a program: one (a row's dot is one warp's shuffles, and so are the last
+    program's top-k reductions), or past one token NINFER_ROUTE_GEMV_WARPS (1, 2 or 4; an A/B
+    switch read at each call): more warps share the last program's [T, E] top-k, each
+    reduction then crossing warps through shared memory."""
+    v = os.environ.get("NINFER_ROUTE_GEMV_WARPS", "").strip() or "1"
+    if v not in ("1", "2", "4"):
+        raise ValueError(f"NINFER_ROUTE_GEMV_WARPS={v!r}: give 1, 2 or 4")
+    return 1 if T == 1 else int(v)
+
+
 def route_gemv(
     x: torch.Tensor,
     router: torch.Tensor,
@@ -432,7 +456,8 @@ def route_gemv(
         T, E, H, x.stride(0), router.stride(0), res.stride(0), hout.stride(0), eps,
         TOP_K=top_k, SLOTS=slots, SHARED=SHARED_LOGIT if shared else NO_SHARED,
         BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(H), LSTRIDE=lstride,
-        ADD_NORM=add_norm is not None, TOPK_KEYS=bool(topk_keys) and shared, num_warps=1, **pdl_kwargs(x.device),
+        ADD_NORM=add_norm is not None, TOPK_KEYS=bool(topk_keys) and shared, num_warps=_gemv_warps(T),
+        **pdl_kwargs(x.device),
         **prefetch_args(prefetch, E, r.ids),
     )
     return r

@@ -277,6 +277,34 @@ def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
     assert MB.max_tokens() == 4
 
 
+@interp
+def test_triton_moe_routes_more_tokens_in_one_launch_when_asked(monkeypatch):
+    """NINFER_ROUTE_GEMV_T=3: a 3-token call (a verify) routes in route_gemv's one launch instead
+    of the router linear then `route`, to the same output within the logits' last bits; past the
+    limit, and by default, the two launches."""
+    from ninfer_plugins.moe_triton import moe as M
+    from ninfer_plugins.moe_triton import router as R
+
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_ROUTE_GEMV_T"):
+        monkeypatch.delenv(name, raising=False)
+    moe, layer, _ = _torch_gated_moe(monkeypatch, seed=9)
+    calls = []
+    monkeypatch.setattr(M, "route_gemv", lambda *a, **k: calls.append(a[0].shape[0]) or R.route_gemv(*a, **k))
+    x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(5), device=DEV).to(ACT)
+    plain = moe.forward_layer(layer, x)
+    assert not calls  # one token only by default
+    monkeypatch.setenv("NINFER_ROUTE_GEMV_T", "3")
+    fused = moe.forward_layer(layer, x)
+    assert calls == [3]
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv("NINFER_ROUTE_GEMV_T", "2")
+    calls.clear()
+    assert torch.equal(moe.forward_layer(layer, x), plain) and not calls
+    monkeypatch.setenv("NINFER_ROUTE_GEMV_T", "5")
+    with pytest.raises(ValueError, match="NINFER_ROUTE_GEMV_T"):
+        moe.forward_layer(layer, x)
+
+
 # --- GPU -------------------------------------------------------------------------------------------
 
 

@@ -351,10 +351,25 @@ def test_interpreted_route_gemv_refuses_five_tokens():
         route_gemv(torch.zeros(5, 64), torch.zeros(8, 64), 2, None, (torch.zeros(64), torch.zeros(1, dtype=torch.int32)))
 
 
+@interp
+def test_interpreted_route_gemv_warps_switch(monkeypatch):
+    # NINFER_ROUTE_GEMV_WARPS (past one token): 1, 2 or 4, anything else refused by name
+    from ninfer_plugins.moe_triton import router as R
+
+    monkeypatch.delenv("NINFER_ROUTE_GEMV_WARPS", raising=False)
+    assert R._gemv_warps(1) == R._gemv_warps(4) == 1
+    monkeypatch.setenv("NINFER_ROUTE_GEMV_WARPS", "4")
+    assert (R._gemv_warps(1), R._gemv_warps(2)) == (1, 4)
+    monkeypatch.setenv("NINFER_ROUTE_GEMV_WARPS", "3")
+    with pytest.raises(ValueError, match="NINFER_ROUTE_GEMV_WARPS"):
+        R.route_gemv(torch.zeros(2, 64), torch.zeros(8, 64), 2, None, (torch.zeros(64), torch.zeros(1, dtype=torch.int32)))
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("T", [1, 2, 3, 4])
-def test_gpu_route_gemv_real_shapes(T):
+@pytest.mark.parametrize("T,warps", [(1, "1"), (2, "1"), (3, "1"), (4, "1"), (2, "4"), (4, "4"), (4, "2")])
+def test_gpu_route_gemv_real_shapes(T, warps, monkeypatch):
+    monkeypatch.setenv("NINFER_ROUTE_GEMV_WARPS", warps)  # past one token: the last program's warps
     for seed in range(4):
         mine, ref = _route_gemv_case(T, 256, 2048, torch.bfloat16, seed=seed)
         # the same bf16 logits up to the dot's summation order: the routing may differ only where
