@@ -1,6 +1,7 @@
 """MoE prefill as dequantize-then-grouped-GEMM: every expert's weights decoded to bf16 once a call,
 then one cuBLAS-class grouped GEMM for gate_up and one for down over the tokens sorted by expert
-(`torch._grouped_mm`), the combine in torch.
+(`torch._grouped_mm`), silu * up in one pass and the weighted combine (with the shared expert) in
+one kernel.
 
 Why: the fused W4A16 tile kernels (grouped_gemm.py) read each expert's packed weights once, which
 is what decode and short chunks want, but their MMA runs at ~108 TFLOP/s at T = 8,192 (BENCHMARKS.md
@@ -22,9 +23,12 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
+import triton
+import triton.language as tl
 from ninfer.kernels.triton.launch import lasting
+from ninfer.kernels.triton.norms import swiglu
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 from ninfer_plugins.quant_int.formats import FORMATS
 
@@ -75,36 +79,66 @@ def _scratch(device: torch.device, experts: int, inner: int, hidden: int) -> tup
     return lasting("moe_prefill_grouped", device, (experts, inner, hidden), make)
 
 
+@triton.jit
+def _combine_kernel(YS, INV, W, YSH, OUT, H, s_ys, s_w, s_ysh, s_out,
+                    TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, cols] = sum_j W[t, j] * YS[INV[t * TOP_K + j], cols] (+ W[t, TOP_K] * YSH[t, cols]),
+    summed in fp32 in slot order, then the shared pair (bit-reproducible: no atomics)."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = cols < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(INV + t * TOP_K + j).to(tl.int64)
+        w = tl.load(W + t * s_w + j)
+        acc += w * tl.load(YS + row * s_ys + cols, mask=ok, other=0.0).to(tl.float32)
+    if SHARED:
+        acc += tl.load(W + t * s_w + TOP_K) * tl.load(YSH + t * s_ysh + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + t * s_out + cols, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
 def run(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, top_k: int, routed_gu: Matrix, routed_dn: Matrix,
         num_experts: int, inner: int, shared: Any = None) -> torch.Tensor:
     """out [T, H] in x's dtype = sum_j weights[t, j] * down_e(silu(G_e x_t) * U_e x_t) over the
     routed slots j < top_k (e = ids[t, j]), plus the shared expert (`shared`: moe.SharedWeights,
     its per-token weight weights[t, top_k]) when there is one. x must be bf16 on the GPU (the
-    grouped GEMM's dtype); ids / weights [T, slots] as the router writes them. No host sync."""
+    grouped GEMM's dtype); ids / weights [T, slots] as the router writes them. No host sync.
+
+    Past the two grouped GEMMs, h = silu(gate) * up is one pass (norms.swiglu, rounded to bf16 as
+    the tile kernels store it), and the combine one kernel that reads each pair's down row from
+    its sorted place and adds the shared expert's (_combine_kernel): no fp32 [T, top_k, H]
+    temporaries, no scatter back to (token, slot) order."""
     T, hidden = x.shape
     E = num_experts
     xb = x.to(torch.bfloat16)
     wgu, wdn = _scratch(x.device, E, inner, hidden)
     _decoded(routed_gu, wgu)
     _decoded(routed_dn, wdn)
-    # the (token, slot) pairs sorted by expert; the groups' ends for the grouped GEMM
+    # the (token, slot) pairs sorted by expert; the groups' ends for the grouped GEMM; each pair's
+    # place in that order (inv) for the combine
     e_flat = ids[:, :top_k].reshape(-1).long()
     order = torch.argsort(e_flat, stable=True)
     counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, e_flat, torch.ones_like(e_flat))
     offs = torch.cumsum(counts, 0).to(torch.int32)
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=x.device)).to(torch.int32)
     xs = xb.index_select(0, order // top_k)
-    gu = torch._grouped_mm(xs, wgu.transpose(1, 2), offs=offs)
-    # h rounded to the activations' dtype, as the tile kernels store it
-    h = (F.silu(gu[:, :inner].float()) * gu[:, inner:].float()).to(torch.bfloat16)
+    h = swiglu(torch._grouped_mm(xs, wgu.transpose(1, 2), offs=offs))
     ys = torch._grouped_mm(h, wdn.transpose(1, 2), offs=offs)
-    y = torch.empty_like(ys)
-    y[order] = ys  # back to (token, slot) order
-    out = (y.view(T, top_k, hidden).float() * weights[:, :top_k].float()[:, :, None]).sum(1)
+    ysh = ys
     if shared is not None:
-        sg, su, sd = (_dense(m) for m in (shared.gate, shared.up, shared.down))
-        hs = (F.silu((xb @ sg.T).float()) * (xb @ su.T).float()).to(torch.bfloat16)
-        out += weights[:, top_k].float()[:, None] * (hs @ sd.T).float()
-    return out.to(x.dtype)
+        # the shared expert's gate and up as one [2I, H] matrix: one GEMM, then the same swiglu
+        s_inner = shared.gate.q.shape[0]
+        sgu = torch.empty(2 * s_inner, hidden, dtype=torch.bfloat16, device=x.device)
+        _decoded(shared.gate, sgu[:s_inner])
+        _decoded(shared.up, sgu[s_inner:])
+        ysh = swiglu(xb @ sgu.T) @ _dense(shared.down).T
+    out = torch.empty(T, hidden, dtype=x.dtype, device=x.device)
+    w = weights.float()
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _combine_kernel[(T, triton.cdiv(hidden, block_h))](
+        ys, inv, w, ysh, out, hidden, ys.stride(0), w.stride(0), ysh.stride(0), out.stride(0),
+        TOP_K=top_k, SHARED=shared is not None, BLOCK_H=block_h, num_warps=4)
+    return out
 
 
 def _dense(m: Matrix) -> torch.Tensor:
