@@ -248,6 +248,14 @@ def _torch_gated_moe(monkeypatch, seed):
     return moe, layer, w
 
 
+def _token_counts(monkeypatch, owner, name, real) -> list:
+    """owner.name replaced by `real` that also records each call's token count (its first
+    argument's rows): the list it records into."""
+    calls = []
+    monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    return calls
+
+
 @interp
 def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
     """NINFER_MOE_BLOCK_MAX_T=3: a 3-token call (a speculative verify) goes to the block too,
@@ -257,9 +265,7 @@ def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
                  "NINFER_MOE_BLOCK_TOPK"):
         monkeypatch.delenv(name, raising=False)
     moe, layer, _ = _torch_gated_moe(monkeypatch, seed=8)
-    calls = []
-    real = MB.moe_block
-    monkeypatch.setattr(MB, "moe_block", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    calls = _token_counts(monkeypatch, MB, "moe_block", MB.moe_block)
     x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(4), device=DEV).to(ACT)
     plain = moe.forward_layer(layer, x)
     monkeypatch.setenv("NINFER_MOE_BLOCK", "1")
@@ -288,8 +294,7 @@ def test_triton_moe_routes_more_tokens_in_one_launch_when_asked(monkeypatch):
     for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_ROUTE_GEMV_T"):
         monkeypatch.delenv(name, raising=False)
     moe, layer, _ = _torch_gated_moe(monkeypatch, seed=9)
-    calls = []
-    monkeypatch.setattr(M, "route_gemv", lambda *a, **k: calls.append(a[0].shape[0]) or R.route_gemv(*a, **k))
+    calls = _token_counts(monkeypatch, M, "route_gemv", R.route_gemv)
     x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(5), device=DEV).to(ACT)
     plain = moe.forward_layer(layer, x)
     assert not calls  # one token only by default
