@@ -257,57 +257,44 @@ def _token_counts(monkeypatch, owner, name, real) -> list:
 
 
 @interp
-def test_triton_moe_takes_the_block_past_one_token_only_when_asked(monkeypatch):
-    """NINFER_MOE_BLOCK_MAX_T=3: a 3-token call (a speculative verify) goes to the block too,
-    against the router linear + route + pair kernels it takes otherwise (the logits of a torch
-    linear and of the block's dots may differ in their last bits: close, not equal)."""
-    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T",
-                 "NINFER_MOE_BLOCK_TOPK"):
-        monkeypatch.delenv(name, raising=False)
-    moe, layer, _ = _torch_gated_moe(monkeypatch, seed=8)
-    calls = _token_counts(monkeypatch, MB, "moe_block", MB.moe_block)
-    x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(4), device=DEV).to(ACT)
-    plain = moe.forward_layer(layer, x)
-    monkeypatch.setenv("NINFER_MOE_BLOCK", "1")
-    assert torch.equal(moe.forward_layer(layer, x), plain) and not calls  # one token only by default
-    monkeypatch.setenv("NINFER_MOE_BLOCK_MAX_T", "3")
-    fused = moe.forward_layer(layer, x)
-    assert calls == [3]
-    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
-    monkeypatch.setenv("NINFER_MOE_BLOCK_MAX_T", "2")
-    calls.clear()
-    moe.forward_layer(layer, x)
-    assert not calls
-    assert MB.max_tokens() == 2
-    monkeypatch.setenv("NINFER_MOE_BLOCK_MAX_T", "99")
-    assert MB.max_tokens() == 4
-
-
-@interp
-def test_triton_moe_routes_more_tokens_in_one_launch_when_asked(monkeypatch):
-    """NINFER_ROUTE_GEMV_T=3: a 3-token call (a verify) routes in route_gemv's one launch instead
-    of the router linear then `route`, to the same output within the logits' last bits; past the
-    limit, and by default, the two launches."""
+@pytest.mark.parametrize("path", ["block", "route_gemv"])
+def test_triton_moe_takes_a_one_launch_path_for_3_tokens_only_when_asked(path, monkeypatch):
+    """A 3-token call (a speculative verify) goes to the one-launch block under
+    NINFER_MOE_BLOCK=1 NINFER_MOE_BLOCK_MAX_T=3, or routes in route_gemv's one launch under
+    NINFER_ROUTE_GEMV_T=3, instead of the router linear + route + pair kernels it takes otherwise
+    (the logits of a torch linear and of the kernels' dots may differ in their last bits: close,
+    not equal); by default, and with the limit at 2, it does not."""
     from ninfer_plugins.moe_triton import moe as M
     from ninfer_plugins.moe_triton import router as R
 
-    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_ROUTE_GEMV_T"):
+    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_BLOCK_NORM", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_BLOCK_MAX_T",
+                 "NINFER_MOE_BLOCK_TOPK", "NINFER_ROUTE_GEMV_T"):
         monkeypatch.delenv(name, raising=False)
-    moe, layer, _ = _torch_gated_moe(monkeypatch, seed=9)
-    calls = _token_counts(monkeypatch, M, "route_gemv", R.route_gemv)
-    x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(5), device=DEV).to(ACT)
+    moe, layer, _ = _torch_gated_moe(monkeypatch, seed=8)
+    if path == "block":
+        calls, limit = _token_counts(monkeypatch, MB, "moe_block", MB.moe_block), "NINFER_MOE_BLOCK_MAX_T"
+    else:
+        calls, limit = _token_counts(monkeypatch, M, "route_gemv", R.route_gemv), "NINFER_ROUTE_GEMV_T"
+    x = torch.randn(3, 256, generator=torch.Generator(device=DEV).manual_seed(4), device=DEV).to(ACT)
     plain = moe.forward_layer(layer, x)
-    assert not calls  # one token only by default
-    monkeypatch.setenv("NINFER_ROUTE_GEMV_T", "3")
+    if path == "block":
+        monkeypatch.setenv("NINFER_MOE_BLOCK", "1")
+    assert torch.equal(moe.forward_layer(layer, x), plain) and not calls  # one token only by default
+    monkeypatch.setenv(limit, "3")
     fused = moe.forward_layer(layer, x)
     assert calls == [3]
     torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
-    monkeypatch.setenv("NINFER_ROUTE_GEMV_T", "2")
+    monkeypatch.setenv(limit, "2")
     calls.clear()
     assert torch.equal(moe.forward_layer(layer, x), plain) and not calls
-    monkeypatch.setenv("NINFER_ROUTE_GEMV_T", "5")
-    with pytest.raises(ValueError, match="NINFER_ROUTE_GEMV_T"):
-        moe.forward_layer(layer, x)
+    if path == "block":
+        assert MB.max_tokens() == 2
+        monkeypatch.setenv(limit, "99")
+        assert MB.max_tokens() == 4
+    else:
+        monkeypatch.setenv(limit, "5")
+        with pytest.raises(ValueError, match=limit):
+            moe.forward_layer(layer, x)
 
 
 # --- GPU -------------------------------------------------------------------------------------------
