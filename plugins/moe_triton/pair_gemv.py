@@ -65,7 +65,7 @@ class PairConfig:
 # plain int4 step 2.363 -> 2.262 ms and the MTP round 4.717 -> 4.467 ms for gate_up; down's chunks
 # -0.01 ms more on each. The former defaults (the H200 sweep's winners of 2026-12-03: gate_up
 # BN32 KBS2 R32 w2, down BN32 KBS4 R32 w2) stay as SPLIT_GATE_UP / WIDE_DOWN, tested alternatives
-# (test_gpu_pairs_real_shapes' split configs), as do the first choices.
+# (test_gpu_earlier_pair_configs_equal_the_oracle), as do the first choices.
 GATE_UP = PairConfig(block_n=8, kbs=16, rows=8, num_warps=4)
 DOWN = PairConfig(block_n=16, kbs=4, rows=16, num_warps=2)
 # One token (the plain decode step, the drafter's steps) may take its own configs (None: the
