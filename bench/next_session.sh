@@ -58,6 +58,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
+#   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
+#                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
 #   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
@@ -656,6 +658,15 @@ case "${1:-}" in
       "35B prefill A/B" "X=1" "NINFER_MOE_PREFILL=grouped" "X=1" "NINFER_MOE_PREFILL=grouped"
     R=NINFER_ROUTE_GEMV_T=4
     rounds35 ${GO9_S:-590} "X=1|$R|$R NINFER_ROUTE_GEMV_WARPS=4|$R NINFER_ROUTE_TOPK=keys"
+    ;;
+  qbars)
+    # issue 3's figures as the engine runs them (bench/quant_bars.py, written in the twenty-fifth
+    # session: bench/quant_linear.py times the tile kernel's configs, not the decode dispatch): every
+    # 27B and 35B shape in int4 and nvfp4 at M = 1, 4, 8, 16 (graph replays over copies) and 1024
+    # (dequant + cuBLAS), the copy bandwidth, bf16 cuBLAS and torch's int4 in the same run (~8 min)
+    t0=$(date +%s)
+    timeout ${QBARS_S:-570} python3 bench/quant_bars.py --out "$OUT" --budget-s $(( ${QBARS_S:-570} - 110 )) > "$OUT/qb.txt" 2>&1
+    echo "quant_bars rc=$? $(( $(date +%s) - t0 )) s"; grep -vE "^\|" "$OUT/qb.txt" | tail -40 | cut -c1-200
     ;;
   gdnbv35)
     # the 35B-A3B's GDN verify columns over BV:warps (never swept: its 32 value heads take the
