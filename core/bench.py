@@ -729,7 +729,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"{c['model']} {c['quant']} kv={c['kv_dtype']} on {result['device']}" + (f" ({env})" if env else ""),
         f"  copy bandwidth     {result['copy_bandwidth_gbs']:,.1f} GB/s (read + written)",
-        f"  prefill            {pf['tok_s']:,.1f} tok/s ({pf['tokens']} tokens in {pf['seconds']:.3f} s)",
+        f"  prefill            {pf['tok_s']:,.1f} tok/s ({pf['tokens']} tokens in {pf['seconds']:.3f} s, "
+        f"chunks of {c['prefill_chunk']} tokens)",
         f"  decode             {d['tok_s']:,.2f} tok/s, {d['ms_per_step']:.3f} ms/step at context "
         f"{d['context_from']}..{d['context_to']} x {c['concurrency']} ({'CUDA graph' if c['cuda_graph'] else 'eager: ' + str(c['eager_reason'])}"
         + (f", replay {d['graph_replay_ms']:.3f} ms)" if d.get("graph_replay_ms") else ")"),
