@@ -60,8 +60,8 @@
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
-#   bash bench/next_session.sh chunks  # the 8K prefill at the CLI's default chunk (1024) against 2048 / 4096 / 8192 (the
-#                                      # bench's one chunk), the 27B and the 35B int4 (~6 min)
+#   bash bench/next_session.sh chunks  # the 8K prefill at the CLI's default chunk (1024) against 2048 and 8192 (the
+#                                      # bench's one chunk): the 27B, the 35B on the tiles and grouped (~7 min)
 #   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
@@ -673,15 +673,17 @@ case "${1:-}" in
   chunks)
     # `ninfer bench` prefills a prompt in one chunk (up to 8,192); `ninfer` and `ninfer serve`
     # default to --prefill-chunk 1024, where each chunk decodes the dense weights again (dequant +
-    # cuBLAS from 128 rows) and the MoE reads its experts again. The 8K prefill at each chunk
-    # size, the 27B then the 35B int4, each in its own process (~6 min)
+    # cuBLAS from 128 rows) and the MoE reads its experts again, and the grouped MoE prefill (from
+    # 2,048 tokens a call) is never taken. The 8K prefill at chunks of 1024 / 2048 / 8192: the 27B,
+    # the 35B on the tiles, the 35B grouped (NINFER_MOE_PREFILL=grouped), a process each (~7 min)
     t0=$(date +%s)
-    for m in qwen3.6-27b qwen3.6-35b-a3b; do
-      for c in 1024 2048 4096 8192; do
-        timeout $(( ${CHUNKS_S:-560} - ($(date +%s) - t0) )) ninfer bench --model $m --random-weights --quant int4 \
-          --prompt-len 8192 --gen-len 8 --prefill-chunk $c --json "$OUT/chunk_${m}_$c.json" > "$OUT/chunk_${m}_$c.txt" 2>&1
-        echo "$m chunk $c rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "prefill " "$OUT/chunk_${m}_$c.txt" | head -1)"
-      done
+    for run in qwen3.6-27b:1024 qwen3.6-27b:2048 qwen3.6-27b:8192 qwen3.6-35b-a3b:1024 qwen3.6-35b-a3b:2048 \
+               qwen3.6-35b-a3b:8192 qwen3.6-35b-a3b:2048:grouped qwen3.6-35b-a3b:8192:grouped; do
+      IFS=: read -r m c g <<< "$run"
+      NINFER_MOE_PREFILL=$g timeout $(( ${CHUNKS_S:-570} - ($(date +%s) - t0) )) ninfer bench --model $m --random-weights \
+        --quant int4 --prompt-len 8192 --gen-len 8 --prefill-chunk $c --json "$OUT/chunk_${m}_$c$g.json" \
+        > "$OUT/chunk_${m}_$c$g.txt" 2>&1
+      echo "$m chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$OUT/chunk_${m}_$c$g.txt" | head -1)"
     done
     ;;
   gdnbv35)
