@@ -39,7 +39,7 @@ def ninfer_workspace_bytes(shape, config, device, recipe):
     if not experts or recipe is None or not G.enabled():
         return None
     tokens = min(config.prefill_chunk, config.max_context)
-    if tokens < G.GROUPED_MIN_T:
+    if tokens < G.min_tokens():
         return None
     hidden, inner = shape.hidden_size, shape.moe_intermediate_size
     gu = recipe.scheme_for("layers.0.mlp.experts.0.gate_up_proj", 2 * inner, hidden)

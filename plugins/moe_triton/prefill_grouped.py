@@ -11,7 +11,8 @@ int4 decodes 0.46 GB of packed experts a layer into 1.5 GB of bf16 (~0.5 ms at t
 then 0.41 TFLOP of grouped GEMM (~0.7 ms): ~1.2 ms a layer against 4.3, if that figure still
 holds (not re-measured since). The dense projections' prefill does the same (quant_int/dequant.py).
 
-Off by default (`NINFER_MOE_PREFILL=grouped` turns it on for calls of >= GROUPED_MIN_T tokens)
+Off by default (`NINFER_MOE_PREFILL=grouped` turns it on for calls of >= GROUPED_MIN_T tokens,
+NINFER_MOE_PREFILL_MIN_T to move that)
 until an H200 run has timed it against the tiles. Int formats only (q4/q5/q6/q8); the scratch is
 one bf16 copy of a layer's experts (1.5 GB for the 35B-A3B), made on first use and kept; the memory
 plan counts it (plugin.ninfer_workspace_bytes) when the switch is on.
@@ -48,9 +49,20 @@ def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix,
     return hasattr(torch, "_grouped_mm") and all(m.fmt in INT_FORMATS for m in mats)
 
 
+def min_tokens() -> int:
+    """The fewest tokens a call runs here: GROUPED_MIN_T, or NINFER_MOE_PREFILL_MIN_T (a positive
+    integer, read at each call; to time the CLI's default 1,024-token chunks on this path)."""
+    v = os.environ.get("NINFER_MOE_PREFILL_MIN_T", "").strip()
+    if not v:
+        return GROUPED_MIN_T
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"NINFER_MOE_PREFILL_MIN_T={v!r}: give a positive number of tokens")
+    return int(v)
+
+
 def takes(tokens: int, routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None) -> bool:
     """Whether a call of `tokens` tokens runs here (switched on, long enough, formats it decodes)."""
-    return enabled() and tokens >= GROUPED_MIN_T and supports(routed_gu, routed_dn, shared)
+    return enabled() and tokens >= min_tokens() and supports(routed_gu, routed_dn, shared)
 
 
 def _decoded(m: Matrix, out: torch.Tensor) -> torch.Tensor:

@@ -62,6 +62,12 @@ def test_dispatch_takes_it_only_when_switched_on_and_long(monkeypatch):
     assert not PF.takes(40, w.gate_up, w.down, smats)
     monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
     assert not PF.takes(40, w.gate_up, w.down, smats)  # below GROUPED_MIN_T
+    monkeypatch.setenv("NINFER_MOE_PREFILL_MIN_T", "41")
+    assert not PF.takes(40, w.gate_up, w.down, smats)
+    monkeypatch.setenv("NINFER_MOE_PREFILL_MIN_T", "x")
+    with pytest.raises(ValueError, match="NINFER_MOE_PREFILL_MIN_T"):
+        PF.takes(40, w.gate_up, w.down, smats)
+    monkeypatch.delenv("NINFER_MOE_PREFILL_MIN_T")
     monkeypatch.setattr(PF, "GROUPED_MIN_T", 32)
     assert PF.takes(40, w.gate_up, w.down, smats)
     y = moe.run(x, r, w, sw)
