@@ -62,6 +62,8 @@
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
 #   bash bench/next_session.sh chunks  # the 8K prefill at the CLI's default chunk (1024) against 2048 and 8192 (the
 #                                      # bench's one chunk): the 27B, the 35B on the tiles and grouped (~7 min)
+#   bash bench/next_session.sh kwncu35 # Nsight Compute over the 35B's big q8 decode GEMVs at M = 1 as dispatched (in_proj_qkvz,
+#                                      # attention qkv, o_proj/out_proj): most of its step's weight bytes (~2 min)
 #   bash bench/next_session.sh gdnbv35 # the 35B's GDN verify columns and decode step over BV:warps, the round (~4 min)
 #   bash bench/next_session.sh gdnbv   # the GDN verify columns (replay form) and decode step over BV:warps (~3 min)
 #   bash bench/next_session.sh gdnncu  # Nsight Compute over one GDN verify columns and one decode launch (~1 min)
@@ -685,6 +687,17 @@ case "${1:-}" in
         --quant int4 --prompt-len 8192 --gen-len 8 --prefill-chunk $c --json "$OUT/chunk_${m}_$c$g.json" \
         > "$OUT/chunk_${m}_$c$g.txt" 2>&1
       echo "$m chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$OUT/chunk_${m}_$c$g.txt" | head -1)"
+    done
+    ;;
+  kwncu35)
+    # the 35B step reads 1.94 of its 2.52 GB of weights in dense q8 projections with K = 2048 or
+    # 4096 (the routed experts 0.58): what their dispatched M = 1 GEMVs wait on, one launch each
+    for shp in 12288:2048 9216:2048 2048:4096; do
+      IFS=: read -r n k <<< "$shp"
+      timeout 150 ncu --clock-control none --set full --import-source yes -k regex:'_gemv_kw_kernel|_gemv_h2|_tkw|_gemv_tc' \
+        -s 3 -c 1 -o "$OUT/kw35_${n}_$k" python3 bench/ncu_linear.py --scheme q8_g32 --n $n --k $k --m 1 --path dispatch \
+        > "$OUT/kw35_${n}_$k.log" 2>&1
+      echo "q8 ${n}x$k rc=$?"; python3 bench/ncu_summary.py "$OUT/kw35_${n}_$k.ncu-rep" --regions 8 | cut -c1-160
     done
     ;;
   gdnbv35)
