@@ -50,10 +50,8 @@
 #                                      # the 35B step and round (SPLIT_M=qwen3.6-27b for the 27B), a process a side
 #   bash bench/next_session.sh onek    # gate_up in one K slice (no counter), down in smaller chunks: GPU tests, the
 #                                      # pair sweep (NINFER_SWEEP_ONEK=1), the 35B step and round with the switches (~8 min)
-#   bash bench/next_session.sh moel2   # the routers ask the L2 for the picked experts (NINFER_MOE_L2PF=1/2), gate_up for
-#                                      # its pairs' down rows (NINFER_MOE_DOWN_L2PF=1): GPU tests, the 35B step and round
-#   bash bench/next_session.sh go7     # onek's and moel2's GPU tests, then the 35B step and round: one-slice gate_up,
-#                                      # small-chunk down, the routers' L2 prefetch, NINFER_L2PF=16, each against as is
+#   bash bench/next_session.sh go7     # run 2026-12-06: one-slice gate_up and small-chunk down's GPU tests, then the 35B
+#                                      # step and round with each (now the defaults) and NINFER_L2PF against as committed
 #   bash bench/next_session.sh go8     # the new pair defaults (one-slice gate_up, 16-row down): every MoE GPU test, the 35B
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
@@ -616,26 +614,18 @@ case "${1:-}" in
     rounds35 ${ONEK_S:-570} \
       "X=1|NINFER_PAIR_GATE_UP=${ONEK_A:-8:16:8:4}|NINFER_PAIR_GATE_UP=${ONEK_B:-8:16:16:4}|NINFER_PAIR_DOWN=${ONEK_D:-16:4:16:2}"
     ;;
-  moel2)
-    # the decode routers asking the L2 for the picked experts' gate_up rows (NINFER_MOE_L2PF,
-    # cp.async.bulk.prefetch, written without a GPU): the router GPU tests (a bulk prefetch of a
-    # whole expert plane, up to 1 MB, was never run), then the 35B step and round with 1 and 2
-    # pieces a plane against off, alternated twice (~6 min warm; cold MOEL2_S=590)
-    t0=$(date +%s)
-    gpu_tests ${MOEL2_T:-150} tests/plugins/moe_triton/test_moe_router.py tests/plugins/moe_triton/test_moe_pairs.py \
-      -k "l2 or real_shapes"
-    rounds35 ${MOEL2_S:-450} "X=1|NINFER_MOE_L2PF=1|NINFER_MOE_L2PF=2|NINFER_MOE_DOWN_L2PF=1"
-    ;;
   go7)
     # the twenty-fourth session's 35B experiments in one call (no pair sweep): the GPU tests of
-    # the one-slice gate_up, the small-chunk down and the routers' L2 prefetch, then the 35B step
-    # and round with each against the defaults, and NINFER_L2PF (never timed) beside them,
-    # alternated twice in one process (~9 min warm; cold GO7_S=590 GO7_T=200)
+    # the one-slice gate_up and the small-chunk down, then the 35B step and round with each
+    # against the defaults, and NINFER_L2PF beside them, alternated twice in one process (~9 min
+    # warm; cold GO7_S=590 GO7_T=200). Run on 2026-12-06: both configs are the defaults since; the
+    # routers' and gate_up's bulk L2 prefetches (NINFER_MOE_L2PF, NINFER_MOE_DOWN_L2PF) lost and
+    # are removed
     t0=$(date +%s)
     gpu_tests ${GO7_T:-150} tests/plugins/moe_triton/test_moe_pairs.py tests/plugins/moe_triton/test_moe_router.py \
-      -k "one_slice or l2 or real_shapes"
+      -k "one_slice or real_shapes"
     rounds35 ${GO7_S:-580} \
-      "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_MOE_L2PF=1|NINFER_MOE_DOWN_L2PF=1|NINFER_L2PF=16|NINFER_GDN_VERIFY_BV=32:4"
+      "X=1|NINFER_PAIR_GATE_UP=8:16:8:4|NINFER_PAIR_DOWN=16:4:16:2|NINFER_L2PF=16|NINFER_GDN_VERIFY_BV=32:4"
     ;;
   go8)
     # the twenty-fifth session's second: one-slice gate_up (8:16:8:4) and 16-row down (16:4:16:2)

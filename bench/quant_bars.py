@@ -36,46 +36,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-# (label, n, k, the int4 recipe's scheme, big: one of the 27B's big matrices the M = 1 bar names)
+# (label, n, k, the int4 recipe's scheme, big: one of the 27B's big matrices the M = 1 bar names,
+# a canonical tensor name of the row's first part, for the recipe check in test_quant_bars)
 # The 27B's rows merge as the engine merges them at load (linear.merge_rows: same scheme, same
 # input): gate+up, q+v (k_proj is q4), in_proj_qkv+z. The 35B's experts are one pair's matrices.
 ROWS = (
-    ("27b.gate_up_merged", 34816, 5120, "q4_g64", True),
-    ("27b.down_proj", 5120, 17408, "q5_g64", True),
-    ("27b.in_proj_qkvz", 16384, 5120, "q5_g64", True),
-    ("27b.q_v_merged", 13312, 5120, "q5_g64", True),
-    ("27b.o_proj|out_proj", 5120, 6144, "q5_g64", False),
-    ("27b.k_proj", 1024, 5120, "q4_g64", False),
-    ("27b.lm_head", 248320, 5120, "q6_g64", True),
-    ("27b.gate_proj|up_proj", 17408, 5120, "q4_g64", False),
-    ("27b.q_proj", 12288, 5120, "q5_g64", False),
-    ("27b.in_proj_qkv", 10240, 5120, "q5_g64", False),
-    ("35b.in_proj_qkvz", 12288, 2048, "q8_g32", False),
-    ("35b.qkv_merged", 9216, 2048, "q8_g32", False),
-    ("35b.o_proj|out_proj", 2048, 4096, "q8_g32", False),
-    ("35b.expert.gate_up", 1024, 2048, "q4_g64", False),
-    ("35b.expert.down", 2048, 512, "q5_g64", False),
-    ("35b.lm_head", 248320, 2048, "q6_g64", False),
+    ("27b.gate_up_merged", 34816, 5120, "q4_g64", True, "layers.0.mlp.gate_proj"),
+    ("27b.down_proj", 5120, 17408, "q5_g64", True, "layers.0.mlp.down_proj"),
+    ("27b.in_proj_qkvz", 16384, 5120, "q5_g64", True, "layers.0.linear_attn.in_proj_qkv"),
+    ("27b.q_v_merged", 13312, 5120, "q5_g64", True, "layers.3.self_attn.q_proj"),
+    ("27b.o_proj|out_proj", 5120, 6144, "q5_g64", False, "layers.3.self_attn.o_proj"),
+    ("27b.k_proj", 1024, 5120, "q4_g64", False, "layers.3.self_attn.k_proj"),
+    ("27b.lm_head", 248320, 5120, "q6_g64", True, "lm_head"),
+    ("27b.gate_proj|up_proj", 17408, 5120, "q4_g64", False, "layers.0.mlp.up_proj"),
+    ("27b.q_proj", 12288, 5120, "q5_g64", False, "layers.3.self_attn.q_proj"),
+    ("27b.in_proj_qkv", 10240, 5120, "q5_g64", False, "layers.0.linear_attn.in_proj_qkv"),
+    ("35b.in_proj_qkvz", 12288, 2048, "q8_g32", False, "layers.0.linear_attn.in_proj_qkv"),
+    ("35b.qkv_merged", 9216, 2048, "q8_g32", False, "layers.3.self_attn.q_proj"),
+    ("35b.o_proj|out_proj", 2048, 4096, "q8_g32", False, "layers.3.self_attn.o_proj"),
+    ("35b.expert.gate_up", 1024, 2048, "q4_g64", False, "layers.0.mlp.experts.0.gate_up_proj"),
+    ("35b.expert.down", 2048, 512, "q5_g64", False, "layers.0.mlp.experts.0.down_proj"),
+    ("35b.lm_head", 248320, 2048, "q6_g64", False, "lm_head"),
 )
-# a canonical tensor name of each row's first part, for the recipe check (test_quant_bars)
-RECIPE_NAMES = {
-    "27b.gate_up_merged": "layers.0.mlp.gate_proj",
-    "27b.down_proj": "layers.0.mlp.down_proj",
-    "27b.in_proj_qkvz": "layers.0.linear_attn.in_proj_qkv",
-    "27b.q_v_merged": "layers.3.self_attn.q_proj",
-    "27b.o_proj|out_proj": "layers.3.self_attn.o_proj",
-    "27b.k_proj": "layers.3.self_attn.k_proj",
-    "27b.lm_head": "lm_head",
-    "27b.gate_proj|up_proj": "layers.0.mlp.up_proj",
-    "27b.q_proj": "layers.3.self_attn.q_proj",
-    "27b.in_proj_qkv": "layers.0.linear_attn.in_proj_qkv",
-    "35b.in_proj_qkvz": "layers.0.linear_attn.in_proj_qkv",
-    "35b.qkv_merged": "layers.3.self_attn.q_proj",
-    "35b.o_proj|out_proj": "layers.3.self_attn.o_proj",
-    "35b.expert.gate_up": "layers.0.mlp.experts.0.gate_up_proj",
-    "35b.expert.down": "layers.0.mlp.experts.0.down_proj",
-    "35b.lm_head": "lm_head",
-}
 DECODE_M = (1, 4, 8, 16)
 PREFILL_M = 1024
 BARS = {"m1_share": 0.85, "vs_torch_int4": 2.0, "m4_over_m1": 1.15, "m1024_share_cublas": 0.60}
@@ -133,7 +115,7 @@ def _list(items) -> str:
 
 def verdicts(rows: list[dict], torch_int4: dict) -> list[str]:
     """One line a bar and format: how many rows meet it, and the figures."""
-    big_rows = {label for label, *_, big in ROWS if big}
+    big_rows = {label for label, _, _, _, big, _ in ROWS if big}
     out = []
     for fmt in sorted({r["fmt"] for r in rows if "error" not in r}):
         rs = [r for r in rows if r.get("fmt") == fmt and "error" not in r]
@@ -192,7 +174,7 @@ def main() -> int:
     rows = [r for r in ROWS if r[0].split(".")[0] in models]
     cublas: dict = {}
     for fmt_arg in [f.strip() for f in args.formats.split(",") if f.strip()]:
-        for label, n, k, row_fmt, _ in rows:
+        for label, n, k, row_fmt, _, _ in rows:
             if time.time() - t0 > args.budget_s:
                 print(f"budget: stopped before {fmt_arg} {label}", flush=True)
                 break
@@ -213,7 +195,7 @@ def main() -> int:
                       f"M=4/M=1 {r['m4_over_m1']:.2f} M=16 {r['m16_us']:6.1f} us "
                       f"M=1024 {r['m1024_tflops']:4.0f} TFLOP/s ({r['m1024_share_cublas']:.0%} of cuBLAS)", flush=True)
             (out / "quant_bars.json").write_text(json.dumps(res, indent=1))
-    for label, n, k, _, big in rows:
+    for label, n, k, _, big, _ in rows:
         if big and time.time() - t0 < args.budget_s + 60:
             t = torch_int4_ms(n, k)
             res["torch_int4"][label] = {"error": t} if isinstance(t, str) else {

@@ -239,7 +239,7 @@ class TritonMoe:
         plan = decode and not self.takes_pairs(x.shape[0], w, shared)
         gate = (dict(x=x, shared_gate_weight=shared.gate_weight) if shared.gate_weight is not None
                 else dict(shared_gate_logit=moe.shared_expert_gate(x)))
-        r = self._route(logits, moe.top_k, w.num_experts, decode, plan, prefetch=w.gate_up, **gate)
+        r = self._route(logits, moe.top_k, w.num_experts, decode, plan, **gate)
         return self.run(x, r, w, shared, add_norm)
 
     def forward_layer_add_norm(self, moe: Any, delta: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
@@ -291,7 +291,7 @@ class TritonMoe:
         ws.ensure(triton.next_power_of_2(x.shape[0]) * (w.num_experts + 1), 1, QK.capturing(x))
         xe = x if fold_norm is None else torch.empty_like(x)
         r = route_gemv(x, router, moe.top_k, shared.gate_weight, (ws.partials, ws.counters),
-                       add_norm=None if fold_norm is None else (*fold_norm, xe), prefetch=w.gate_up)
+                       add_norm=None if fold_norm is None else (*fold_norm, xe))
         return self.run(xe, r, w, shared, add_norm)
 
     @staticmethod
@@ -307,10 +307,9 @@ class TritonMoe:
         return w
 
     def _route(self, logits: torch.Tensor, top_k: int, num_experts: int, decode: bool, plan: bool = True,
-               prefetch: Any = None, **shared: Any) -> Routing:
+               **shared: Any) -> Routing:
         if decode:
-            # (prefetch: the picked experts' gate_up rows asked of the L2, NINFER_MOE_L2PF)
-            return route(logits, top_k, plan=plan, prefetch=prefetch, **shared)
+            return route(logits, top_k, plan=plan, **shared)
         return GM.plan(route(logits, top_k, **shared), num_experts, self.configs["prefill_gate_up"].block_m)
 
     def _fused_router(self, moe: Any, x: torch.Tensor, w: ExpertWeights, shared: SharedWeights | None) -> torch.Tensor | None:
@@ -341,7 +340,7 @@ class TritonMoe:
             # one value for both launches: a down launched early must follow a gate_up launched so
             early = PG.early()
             h = PG.gate_up(x, r.ids, w.gate_up, shared.gate, shared.up, w.inner, w.num_experts, fast=self.fast,
-                           early_down=early, down_weights=(w.down, shared.down))
+                           early_down=early)
             fold = None
             if self._gemv_norm(add_norm, x, w):
                 fold = (add_norm.residual, add_norm.weight, add_norm.eps, torch.empty_like(add_norm.residual))

@@ -160,8 +160,8 @@ def _router_item(X, RW, SG_W, LWS, CNT, IDS, WEIGHTS, RES, NW, XN, item, T, E, H
             _top_k_keys(logit, t, t_ok, t.to(tl.int64), e, E, IDS, WEIGHTS, LWS + E, LSTRIDE,
                         TOP_K, SLOTS, BLOCK_T, BLOCK_E)
         else:
-            _top_k(logit, t, t_ok, t.to(tl.int64), e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, sx, LSTRIDE,
-                   TOP_K, SLOTS, 2, BLOCK_T, BLOCK_E, BLOCK_H)
+            _top_k(logit, t, t_ok, t.to(tl.int64), e, e_ok, LWS + E, IDS, WEIGHTS, E, LSTRIDE,
+                   TOP_K, SLOTS, 2, BLOCK_T, BLOCK_E)
         if ADD_NORM:
             for tt in tl.static_range(BLOCK_T):
                 t_in = h_ok & ((h * 0 + tt) < T)

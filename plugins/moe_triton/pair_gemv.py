@@ -36,7 +36,6 @@ import torch
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
-from ninfer.kernels.triton import prefetch as PFB
 from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import interpreting, pdl_early_trigger, pdl_kwargs, pdl_prologue, pdl_wait
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
@@ -225,28 +224,11 @@ def _gate_up_item(X, HOUT, WS, CNT, p, e, pid_c, pid_s,
                   FMT: tl.constexpr, SFMT: tl.constexpr, BLOCK_N: tl.constexpr, KBS: tl.constexpr, ROWS: tl.constexpr,
                   SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
                   ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr,
-                  FAST: tl.constexpr, DIRECT: tl.constexpr = False,
-                  DQ=None, DH=None, DSC=None, dsq=0, dsh=0, dss=0, XQ=None, XH=None, XSC=None, xsq=0, xsh=0, xss=0,
-                  DPF: tl.constexpr = False, DPF_ASM: tl.constexpr = False):
+                  FAST: tl.constexpr, DIRECT: tl.constexpr = False):
     """One CTA of gate_up: pair p (expert e; e == E: the shared expert), row chunk pid_c, K slice
     pid_s. Returns whether this CTA was the chunk's last to arrive (it wrote the chunk's h).
     DIRECT (one K slice, N_SLICES == 1): the CTA is its chunk's only one; it reads its own
-    partials back after a barrier and writes h, with no counter (no release, no atomic).
-    DPF: before its own reads, the CTA asks the L2 for its share of the pair's down weights (the
-    routed stack's planes DQ / DH / DSC, d* bytes an expert; the shared expert's XQ / XH / XSC,
-    x* bytes), which the down launch then reads from there (NINFER_MOE_DOWN_L2PF)."""
-    if DPF:
-        share = pid_c * N_SLICES + pid_s
-        shares = CHUNKS * N_SLICES
-        if e == E:
-            PFB.l2_bulk_share(XQ, xsq, share, shares, DPF_ASM)
-            PFB.l2_bulk_share(XH, xsh, share, shares, DPF_ASM)
-            PFB.l2_bulk_share(XSC, xss, share, shares, DPF_ASM)
-        else:
-            e64 = e.to(tl.int64)
-            PFB.l2_bulk_share(DQ + e64 * dsq, dsq, share, shares, DPF_ASM)
-            PFB.l2_bulk_share(DH + e64 * dsh, dsh, share, shares, DPF_ASM)
-            PFB.l2_bulk_share(DSC + e64 * dss, dss, share, shares, DPF_ASM)
+    partials back after a barrier and writes h, with no counter (no release, no atomic)."""
     tok = p // SLOTS
     x_row = X + tok.to(tl.int64) * sx
     row0 = pid_c * ROWS
@@ -294,16 +276,13 @@ def _pair_gate_up_kernel(
     SLICES_P2: tl.constexpr, HEAD: tl.constexpr, SHEAD: tl.constexpr,
     ASM: tl.constexpr, CONSTR: tl.constexpr, SASM: tl.constexpr, SCONSTR: tl.constexpr, FAST: tl.constexpr,
     PDL: tl.constexpr = False, DIRECT: tl.constexpr = False,
-    DQ=None, DH=None, DSC=None, dsq=0, dsh=0, dss=0, XQ=None, XH=None, XSC=None, xsq=0, xsh=0, xss=0,
-    DPF: tl.constexpr = False, DPF_ASM: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     p = tl.program_id(2)
     _gate_up_item(X, HOUT, WS, CNT, p, tl.load(IDS + p), tl.program_id(0), tl.program_id(1),
                   W, WH, WS_, GW, GWH, GWS, UW, UWH, UWS, WG, GWG, UWG,
                   INNER, E, SLOTS, N_SLICES, CHUNKS, sx, sh_out, sw, swh, sws, sgw, sgwh, sgws,
-                  FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST, DIRECT,
-                  DQ, DH, DSC, dsq, dsh, dss, XQ, XH, XSC, xsq, xsh, xss, DPF, DPF_ASM)
+                  FMT, SFMT, BLOCK_N, KBS, ROWS, SLICES_P2, HEAD, SHEAD, ASM, CONSTR, SASM, SCONSTR, FAST, DIRECT)
 
 
 @triton.jit
@@ -482,9 +461,9 @@ def _gate_up_counters(pairs: int, inner: int, hidden: int, cfg: PairConfig) -> i
 def workspace_need(tokens: int, slots: int, hidden: int, inner: int) -> tuple[int, int]:
     """(fp32 partials, counters) the two launches need at `tokens` tokens."""
     need = (0, 0)
+    pairs = tokens * slots
     for t in {1, tokens}:  # a smaller count may take the one-token configs, with more slices
         gu, dn = configs_for(hidden, inner, t) or (GATE_UP, DOWN)
-        pairs = tokens * slots
         a = _workspace(pairs, 2 * inner, hidden // (128 * gu.kbs), _gate_up_counters(pairs, inner, hidden, gu))
         b = _workspace(pairs, hidden, inner // (128 * dn.kbs), hidden // dn.rows + 1)  # + the add+norm's counter
         need = (max(need[0], a[0], b[0]), max(need[1], a[1], b[1]))
@@ -518,40 +497,15 @@ def combine_width(tokens: int, fmt: int, shared_fmt: int) -> int:
     return triton.next_power_of_2(tokens)
 
 
-def down_l2() -> bool:
-    """NINFER_MOE_DOWN_L2PF=1 (off by default; read at each call): each gate_up CTA asks the L2
-    for its share of its pair's down weights before its own reads (`_gate_up_item`'s DPF), so the
-    down launch, which can start only as gate_up's CTAs leave the SMs, finds them there. sm_90
-    and later (a bulk prefetch). An A/B switch until timed."""
-    v = os.environ.get("NINFER_MOE_DOWN_L2PF", "0").strip() or "0"
-    if v not in ("0", "1"):
-        raise ValueError(f"NINFER_MOE_DOWN_L2PF={v!r}: give 0 or 1")
-    return v == "1"
-
-
-def down_prefetch_args(routed_down: Matrix, shared_down: Matrix, num_experts: int, anchor: torch.Tensor) -> dict:
-    """gate_up's keyword arguments for NINFER_MOE_DOWN_L2PF, or {} (off, or no bulk prefetch here)."""
-    if not down_l2() or not PFB.bulk_ok(anchor.device):
-        return {}
-    # (a routed plane's span is one expert's rows; the shared expert's, its whole plane)
-    rd, sd = routed_down, shared_down
-    (dq, dsq), (dh, dsh), (ds, dss) = (PFB.byte_span(t, num_experts, anchor) for t in (rd.q, rd.h, rd.s))
-    (xq, xsq), (xh, xsh), (xs, xss) = (PFB.byte_span(t, 1, anchor) for t in (sd.q, sd.h, sd.s))
-    return dict(DQ=dq, DH=dh, DSC=ds, dsq=dsq, dsh=dsh, dss=dss, XQ=xq, XH=xh, XSC=xs, xsq=xsq, xsh=xsh, xss=xss,
-                DPF=True, DPF_ASM=not interpreting())
-
-
 def _fast(fast: bool | None) -> bool:
     return (True if fast is None else fast) and not interpreting()
 
 
 def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Matrix, shared_up: Matrix,
             inner: int, num_experts: int, cfg: PairConfig | None = None, fast: bool | None = None,
-            early_down: bool | None = None, down_weights: tuple[Matrix, Matrix] | None = None) -> torch.Tensor:
+            early_down: bool | None = None) -> torch.Tensor:
     """h [T * slots, I] = silu(G_e x_t) * U_e x_t for every pair (e = ids[t, j]; e == E: shared).
-    early_down (default: `early()`): the down launch that follows will be launched early.
-    down_weights: (routed, shared) down, whose pairs' rows are asked of the L2 under
-    NINFER_MOE_DOWN_L2PF (`down_prefetch_args`)."""
+    early_down (default: `early()`): the down launch that follows will be launched early."""
     T, slots = ids.shape
     pairs = T * slots
     hidden = x.shape[1]
@@ -585,7 +539,6 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, routed: Matrix, shared_gate: Mat
         # preparation here: requested before it they took 95 -> 116 registers on sm_90 (10 -> 8
         # CTAs an SM: the 35B's 1,152 CTAs would no longer fit one wave)
         **pdl_kwargs(x.device, late=early() if early_down is None else early_down),
-        **(down_prefetch_args(*down_weights, num_experts, ids) if down_weights is not None else {}),
     )
     return h
 

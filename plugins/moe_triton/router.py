@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
-from ninfer.kernels.triton import prefetch as PFB
 from ninfer.kernels.triton import sync as SY
-from ninfer.kernels.triton.launch import interpreting, pdl_kwargs, pdl_prologue
+from ninfer.kernels.triton.launch import pdl_kwargs, pdl_prologue
 from ninfer_plugins.quant_int.gemv_h2 import add_norm_args
 
 # Shared-gate modes of the kernel: no shared expert; its gate as a dot with a dense weight row
@@ -77,34 +75,12 @@ def max_tiles(num_tokens: int, top_k: int, num_experts: int, block_m: int, share
     return routed + (-(-num_tokens // block_m) if shared else 0)
 
 
-@triton.jit
-def _ask_l2(sel, e, PQ, PH, PS, span_q, span_h, span_s, PF: tl.constexpr, PF_ASM: tl.constexpr):
-    """PF > 0: the rows of every expert some token picked (sel [BLOCK_T, BLOCK_E] > 0; e the
-    experts' ids) in up to three byte tensors (the next kernel's weight planes: words, high bits,
-    scales; span_* bytes an expert, 0 for a plane not there), asked of the L2 in PF bulk pieces
-    each (prefetch.l2_bulk_rows), so the expert kernel after this launch finds them there instead
-    of starting its DRAM reads after its own wait. Once, after the picks, over [BLOCK_E] (one
-    element a lane or more, none repeated): sm_90 issues a bulk prefetch from uniform registers,
-    one lane's operands at a time, so each valid element costs one pass of a short loop (asked
-    per pick, a [T, PF] block repeated over the warp's lanes, it took ~6,000 instructions of the
-    one routing warp at T = 1)."""
-    if PF > 0:
-        used = tl.max(sel, 0) > 0
-        PFB.l2_bulk_rows(e, used, PQ, span_q, PF, PF_ASM)
-        PFB.l2_bulk_rows(e, used, PH, span_h, PF, PF_ASM)
-        PFB.l2_bulk_rows(e, used, PS, span_s, PF, PF_ASM)
-
-
 # the token count and the tile count vary per call: one compiled variant serves them all
 @triton.jit
-def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
-           TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
-           BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-           PQ=None, PH=None, PS=None, span_q=0, span_h=0, span_s=0, PF: tl.constexpr = 0,
-           PF_ASM: tl.constexpr = False):
+def _top_k(logit, t, t_ok, t64, e, e_ok, SG_LOGIT, IDS, WEIGHTS, E, stride_sg,
+           TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
     """Softmax, top-k, renormalise and the shared pair, from fp32 logits [BLOCK_T, BLOCK_E]
-    (-inf past E); stores ids / weights and returns (sel, kth) for the plan. PF > 0: the picked
-    experts' rows are asked of the L2 right after the picks (`_ask_l2`)."""
+    (-inf past E); stores ids / weights and returns (sel, kth) for the plan."""
     p = tl.exp(logit - tl.max(logit, 1)[:, None])
     p = p / tl.sum(p, 1)[:, None]
 
@@ -121,7 +97,6 @@ def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, 
         kth = tl.where(hit, k, kth)
         left = tl.where(hit, -1.0, left)
         tl.store(IDS + t64 * SLOTS + k, idx, mask=t_ok)
-    _ask_l2(sel, e, PQ, PH, PS, span_q, span_h, span_s, PF, PF_ASM)
     chosen = sel > 0
     total = tl.sum(tl.where(chosen, p, 0.0), 1)
     total = tl.where(total > 0, total, 1.0)  # rows past T chose nothing
@@ -138,9 +113,7 @@ def _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, 
 
 @triton.jit
 def _top_k_keys(logit, t, t_ok, t64, e, E, IDS, WEIGHTS, SG_LOGIT, stride_sg,
-                TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                PQ=None, PH=None, PS=None, span_q=0, span_h=0, span_s=0, PF: tl.constexpr = 0,
-                PF_ASM: tl.constexpr = False):
+                TOP_K: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
     """_top_k's routing (shared gate from SG_LOGIT, as SHARED = 2) in fewer reductions: one max a
     pick over int64 keys (the logit's order-preserving bits above, BLOCK_E - 1 - expert below:
     the largest logit, the lowest expert among equal ones), then the chosen logits' softmax
@@ -162,7 +135,6 @@ def _top_k_keys(logit, t, t_ok, t64, e, E, IDS, WEIGHTS, SG_LOGIT, stride_sg,
         kth = tl.where(hit, k, kth)
         key = tl.where(hit, floor, key)
         tl.store(IDS + t64 * SLOTS + k, idx, mask=t_ok)
-    _ask_l2(sel, e, PQ, PH, PS, span_q, span_h, span_s, PF, PF_ASM)
     chosen = sel > 0
     top = tl.max(tl.where(chosen, logit, float("-inf")), 1)
     top = tl.where(top == float("-inf"), 0.0, top)  # rows past T chose nothing
@@ -182,7 +154,6 @@ def _route_kernel(
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     PLAN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TILES: tl.constexpr, HC: tl.constexpr = 0,
-    PQ=None, PH=None, PS=None, span_q=0, span_h=0, span_s=0, PF: tl.constexpr = 0, PF_ASM: tl.constexpr = False,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
@@ -205,9 +176,8 @@ def _route_kernel(
     logit = tl.where(e_ok[None, :], logit.to(tl.float32), float("-inf"))
     # _top_k's shared pair: none where it was taken above
     TK_SHARED: tl.constexpr = 0 if SHARED == 1 else SHARED
-    sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, SG_LOGIT, IDS, WEIGHTS, E, H, stride_x, stride_sg,
-                      TOP_K, SLOTS, TK_SHARED, BLOCK_T, BLOCK_E, BLOCK_H,
-                      PQ, PH, PS, span_q, span_h, span_s, PF, PF_ASM)
+    sel, kth = _top_k(logit, t, t_ok, t64, e, e_ok, SG_LOGIT, IDS, WEIGHTS, E, stride_sg,
+                      TOP_K, SLOTS, TK_SHARED, BLOCK_T, BLOCK_E)
     if SHARED == 1:
         tl.store(WEIGHTS + t64 * SLOTS + TOP_K, tl.sigmoid(sg_logit), mask=t_ok)
         tl.store(IDS + t64 * SLOTS + TOP_K, t * 0 + E, mask=t_ok)
@@ -232,33 +202,6 @@ def _route_kernel(
         if HAS_SHARED:
             tl.store(TILE_EXPERT + n_used, E)
             tl.store(TILE_ROWS + n_used * BLOCK_M + t, t * SLOTS + TOP_K, mask=t_ok)
-
-
-def l2_pieces() -> int:
-    """NINFER_MOE_L2PF=N (1, 2 or 4; 0 or unset: off, the default; read at each call): the decode
-    routers ask the L2 for the picked experts' gate_up rows once the picks are made, N bulk
-    prefetches a weight plane and expert (`_ask_l2`). gate_up can read its expert only once the
-    routing is written and its own wait has passed; the prefetch starts those DRAM reads a
-    launch earlier. An A/B switch until timed. sm_90 registers under Triton 3.6 (route_gemv at
-    T = 1, q5 planes): 79 without, 208 with N = 1; N = 4 spills at T = 1."""
-    v = os.environ.get("NINFER_MOE_L2PF", "").strip() or "0"
-    if v not in ("0", "1", "2", "4"):
-        raise ValueError(f"NINFER_MOE_L2PF={v!r}: give 1, 2 or 4 (bulk prefetches a weight plane and expert), or 0")
-    return int(v)
-
-
-def prefetch_args(m: Any, num_experts: int, anchor: torch.Tensor) -> dict:
-    """The routers' keyword arguments asking the L2 for expert rows of Matrix m (the routed
-    gate_up stack: rows num_experts x rows an expert) as they are picked, or {} (off, no matrix,
-    or a device without bulk prefetch). A plane that is missing, not contiguous, not 16-byte
-    aligned, or whose expert span is not a multiple of 16 bytes is skipped (span 0)."""
-    n = l2_pieces()
-    if m is None or n == 0 or not PFB.bulk_ok(anchor.device):
-        return {}
-    args: dict = {"PF": n, "PF_ASM": not interpreting()}
-    for name, t in (("q", m.q), ("h", m.h), ("s", m.s)):
-        args["P" + name.upper()], args["span_" + name] = PFB.byte_span(t, num_experts, anchor)
-    return args
 
 
 def _empty_routing(T: int, E: int, top_k: int, shared: bool, dev: torch.device) -> Routing:
@@ -304,7 +247,6 @@ def _route_gemv_kernel(
     TOP_K: tl.constexpr, SLOTS: tl.constexpr, SHARED: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, LSTRIDE: tl.constexpr,
     ADD_NORM: tl.constexpr = False, PDL: tl.constexpr = False, TOPK_KEYS: tl.constexpr = False,
-    PQ=None, PH=None, PS=None, span_q=0, span_h=0, span_s=0, PF: tl.constexpr = 0, PF_ASM: tl.constexpr = False,
 ):
     """Program r computes row r of [router; shared gate] . x for every token (one warp, the whole
     row in one load), into the fp32 scratch LWS [BLOCK_T, LSTRIDE]; the last program to finish
@@ -356,12 +298,9 @@ def _route_gemv_kernel(
         if TOPK_KEYS:
             # one max a pick over (logit, expert) keys: TOP_K + 2 reductions of the one warp
             # instead of 2 TOP_K + 2 (with a shared gate only: it writes the shared slot)
-            _top_k_keys(logit, t, t_ok, t64, e, E, IDS, WEIGHTS, LWS + E, LSTRIDE, TOP_K, SLOTS, BLOCK_T, BLOCK_E,
-                        PQ, PH, PS, span_q, span_h, span_s, PF, PF_ASM)
+            _top_k_keys(logit, t, t_ok, t64, e, E, IDS, WEIGHTS, LWS + E, LSTRIDE, TOP_K, SLOTS, BLOCK_T, BLOCK_E)
         else:
-            _top_k(logit, t, t_ok, t64, e, e_ok, X, SG_W, LWS + E, IDS, WEIGHTS, E, H, stride_x, LSTRIDE,
-                   TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E, BLOCK_H,
-                   PQ, PH, PS, span_q, span_h, span_s, PF, PF_ASM)
+            _top_k(logit, t, t_ok, t64, e, e_ok, LWS + E, IDS, WEIGHTS, E, LSTRIDE, TOP_K, SLOTS, SHARED, BLOCK_T, BLOCK_E)
         if KEEP:
             tl.store(HOUT + h, xn, mask=h_ok)
             tl.store(RES + h, s_row, mask=h_ok)
@@ -414,7 +353,6 @@ def route_gemv(
     scratch: tuple[torch.Tensor, torch.Tensor],
     add_norm: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
     topk_keys: bool | None = None,
-    prefetch: Any = None,
 ) -> Routing:
     """route(x @ router.T, top_k, x=x, shared_gate_weight=...) in one launch for T <= 4 tokens:
     x [T, H], router [E, H] and the shared gate [1, H] or [H] dense; `scratch` is (fp32 floats
@@ -427,10 +365,7 @@ def route_gemv(
     topk_keys (default: NINFER_ROUTE_TOPK=keys, an A/B switch read at each launch; with a shared
     gate only): the last program picks with _top_k_keys, 10 one-warp reductions on the launch's
     serial tail instead of 18; the weights agree to a few ulps, and two logits closer than exp's
-    rounding may be ordered the other way.
-
-    prefetch: the routed experts' gate_up Matrix, whose picked rows are asked of the L2 under
-    NINFER_MOE_L2PF (`prefetch_args`)."""
+    rounding may be ordered the other way."""
     T, H = x.shape
     res, nw, eps, hout = add_norm_args(add_norm, T, H, x, "route_gemv")
     if add_norm is not None and (hout.dtype != x.dtype or x.stride(1) != 1):
@@ -458,7 +393,6 @@ def route_gemv(
         BLOCK_T=block_t, BLOCK_E=triton.next_power_of_2(E), BLOCK_H=triton.next_power_of_2(H), LSTRIDE=lstride,
         ADD_NORM=add_norm is not None, TOPK_KEYS=bool(topk_keys) and shared, num_warps=_gemv_warps(T),
         **pdl_kwargs(x.device),
-        **prefetch_args(prefetch, E, r.ids),
     )
     return r
 
@@ -471,7 +405,6 @@ def route(
     shared_gate_weight: torch.Tensor | None = None,
     shared_gate_logit: torch.Tensor | None = None,
     plan: bool = False,
-    prefetch: Any = None,
 ) -> Routing:
     """Route T tokens: logits [T, E] (any float dtype) -> ids / weights [T, slots].
 
@@ -480,7 +413,6 @@ def route(
     plan in the same launch. The shared gate's dot runs ahead of the logits' load, unrolled over
     H with one reduction (the former block-by-block loop after the top-k was 0.04 ms slower a
     35B round: BENCHMARKS.md, twenty-sixth run).
-    prefetch: as route_gemv's, where the routing is one program (T <= 16).
     """
     T, E = logits.shape
     mode = NO_SHARED
@@ -528,7 +460,7 @@ def route(
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=min(256, triton.next_power_of_2(xt.shape[-1])),
         PLAN=plan, BLOCK_M=DECODE_BLOCK_M, BLOCK_TILES=triton.next_power_of_2(max(n_tiles, 1)),
         HC=xt.shape[-1] if mode == SHARED_DOT else 0,
-        num_warps=warps, **(prefetch_args(prefetch, E, r.ids) if grid == 1 else {}),
+        num_warps=warps,
     )
     return r
 

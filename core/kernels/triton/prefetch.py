@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
@@ -30,27 +28,6 @@ import triton.language as tl
 LINE = 128  # bytes an L2 line
 # trip counts a kernel is specialised for (each a constexpr: a compile each)
 STEPS = (0, 1, 2, 4, 8, 16)
-
-
-def bulk_ok(device) -> bool:
-    """Whether l2_bulk may run on this device: the interpreter, or a CUDA device of sm_90 on
-    (cp.async.bulk is Hopper's)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return True
-    return torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def byte_span(t, parts: int, anchor):
-    """(a uint8 view of tensor t, the bytes of one of `parts` equal row blocks of it), for the
-    l2_bulk helpers: e.g. one expert's rows of a stack. (anchor's bytes, 0) when t is None, not
-    contiguous, not 16-byte aligned, on another device, or its block is not a multiple of 16
-    bytes: a span of 0 asks for nothing."""
-    span = 0
-    if (t is not None and t.is_contiguous() and t.shape[0] % parts == 0 and t.data_ptr() % 16 == 0
-            and t.device == anchor.device):
-        span = t.shape[0] // parts * t.stride(0) * t.element_size()
-        span = span if span % 16 == 0 else 0
-    return (t.reshape(-1).view(torch.uint8) if span else anchor.view(torch.uint8)), span
 
 
 def budget_bytes() -> int:
@@ -95,51 +72,3 @@ def l2_prefetch(P, ASM: tl.constexpr):
                                   dtype=tl.int32, is_pure=False, pack=1)
     else:
         tl.load(P)
-
-
-@triton.jit
-def l2_bulk(P, nbytes, ASM: tl.constexpr, ONE: tl.constexpr = False):
-    """Ask the L2 for nbytes (a multiple of 16; <= 0: nothing) from P (a byte pointer, 16-byte
-    aligned), per element, with one instruction each: `cp.async.bulk.prefetch.L2.global` (sm_90+;
-    the caller gates it on the device). A hint: nothing is loaded into registers. ONE (P and
-    nbytes scalars, every thread's): only the CTA's first thread asks. Without ASM (the
-    interpreter) the range's first and last bytes are read and dropped: the same index
-    arithmetic runs (the interpreter does not catch a read past a tensor; the callers' spans are
-    checked on the host)."""
-    if ASM:
-        if ONE:
-            who: tl.constexpr = "mov.u32 t, %tid.x; setp.eq.u32 q, t, 0; setp.gt.and.s32 p, $2, 0, q; "
-        else:
-            who: tl.constexpr = "setp.gt.s32 p, $2, 0; "
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p, q; .reg .u32 t; " + who + "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [P, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.load(P, mask=nbytes > 0)
-        tl.load(P + nbytes - 1, mask=nbytes > 0)
-
-
-@triton.jit
-def _piece(span, pieces, i):
-    """Piece i (a scalar or a block) of `pieces` of span bytes, each a multiple of 16 bytes but
-    the last: (byte offset int64, bytes int32; 0 for a piece past the end)."""
-    size = ((span + pieces - 1) // pieces + 15) // 16 * 16
-    off = i.to(tl.int64) * size
-    return off, tl.maximum(tl.minimum(span - off, size), 0).to(tl.int32)
-
-
-@triton.jit
-def l2_bulk_rows(idx, ok, P, SPAN, NCH: tl.constexpr, ASM: tl.constexpr):
-    """l2_bulk of SPAN bytes at P + idx * SPAN for every element of idx where ok (a block of rows
-    per index, e.g. one expert's weights in a stack), in NCH pieces of a multiple of 16 bytes.
-    SPAN: a multiple of 16 (0: nothing)."""
-    off, n = _piece(SPAN, NCH, tl.arange(0, NCH)[None, :])
-    l2_bulk(P + idx[:, None].to(tl.int64) * SPAN + off, tl.where(ok[:, None], n, 0), ASM)
-
-
-@triton.jit
-def l2_bulk_share(P, span, share, shares, ASM: tl.constexpr):
-    """Share `share` of `shares` of the span bytes at P (a multiple of 16 each but the last),
-    asked of the L2 by this CTA's first thread: the CTAs of a grid split one range between them."""
-    off, n = _piece(span, shares, share)
-    l2_bulk(P + off, n, ASM, True)

@@ -362,28 +362,3 @@ def test_gpu_block_in_a_cuda_graph():
     torch.cuda.synchronize()
     assert torch.equal(outs[-1][0], _block(x, w, sw, router, sg, top_k)[0])
     assert _counters_zero(x, w, top_k)
-
-
-@interp
-def test_triton_moe_asks_the_l2_for_picked_experts_only_when_switched_on(monkeypatch):
-    """NINFER_MOE_L2PF=1: the decode routers (route_gemv at one token, route after the router
-    linear at three) are handed the routed gate_up stack and ask for its picked rows; the layer's
-    output is the same bits as without."""
-    from ninfer_plugins.moe_triton import router as RT
-
-    for name in ("NINFER_MOE_BLOCK", "NINFER_MOE_NORM", "NINFER_GEMV_NORM", "NINFER_MOE_L2PF"):
-        monkeypatch.delenv(name, raising=False)
-    moe, layer, w = _torch_gated_moe(monkeypatch, seed=9)
-    asked = []
-    real = RT.prefetch_args
-    monkeypatch.setattr(RT, "prefetch_args", lambda m, e, a: asked.append((m, bool(real(m, e, a)))) or real(m, e, a))
-    for T in (1, 3):
-        x = torch.randn(T, 256, generator=torch.Generator(device=DEV).manual_seed(T), device=DEV).to(ACT)
-        asked.clear()
-        plain = moe.forward_layer(layer, x)
-        assert asked and all(m is w.gate_up and not on for m, on in asked)
-        monkeypatch.setenv("NINFER_MOE_L2PF", "1")
-        asked.clear()
-        assert torch.equal(moe.forward_layer(layer, x), plain)
-        assert asked and all(m is w.gate_up and on for m, on in asked)
-        monkeypatch.delenv("NINFER_MOE_L2PF")
