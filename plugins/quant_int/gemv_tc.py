@@ -118,6 +118,7 @@ if HAVE_GLUON:
     XHEAD_C = gl.constexpr(XHEAD)
     SUM_SC_C = gl.constexpr(SUM_SC)
     ACQ_REL_C = gl.constexpr(SY.SPLIT_ACQ_REL)  # ninfer.kernels.triton.sync's arrival form
+    FENCE_C = gl.constexpr(SY.FENCE_ACQ_REL.value)
 
     @gluon.jit
     def _issue(W, H, S, wsm, hsm, ssm, slot, row0, kb0, stride_wn, stride_hn, stride_sn,
@@ -231,8 +232,7 @@ if HAVE_GLUON:
             arrived = gl.atomic_add(CNT + pid_c, 1, sem="release")
         if arrived == N_SLICES - 1:
             if not ACQ_REL_C:
-                arrived = gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [arrived],
-                                                    dtype=gl.int32, is_pure=False, pack=1)
+                arrived = gl.inline_asm_elementwise(FENCE_C, "=r,r", [arrived], dtype=gl.int32, is_pure=False, pack=1)
             SC: gl.constexpr = SUM_SC_C if SLICES_P2 > SUM_SC_C else SLICES_P2
             sl_ = gl.arange(0, SC, layout=gl.SliceLayout(1, LRED))
             cc = gl.arange(0, RED * MT, layout=gl.SliceLayout(0, LRED))

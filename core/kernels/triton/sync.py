@@ -28,6 +28,9 @@ import triton.language as tl
 SPLIT_ACQ_REL = os.environ.get("NINFER_SPLIT_ACQ_REL", "0") == "1"
 _ACQ_REL = tl.constexpr(SPLIT_ACQ_REL)
 _COMPILED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+# the last CTA's acquire after a release count: a GPU-scope fence, passing the count through (an
+# inline asm needs an operand; gemv_tc's Gluon form issues the same)
+FENCE_ACQ_REL = tl.constexpr("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;")
 
 
 @triton.jit
@@ -91,8 +94,7 @@ def acquire_all(n):
     interpreter (its CTAs run one after another) and with NINFER_SPLIT_ACQ_REL=1 (the count
     itself was acq_rel)."""
     if _COMPILED and not _ACQ_REL:
-        n = tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [n], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+        n = tl.inline_asm_elementwise(FENCE_ACQ_REL, "=r,r", [n], dtype=tl.int32, is_pure=False, pack=1)
     return n
 
 
