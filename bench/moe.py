@@ -466,16 +466,11 @@ def pair_sweep(layers: list[Layer], bw: float, results: list, deadline: float) -
 
     gu_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64) for w in (2, 4)
                if kbs * 16 * bn >= 128 * w]
-    # one K slice (kbs = H / 128): each chunk finished in its only CTA, no counter (sm_90 registers
-    # under Triton 3.6, q4 routed / q8 shared: 8:16:8 w4 72, w2 128; 8:16:16 w4 128; 16:16:16 w4 168)
-    onek = [PG.PairConfig(8, H // 128, 8, 4), PG.PairConfig(8, H // 128, 8, 2), PG.PairConfig(8, H // 128, 16, 4),
-            PG.PairConfig(16, H // 128, 16, 4)]
+    # one K slice (kbs = H / 128): each chunk finished in its only CTA, no counter
+    onek = PG.one_slice_candidates(H)
     dn_cfgs = [PG.PairConfig(bn, kbs, rows, w) for bn in (32,) for kbs in (1, 2, 4) for rows in (32, 64, 128) for w in (2, 4)
                if kbs * 16 * bn >= 128 * w]
-    # down with fewer rows a chunk: more CTAs (576 at T = 1 ran at 12% occupancy, Nsight Compute);
-    # sm_90 registers under Triton 3.6, q5 / q8 shared: 16:4:16 w2 72, w4 64; 8:4:16 w2 72; 8:4:8 w2 54
-    small = [PG.PairConfig(16, 4, 16, 2), PG.PairConfig(16, 4, 16, 4), PG.PairConfig(8, 4, 16, 2),
-             PG.PairConfig(8, 4, 8, 2)]
+    small = list(PG.SMALL_DOWN_CANDIDATES)  # down with fewer rows a chunk
     if os.environ.get("NINFER_SWEEP_ONEK") == "1":  # the defaults and these only
         gu_cfgs, dn_cfgs = [PG.SPLIT_GATE_UP, *onek], [PG.WIDE_DOWN, *small]
     else:

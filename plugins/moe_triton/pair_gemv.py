@@ -79,6 +79,20 @@ FIRST_GATE_UP = PairConfig(block_n=32, kbs=4, rows=32)
 FIRST_DOWN = PairConfig(block_n=32, kbs=2, rows=64)
 
 
+def one_slice_candidates(hidden: int) -> list[PairConfig]:
+    """gate_up configs of one K slice (kbs = hidden / 128) that bench/moe.py's pair sweep times
+    and the GPU tests check; sm_90 registers under Triton 3.6, q4 routed / q8 shared: 8:16:8 w4
+    72, w2 128; 8:16:16 w4 128; 16:16:16 w4 168."""
+    kbs = hidden // 128
+    return [PairConfig(8, kbs, 8, 4), PairConfig(8, kbs, 8, 2), PairConfig(8, kbs, 16, 4), PairConfig(16, kbs, 16, 4)]
+
+
+# down configs of fewer rows a chunk (more CTAs: 576 at T = 1 ran at 12% occupancy, Nsight
+# Compute), as above; sm_90 registers, q5 / q8 shared: 16:4:16 w2 72, w4 64; 8:4:16 w2 72; 8:4:8 w2 54
+SMALL_DOWN_CANDIDATES = (PairConfig(16, 4, 16, 2), PairConfig(16, 4, 16, 4), PairConfig(8, 4, 16, 2),
+                         PairConfig(8, 4, 8, 2))
+
+
 def _env_config(name: str) -> PairConfig | None:
     """A PairConfig from the environment, "block_n:kbs:rows:warps" (an A/B switch read at each
     call); None when unset."""

@@ -275,11 +275,8 @@ def test_gpu_earlier_pair_configs_equal_the_oracle(real, T, which):
     _close(out, ref)
 
 
-ONE_SLICE = [PG.PairConfig(8, H // 128, 8, 4), PG.PairConfig(8, H // 128, 8, 2), PG.PairConfig(8, H // 128, 16, 4),
-             PG.PairConfig(16, H // 128, 16, 4)]
-# down with fewer rows a chunk (more CTAs: 576 at T = 1 leave 12% occupancy, Nsight Compute)
-SMALL_DOWN = [PG.PairConfig(16, 4, 16, 2), PG.PairConfig(16, 4, 16, 4), PG.PairConfig(8, 4, 16, 2),
-              PG.PairConfig(8, 4, 8, 2)]
+ONE_SLICE = PG.one_slice_candidates(H)
+SMALL_DOWN = PG.SMALL_DOWN_CANDIDATES
 
 
 @pytest.mark.gpu
