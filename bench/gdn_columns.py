@@ -33,9 +33,10 @@ from ninfer.kernels.triton import gdn_decode_step, gdn_verify_columns  # noqa: E
 
 DEV = "cuda"
 BF = torch.bfloat16
-HID, HK, HV, D, LAYERS = 5120, 16, 48, 128, 48
 # --model: (hidden, k heads, v heads, GDN layers); head dims 128 in both
 SHAPES = {"27b": (5120, 16, 48, 48), "35b": (2048, 16, 32, 30)}
+HID, HK, HV, LAYERS = SHAPES["27b"]  # main() sets them from --model
+D = 128
 
 
 def layer(m: int) -> dict:
