@@ -56,6 +56,7 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else go9
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
 #   bash bench/next_session.sh chunks  # the 8K prefill at the CLI's default chunk (1024) against 2048 and 8192 (the
@@ -638,6 +639,17 @@ case "${1:-}" in
     G=NINFER_PAIR_GATE_UP; D=NINFER_PAIR_DOWN
     rounds35 ${GO8_S:-590} \
       "X=1|$G=4:16:4:2|$G=4:16:8:2|$G=8:16:8:8|$D=8:4:8:2|$D=16:4:16:4|$D=8:4:16:2"
+    ;;
+  auto)
+    # a call that takes whichever card comes: on an H200 the bars (every bar is an H200 bar), on
+    # anything else go9's experiments (twenty-sixth session: an hour of refused starts)
+    echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      bash "$0" bars
+    else
+      GO9_S=${GO9_S:-560} bash "$0" go9
+    fi
+    exit $?
     ;;
   go9)
     # the twenty-fifth session's last switches: the grouped MoE prefill (prefill_grouped.py,
