@@ -1,6 +1,15 @@
 # Sourced by the device-call scripts (bench/next_session.sh, bench/calls/*.sh), run from the repository
 # root on the lent GPU with `.whl` carried: the carried wheels on PYTHONPATH, this tree installed in
 # editable mode, unbuffered output, and $OUT (the folder whose files come back) made.
+# A GPU process alive as a call starts is left over from an earlier call on this warm machine (calls
+# run one at a time): the twenty-fifth session's bars call found a python3 holding 65 GiB of the
+# H100 and the 27B bf16 run was refused for want of memory. Name and end it.
+LEFT=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null)
+if [ -n "$LEFT" ]; then
+  echo "GPU processes left by an earlier call (ended now): $LEFT"
+  for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+  sleep 3
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \
   && export PYTHONPATH=/tmp/site_1 || exit 1
 export PYTHONUNBUFFERED=1
