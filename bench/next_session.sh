@@ -529,12 +529,14 @@ case "${1:-}" in
     # on the 35B: three draft steps read the full q6 head, 0.4 GB each, against 0.14 GB for the
     # 131,072-row q4 shortlist; about -0.26 ms of the round's 5.07 on an H100, predicted)
     t0=$(date +%s)
-    timeout 330 python3 bench/dense_27b.py --skip-tests --only int4_8k,nvfp4_8k,bf16_8k_alone,int4_131k_int8kv,int4_8k_mtp3_short \
-      --budget-s 300 > "$OUT/b27.txt" 2>&1
+    # a shorter call: BARS_S (all), BARS_27S (the 27B's share), BARS_27 / BARS_35 (the runs)
+    B27S=${BARS_27S:-330}
+    timeout $B27S python3 bench/dense_27b.py --skip-tests --only ${BARS_27:-int4_8k,nvfp4_8k,bf16_8k_alone,int4_131k_int8kv,int4_8k_mtp3_short} \
+      --budget-s $(( B27S - 30 )) > "$OUT/b27.txt" 2>&1
     echo "27B rc=$? $(( $(date +%s) - t0 )) s"
     grep -E "^(int4|nvfp4|bf16)|spec round|^skipped|ERROR" "$OUT/b27.txt" | cut -c1-150
-    timeout $(( 585 - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-      --only int4_8k,int4_8k_mtp3,int4_8k_mtp3_short --budget-s $(( 520 - ($(date +%s) - t0) )) > "$OUT/b35.txt" 2>&1
+    timeout $(( ${BARS_S:-585} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+      --only ${BARS_35:-int4_8k,int4_8k_mtp3,int4_8k_mtp3_short} --budget-s $(( ${BARS_S:-585} - 65 - ($(date +%s) - t0) )) > "$OUT/b35.txt" 2>&1
     echo "35B rc=$? $(( $(date +%s) - t0 )) s"
     grep -E "^int4|spec round|projection|^skipped|ERROR" "$OUT/b35.txt" | cut -c1-150
     ;;
