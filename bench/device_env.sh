@@ -7,7 +7,7 @@
 LEFT=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null)
 if [ -n "$LEFT" ]; then
   echo "GPU processes left by an earlier call (ended now): $LEFT"
-  for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+  for pid in $(cut -d, -f1 <<< "$LEFT"); do kill -9 "$pid" 2>/dev/null; done
   sleep 3
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_1 .whl/*.whl \

@@ -166,6 +166,18 @@ early_tests() {
   grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
 }
 
+# auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
+# starts) runs the bars on an H200 (every bar is an H200 bar) and go9's experiments elsewhere, in
+# this process, so the setup above and the cache packing below run once
+if [ "${1:-}" = auto ]; then
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "device: $GPU_NAME"
+  case "$GPU_NAME" in
+    *H200*) set -- bars ;;
+    *) set -- go9; GO9_S=${GO9_S:-560} ;;
+  esac
+fi
+
 case "${1:-}" in
   tests|tests-a|tests-b)
     # everything in one call (a cold machine needs more than the 600 s a call may take: 391 of ~430
@@ -641,17 +653,6 @@ case "${1:-}" in
     G=NINFER_PAIR_GATE_UP; D=NINFER_PAIR_DOWN
     rounds35 ${GO8_S:-590} \
       "X=1|$G=4:16:4:2|$G=4:16:8:2|$G=8:16:8:8|$D=8:4:8:2|$D=16:4:16:4|$D=8:4:16:2"
-    ;;
-  auto)
-    # a call that takes whichever card comes: on an H200 the bars (every bar is an H200 bar), on
-    # anything else go9's experiments (twenty-sixth session: an hour of refused starts)
-    echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      bash "$0" bars
-    else
-      GO9_S=${GO9_S:-560} bash "$0" go9
-    fi
-    exit $?
     ;;
   go9)
     # the twenty-fifth session's last switches: the grouped MoE prefill (prefill_grouped.py,
