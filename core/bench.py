@@ -231,6 +231,7 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
     opts.check()
     plugins = plugins or get_plugin_manager()
     p = plan(config, plugins=plugins)
+    config = p.config  # --prefill-chunk 0 (the default's marker) resolved
     device = torch.device(p.device.torch_device)
     context = opts.context_len or opts.prompt_len
     prefix = context - opts.prompt_len

@@ -37,7 +37,14 @@ def _model_args(p: argparse.ArgumentParser, *, prompt_free: bool = False) -> Non
     g.add_argument("--draft-tokens", type=int, default=None, metavar="K", help="drafts a round (default 3; needs --spec)")
     g.add_argument("--lm-head-draft", action="store_true", help="draft with the shortlist head")
     g.add_argument("--max-context", type=int, default=None, metavar="N", help="tokens per sequence (default 4096)")
-    g.add_argument("--prefill-chunk", type=int, default=1024, metavar="N")
+    g.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=0,
+        metavar="N",
+        help="prompt tokens a prefill step takes (default: the largest of 8192, 4096, 2048, 1024 that fits "
+        "the device beside the weights and cache, at most --max-context; 1024 on the CPU)",
+    )
     g.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8", "fp8"))
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))

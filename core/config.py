@@ -123,7 +123,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     draft_tokens: int = 3
     lm_head_draft: bool = False
     max_context: int = 4096
-    prefill_chunk: int = 1024
+    # tokens a prefill step takes; 0: the largest of memory.PREFILL_CHUNKS the device fits
+    # (startup.plan resolves it; 1024 on the CPU)
+    prefill_chunk: int = 0
     kv_dtype: str = "bf16"  # bf16 | int8 | fp8
     device: str = "auto"
     # "auto": float32 on CPU (the parity path), bfloat16 on CUDA
@@ -143,8 +145,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise UserError(f"--dtype {self.dtype!r}: use auto, float32, bfloat16 or float16.")
         if self.max_context < MIN_CONTEXT:
             raise UserError(f"--max-context must be at least {MIN_CONTEXT} tokens, got {self.max_context}.")
-        if self.prefill_chunk < 1:
-            raise UserError(f"--prefill-chunk must be positive, got {self.prefill_chunk}.")
+        if self.prefill_chunk < 0:
+            raise UserError(f"--prefill-chunk must be positive (or 0 for the default), got {self.prefill_chunk}.")
         if self.spec == "mtp" and not 1 <= self.draft_tokens <= 5:
             raise UserError(f"--draft-tokens for mtp must be 1..5, got {self.draft_tokens}.")
         if self.spec == "dflash" and not 1 <= self.draft_tokens <= 15:

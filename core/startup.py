@@ -17,7 +17,7 @@ import structlog
 from ninfer.config import CheckpointSpec, EngineConfig
 from ninfer.device import DeviceInfo, probe
 from ninfer.errors import DeviceError, UserError
-from ninfer.memory import MemoryPlan, plan_memory
+from ninfer.memory import MemoryPlan, choose_prefill_chunk, plan_memory
 from ninfer.plugins import Choice, PluginManager, get_plugin_manager
 
 log = structlog.get_logger("ninfer.startup")
@@ -59,6 +59,13 @@ class Plan:
             lines.append(f"{c.slot:<11} {c.name}  [{c.plugin}]" if len(c.slot) <= 11 else f"{c.slot}  {c.name}  [{c.plugin}]")
             for plugin, name, why in c.passed_over:
                 lines.append(f"{'':<11}   passed over {name} [{plugin}]: {why}")
+        if self.memory is not None:
+            m = self.memory.as_dict()
+            lines.append(
+                f"memory      {m['total_gib']:.1f} GiB of {m['available_gib']:.1f} free: weights {m['weights_gib']:.1f}, "
+                f"KV {m['kv_gib']:.1f}, state {m['state_gib']:.2f}, workspace {m['workspace_gib']:.1f} "
+                f"(prefill chunk {self.config.prefill_chunk})"
+            )
         lines.extend(f"note        {n}" for n in self.notes)
         lines.extend(f"PROBLEM     {n}" for n in self.problems)
         return "\n".join(lines)
@@ -133,6 +140,11 @@ def plan(
     # (checkpoint.locate already warned when a directory's shape matches no registered checkpoint)
     spec = checkpoint.match_spec(shape, specs, path)
 
+    if config.prefill_chunk == 0:
+        import msgspec
+
+        chunk = choose_prefill_chunk(shape, config, device, plugins, spec)
+        config = msgspec.structs.replace(config, prefill_chunk=chunk)
     # the memory plan first: its one sentence names the knobs (--max-context, --kv-dtype)
     memory = plan_memory(shape, config, device, plugins, spec)
     problems = [memory.problem(config)] if not memory.fits else []

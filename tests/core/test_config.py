@@ -48,7 +48,7 @@ def test_sampling_defaults_and_top_k_cap():
         ({"max_context": 4}, "--max-context"),
         ({"spec": "mtp", "draft_tokens": 6}, "--draft-tokens"),
         ({"spec": "dflash", "draft_tokens": 16}, "--draft-tokens"),
-        ({"prefill_chunk": 0}, "--prefill-chunk"),
+        ({"prefill_chunk": -1}, "--prefill-chunk"),
     ],
 )
 def test_engine_config_rejects(kwargs, match):

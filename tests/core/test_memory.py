@@ -7,7 +7,7 @@ import pytest
 from ninfer.config import EngineConfig
 from ninfer.device import DeviceInfo
 from ninfer.errors import DeviceError
-from ninfer.memory import GIB, check_memory, plan_memory
+from ninfer.memory import GIB, check_memory, choose_prefill_chunk, plan_memory
 from ninfer.plugins import get_plugin_manager
 from ninfer_plugins.qwen36_27b.plugin import SHAPE
 from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
@@ -45,6 +45,33 @@ def test_kv_and_state_scale_with_context_and_slots():
     # the issue's bar: the 27B at int4 with a 131,072-token INT8 context fits 32 GiB
     assert one.total < 32 * GIB and one.fits
     assert _plan(32, quant="int4", max_context=131072, max_batch=1, kv_dtype="int8").fits
+
+
+def test_default_prefill_chunk_is_the_largest_that_fits():
+    """--prefill-chunk's default (0) on CUDA: 8192 where it fits, capped at --max-context, smaller
+    where the workspace would not fit beside the weights and cache; 1024 on the CPU."""
+    pm = get_plugin_manager()
+
+    def chunk(gib, device=None, **cfg):
+        cfg = EngineConfig(model="qwen3.6-27b", quant="int4", max_batch=1, **cfg)
+        return choose_prefill_chunk(BIG, cfg, device or _gpu(gib), pm, None)
+
+    assert chunk(141, max_context=32768) == 8192
+    assert chunk(141, max_context=4096) == 4096  # never longer than a sequence
+    # a 131,072-token INT8 cache: 8192 tokens' activations fit 32 GiB beside it (28.1 GiB in all),
+    # not 26 GiB, where 4096 does
+    assert chunk(32, max_context=131072, kv_dtype="int8") == 8192
+    assert chunk(26, max_context=131072, kv_dtype="int8") == 4096
+    # nothing fits: the smallest, and the plan names the problem
+    assert chunk(8, max_context=8192) == 1024
+    cpu = DeviceInfo("cpu", None, "CPU", None, 64 * GIB, 64 * GIB, 8, frozenset({"cpu"}))
+    assert chunk(0, device=cpu, max_context=32768) == 1024
+    # plan_memory plans a default config at the chunk it resolves to
+    auto = plan_memory(BIG, EngineConfig(model="qwen3.6-27b", quant="int4", max_batch=1, max_context=32768),
+                       _gpu(141), pm, None)
+    fixed = plan_memory(BIG, EngineConfig(model="qwen3.6-27b", quant="int4", max_batch=1, max_context=32768,
+                                          prefill_chunk=8192), _gpu(141), pm, None)
+    assert auto == fixed
 
 
 def test_refusal_names_the_knobs():
