@@ -678,12 +678,13 @@ case "${1:-}" in
     echo "quant_bars rc=$? $(( $(date +%s) - t0 )) s"; grep -vE "^\|" "$OUT/qb.txt" | tail -40 | cut -c1-200
     ;;
   chunks)
-    # `ninfer bench` prefills a prompt in one chunk (up to 8,192); `ninfer` and `ninfer serve`
-    # default to --prefill-chunk 1024, where each chunk decodes the dense weights again (dequant +
-    # cuBLAS from 128 rows) and the MoE reads its experts again, and the grouped MoE prefill (from
-    # 2,048 tokens a call) is never taken. The 8K prefill at chunks of 1024 / 2048 / 8192: the 27B,
-    # the 35B on the tiles, the 35B grouped (NINFER_MOE_PREFILL=grouped, from 1,024 tokens a call
-    # here), a process each (~8 min)
+    # `ninfer bench` prefills a prompt in one chunk (up to 8,192); `ninfer` and `ninfer serve` took
+    # --prefill-chunk 1024 until the twenty-seventh session and now take the largest of 8192 / 4096 /
+    # 2048 / 1024 the memory plan fits (memory.choose_prefill_chunk), chosen by arithmetic: each chunk
+    # decodes the dense weights again (dequant + cuBLAS from 128 rows) and the MoE reads its experts
+    # again, and the grouped MoE prefill (from 2,048 tokens a call) is never taken at 1024. The 8K
+    # prefill at chunks of 1024 / 2048 / 8192 measures it: the 27B, the 35B on the tiles, the 35B
+    # grouped (NINFER_MOE_PREFILL=grouped, from 1,024 tokens a call here), a process each (~8 min)
     t0=$(date +%s)
     for run in qwen3.6-27b:1024 qwen3.6-27b:2048 qwen3.6-27b:8192 qwen3.6-35b-a3b:1024 qwen3.6-35b-a3b:2048 \
                qwen3.6-35b-a3b:8192 qwen3.6-35b-a3b:1024:grouped qwen3.6-35b-a3b:2048:grouped qwen3.6-35b-a3b:8192:grouped; do
