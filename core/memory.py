@@ -180,16 +180,17 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
 def choose_prefill_chunk(shape: Any, config: Any, device: Any, plugins: Any = None, spec: Any = None) -> int:
     """--prefill-chunk's default: on CUDA the largest of PREFILL_CHUNKS (each at most
     --max-context) whose memory plan fits beside the weights, cache and state; 1024 when none
-    does (the plan then names the problem) and on the CPU, where no weight is decoded per chunk."""
+    does (the plan then names the problem) and on the CPU, where no weight is decoded per chunk
+    (never more than --max-context)."""
     from msgspec import structs
 
     if device.kind != "cuda":
-        return CPU_PREFILL_CHUNK
+        return min(CPU_PREFILL_CHUNK, config.max_context)
     for chunk in PREFILL_CHUNKS:
         chunk = min(chunk, config.max_context)
         if plan_memory(shape, structs.replace(config, prefill_chunk=chunk), device, plugins, spec).fits:
             return chunk
-    return PREFILL_CHUNKS[-1]
+    return min(PREFILL_CHUNKS[-1], config.max_context)
 
 
 def check_memory(plan: MemoryPlan, config: Any) -> None:

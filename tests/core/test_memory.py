@@ -66,6 +66,7 @@ def test_default_prefill_chunk_is_the_largest_that_fits():
     assert chunk(8, max_context=8192) == 1024
     cpu = DeviceInfo("cpu", None, "CPU", None, 64 * GIB, 64 * GIB, 8, frozenset({"cpu"}))
     assert chunk(0, device=cpu, max_context=32768) == 1024
+    assert chunk(0, device=cpu, max_context=256) == 256
     # plan_memory plans a default config at the chunk it resolves to
     auto = plan_memory(BIG, EngineConfig(model="qwen3.6-27b", quant="int4", max_batch=1, max_context=32768),
                        _gpu(141), pm, None)

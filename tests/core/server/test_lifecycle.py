@@ -256,6 +256,9 @@ def _start_cli() -> tuple[subprocess.Popen, str, str]:
     for line in proc.stderr:
         m = re.search(r"serving (\S+) on (http://\S+)", line)
         if m:
+            # then what it planned: the format, the slots and the prefill chunk (at most --max-context)
+            plan = proc.stderr.readline()
+            assert re.search(r"--quant \S+ on CPU.*: 2 sequences of up to 256 tokens, prefill chunks of 256, about", plan), plan
             return proc, m.group(2), m.group(1)
     proc.kill()
     raise AssertionError(f"`ninfer serve` did not start: {proc.wait()}")
