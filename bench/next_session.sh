@@ -59,6 +59,8 @@
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else go9
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
+#   bash bench/next_session.sh go10    # the grouped MoE prefill's default: GPU tests, 4,096-token chunks tiles/grouped,
+#                                      # 16K prompts in chunks of 8,192 against 16,384 (35B both paths, 27B; ~5 min)
 #   bash bench/next_session.sh chunks  # the 8K prefill at the CLI's default chunk (1024) against 2048 and 8192 (the
 #                                      # bench's one chunk): the 27B, the 35B on the tiles and grouped (~7 min)
 #   bash bench/next_session.sh kwncu35 # Nsight Compute over the 35B's big q8 decode GEMVs at M = 1 as dispatched (in_proj_qkvz,
@@ -677,6 +679,24 @@ case "${1:-}" in
     timeout ${QBARS_S:-570} python3 bench/quant_bars.py --out "$OUT" --budget-s $(( ${QBARS_S:-570} - 110 )) > "$OUT/qb.txt" 2>&1
     echo "quant_bars rc=$? $(( $(date +%s) - t0 )) s"; grep -vE "^\|" "$OUT/qb.txt" | tail -40 | cut -c1-200
     ;;
+  go10)
+    # the grouped MoE prefill on by default from 5,120 tokens a call (twenty-ninth run: +15% at one
+    # 8,192-token chunk, -20% at 2,048): its GPU tests and the 35B model's, then the threshold's
+    # neighbourhood (4,096-token chunks, tiles against grouped) and chunks past 8,192 (16K prompts
+    # in chunks of 8,192 against 16,384; the 35B grouped and tiles, the 27B), a process each (~5 min)
+    t0=$(date +%s)
+    gpu_tests 150 tests/plugins/moe_triton/test_moe_prefill_grouped.py tests/plugins/moe_triton/test_moe_gpu_model.py \
+      tests/core/test_memory.py
+    for run in qwen3.6-35b-a3b:4096:tiles:8192 qwen3.6-35b-a3b:4096:grouped:8192 qwen3.6-35b-a3b:8192:grouped:16384 \
+               qwen3.6-35b-a3b:16384:grouped:16384 qwen3.6-35b-a3b:8192:tiles:16384 qwen3.6-35b-a3b:16384:tiles:16384 \
+               qwen3.6-27b:8192::16384 qwen3.6-27b:16384::16384; do
+      IFS=: read -r m c g p <<< "$run"
+      f="$OUT/go10_${m}_${p}_$c$g"
+      NINFER_MOE_PREFILL=${g:-grouped} NINFER_MOE_PREFILL_MIN_T=4096 timeout $(( ${GO10_S:-570} - ($(date +%s) - t0) )) \
+        ninfer bench --model $m --random-weights --quant int4 --prompt-len $p --gen-len 8 --prefill-chunk $c --json "$f.json" > "$f.txt" 2>&1
+      echo "$m prompt $p chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$f.txt" | head -1)"
+    done
+    ;;
   chunks)
     # `ninfer bench` prefills a prompt in one chunk (up to 8,192); `ninfer` and `ninfer serve` took
     # --prefill-chunk 1024 until the twenty-seventh session and now take the largest of 8192 / 4096 /
@@ -689,7 +709,7 @@ case "${1:-}" in
     for run in qwen3.6-27b:1024 qwen3.6-27b:2048 qwen3.6-27b:8192 qwen3.6-35b-a3b:1024 qwen3.6-35b-a3b:2048 \
                qwen3.6-35b-a3b:8192 qwen3.6-35b-a3b:1024:grouped qwen3.6-35b-a3b:2048:grouped qwen3.6-35b-a3b:8192:grouped; do
       IFS=: read -r m c g <<< "$run"
-      NINFER_MOE_PREFILL=$g NINFER_MOE_PREFILL_MIN_T=1024 timeout $(( ${CHUNKS_S:-570} - ($(date +%s) - t0) )) ninfer bench --model $m --random-weights \
+      NINFER_MOE_PREFILL=${g:-tiles} NINFER_MOE_PREFILL_MIN_T=1024 timeout $(( ${CHUNKS_S:-570} - ($(date +%s) - t0) )) ninfer bench --model $m --random-weights \
         --quant int4 --prompt-len 8192 --gen-len 8 --prefill-chunk $c --json "$OUT/chunk_${m}_$c$g.json" \
         > "$OUT/chunk_${m}_$c$g.txt" 2>&1
       echo "$m chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$OUT/chunk_${m}_$c$g.txt" | head -1)"

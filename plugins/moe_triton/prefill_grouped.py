@@ -11,11 +11,13 @@ int4 decodes 0.46 GB of packed experts a layer into 1.5 GB of bf16 (~0.5 ms at t
 then 0.41 TFLOP of grouped GEMM (~0.7 ms): ~1.2 ms a layer against 4.3, if that figure still
 holds (not re-measured since). The dense projections' prefill does the same (quant_int/dequant.py).
 
-Off by default (`NINFER_MOE_PREFILL=grouped` turns it on for calls of >= GROUPED_MIN_T tokens,
-NINFER_MOE_PREFILL_MIN_T to move that)
-until an H200 run has timed it against the tiles. Int formats only (q4/q5/q6/q8); the scratch is
-one bf16 copy of a layer's experts (1.5 GB for the 35B-A3B), made on first use and kept; the memory
-plan counts it (plugin.ninfer_workspace_bytes) when the switch is on.
+On by default for calls of >= GROUPED_MIN_T tokens (`NINFER_MOE_PREFILL=tiles` keeps the tile
+kernels everywhere; NINFER_MOE_PREFILL_MIN_T moves the threshold). Timed on an H100 (BENCHMARKS.md,
+twenty-ninth run): the 35B-A3B's 8,192-token prefill in one chunk 45,400 tok/s against the tiles'
+39,500 (+15%), but 18,600 against 23,300 in chunks of 2,048. Int formats only (q4/q5/q6/q8); the
+scratch is one bf16 copy of a layer's experts (1.5 GB for the 35B-A3B) and a chunk's sorted
+activations, made on first use and kept; the memory plan counts it (plugin.ninfer_workspace_bytes)
+when a chunk reaches the threshold.
 """
 
 from __future__ import annotations
@@ -33,15 +35,22 @@ from ninfer.kernels.triton.norms import swiglu
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
 from ninfer_plugins.quant_int.formats import FORMATS
 
-# below this many tokens a call keeps the tile kernels (the decode pass would not pay for itself)
-GROUPED_MIN_T = 2048
+# below this many tokens a call keeps the tile kernels (the decode pass would not pay for itself).
+# H100, the 35B's 8K prefill by chunk size: a chunk costs the tiles ~48 ms + 19.4 us a token and
+# this path ~87 ms + 11.4 us a token (lines through the 2,048 and 8,192 points), equal near 4,800.
+GROUPED_MIN_T = 5120
+MODES = ("grouped", "tiles")
 # quant_int's groupwise formats, by scheme name and by format id (bits)
 INT_SCHEMES = tuple(FORMATS)
 INT_FORMATS = tuple(f.bits for f in FORMATS.values())
 
 
 def enabled() -> bool:
-    return os.environ.get("NINFER_MOE_PREFILL", "") == "grouped"
+    """NINFER_MOE_PREFILL: grouped (the default; empty means it too) or tiles."""
+    mode = os.environ.get("NINFER_MOE_PREFILL", "").strip() or "grouped"
+    if mode not in MODES:
+        raise ValueError(f"NINFER_MOE_PREFILL={mode!r}: use grouped or tiles")
+    return mode == "grouped"
 
 
 def supports(routed_gu: Matrix, routed_dn: Matrix, shared: tuple[Matrix, Matrix, Matrix] | None) -> bool:

@@ -117,20 +117,20 @@ def test_plugin_workspace_counts_the_grouped_moe_prefill(monkeypatch):
         cfg = dict(model="qwen3.6-35b-a3b", max_context=16384, max_batch=1, **cfg)
         return plan_memory(shape, EngineConfig(**cfg), _gpu(141), get_plugin_manager(), None)
 
-    monkeypatch.delenv("NINFER_MOE_PREFILL", raising=False)
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "tiles")
     off = plan(quant="int4", prefill_chunk=8192)
-    monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
+    monkeypatch.delenv("NINFER_MOE_PREFILL")  # the default: grouped
     on = plan(quant="int4", prefill_chunk=8192)
     want = G.scratch_bytes(256, 512, 2048, 8192, 8)
     assert on.workspace - off.workspace == want
     assert 1.5 * GIB < want < 2.5 * GIB  # 1.5 GB of experts + ~0.7 GB of sorted activations
     # a chunk below the grouped path's threshold never takes it; bf16 weights never either
-    small_on = plan(quant="int4", prefill_chunk=1024)
+    small_on = plan(quant="int4", prefill_chunk=4096)
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "tiles")
+    assert small_on.workspace == plan(quant="int4", prefill_chunk=4096).workspace
     monkeypatch.delenv("NINFER_MOE_PREFILL")
-    assert small_on.workspace == plan(quant="int4", prefill_chunk=1024).workspace
-    monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
     bf16_on = plan(quant="bf16", prefill_chunk=8192)
-    monkeypatch.delenv("NINFER_MOE_PREFILL")
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "tiles")
     assert bf16_on.workspace == plan(quant="bf16", prefill_chunk=8192).workspace
 
 

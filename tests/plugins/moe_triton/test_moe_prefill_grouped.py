@@ -52,15 +52,13 @@ def test_interpreted_grouped_prefill_equals_the_oracle(gu, dn, sh):
 def test_dispatch_takes_it_only_when_switched_on_and_long(monkeypatch):
     from ninfer_plugins.moe_triton.moe import TritonMoe
 
-    monkeypatch.delenv("NINFER_MOE_PREFILL", raising=False)
+    monkeypatch.delenv("NINFER_MOE_PREFILL", raising=False)  # the default: on from GROUPED_MIN_T
     out, ref, (w, sw, r, x) = _case(40, 8, 256, 128, 3, "q4_g64", "q5_g64", "q8_g32", seed=5)
     moe = TritonMoe(fused_dtypes=(torch.bfloat16,), pairs=False)
     calls = []
     real = PF.run
     monkeypatch.setattr(PF, "run", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     smats = (sw.gate, sw.up, sw.down)
-    assert not PF.takes(40, w.gate_up, w.down, smats)
-    monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
     assert not PF.takes(40, w.gate_up, w.down, smats)  # below GROUPED_MIN_T
     monkeypatch.setenv("NINFER_MOE_PREFILL_MIN_T", "41")
     assert not PF.takes(40, w.gate_up, w.down, smats)
@@ -69,6 +67,13 @@ def test_dispatch_takes_it_only_when_switched_on_and_long(monkeypatch):
         PF.takes(40, w.gate_up, w.down, smats)
     monkeypatch.delenv("NINFER_MOE_PREFILL_MIN_T")
     monkeypatch.setattr(PF, "GROUPED_MIN_T", 32)
+    assert PF.takes(40, w.gate_up, w.down, smats)
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "tiles")
+    assert not PF.takes(40, w.gate_up, w.down, smats)  # switched off
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "bogus")
+    with pytest.raises(ValueError, match="NINFER_MOE_PREFILL"):
+        PF.takes(40, w.gate_up, w.down, smats)
+    monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
     assert PF.takes(40, w.gate_up, w.down, smats)
     y = moe.run(x, r, w, sw)
     assert calls == [40]
