@@ -52,8 +52,6 @@ from ninfer.kernels.epoch import new_epoch
 log = structlog.get_logger("ninfer.bench")
 
 GIB = 2**30
-# a bigger prefill chunk than this only raises the activation peak; measured throughput is flat
-MAX_BENCH_CHUNK = 8192
 WARMUP_STEPS = 2
 
 

@@ -42,7 +42,7 @@ def _model_args(p: argparse.ArgumentParser, *, prompt_free: bool = False) -> Non
         type=int,
         default=0,
         metavar="N",
-        help="prompt tokens a prefill step takes (default: the largest of 8192, 4096, 2048, 1024 that fits "
+        help="prompt tokens a prefill step takes (default: the largest of 16384, 8192, 4096, 2048, 1024 that fits "
         "the device beside the weights and cache, at most --max-context; 1024 on the CPU)",
     )
     g.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8", "fp8"))
@@ -107,8 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare-transformers", action="store_true", help="also time transformers on the same bf16 weights")
     bench.add_argument("--compare-gen-len", type=int, default=8, metavar="M", help="decode steps timed on transformers")
     bench.add_argument("--json", dest="json_out", metavar="FILE", help="also write the report to FILE")
-    # the whole prompt in one chunk unless asked (up to ninfer.bench.MAX_BENCH_CHUNK)
-    bench.set_defaults(prefill_chunk=None)
 
     conv = sub.add_parser("convert", help="pack a checkpoint once into a quantized directory")
     conv.add_argument("--model", required=True, help="checkpoint directory or registered id")
@@ -401,8 +399,6 @@ def bench_config(args: argparse.Namespace) -> tuple[Any, Any]:
     )
     opts.check()
     context = args.context_len or args.prompt_len
-    if args.prefill_chunk is None:
-        args.prefill_chunk = min(args.prompt_len, bench.MAX_BENCH_CHUNK)
     # the cache's smallest size (config.MIN_CONTEXT) where prompt + generation is shorter
     from ninfer.config import MIN_CONTEXT
 

@@ -32,12 +32,13 @@ FIXED_RESERVE = 1 * GIB
 # Quantized recipes: the bf16 scratch prefill dequantizes weights into before cuBLAS, one row chunk
 # at a time (ninfer_plugins.quant_int.dequant.CHUNK_BYTES, which a test keeps within this).
 DEQUANT_SCRATCH = 192 * 2**20
-# The default --prefill-chunk on CUDA, largest first: the first whose plan fits. A quantized dense
-# model decodes every weight to bf16 again for each chunk (quant_int.dequant: the 27B writes and
-# reads back about 50 GB, ~27 ms at an H200's 4.3 TB/s, against ~80 ms of GEMMs per 1,024 tokens,
-# arithmetic), so 1,024-token chunks would spend about a quarter of the prefill there and
-# 8,192-token ones about 4%.
-PREFILL_CHUNKS = (8192, 4096, 2048, 1024)
+# The default --prefill-chunk on CUDA (`ninfer`, `ninfer serve`, `ninfer bench`), largest first: the
+# first whose plan fits. Each chunk decodes the quantized weights again (quant_int.dequant for the
+# dense projections; the MoE's experts in the tiles or the grouped prefill), a fixed cost a chunk
+# that longer chunks spread thinner. H100, int4 (BENCHMARKS.md, twenty-ninth run): the 27B's 8K
+# prefill 8,257 tok/s in chunks of 1,024 against 11,185 in one; the 35B-A3B's 11,571 against
+# 45,400; 16K prompts in one chunk against two of 8,192: the 27B +8%, the 35B-A3B +33%.
+PREFILL_CHUNKS = (16384, 8192, 4096, 2048, 1024)
 CPU_PREFILL_CHUNK = 1024
 
 
