@@ -30,6 +30,7 @@ import torch
 import ninfer.kernels.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel is decorated)
 import triton
 import triton.language as tl
+from ninfer.errors import UserError
 from ninfer.kernels.triton.launch import lasting
 from ninfer.kernels.triton.norms import swiglu
 from ninfer_plugins.moe_triton.grouped_gemv import Matrix
@@ -49,7 +50,7 @@ def enabled() -> bool:
     """NINFER_MOE_PREFILL: grouped (the default; empty means it too) or tiles."""
     mode = os.environ.get("NINFER_MOE_PREFILL", "").strip() or "grouped"
     if mode not in MODES:
-        raise ValueError(f"NINFER_MOE_PREFILL={mode!r}: use grouped or tiles")
+        raise UserError(f"NINFER_MOE_PREFILL={mode!r}: use grouped or tiles.")
     return mode == "grouped"
 
 
@@ -65,7 +66,7 @@ def min_tokens() -> int:
     if not v:
         return GROUPED_MIN_T
     if not v.isdigit() or int(v) < 1:
-        raise ValueError(f"NINFER_MOE_PREFILL_MIN_T={v!r}: give a positive number of tokens")
+        raise UserError(f"NINFER_MOE_PREFILL_MIN_T={v!r}: give a positive number of tokens.")
     return int(v)
 
 

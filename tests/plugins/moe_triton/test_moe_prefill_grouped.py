@@ -12,6 +12,7 @@ import pytest
 import torch
 from moe_cases import DEV, expert_bank, logits_hitting, shared_expert
 
+from ninfer.errors import UserError
 from ninfer.kernels import reference as R
 from ninfer.kernels.triton.launch import interpreting
 from ninfer_plugins.moe_triton import prefill_grouped as PF
@@ -63,7 +64,7 @@ def test_dispatch_takes_it_only_when_switched_on_and_long(monkeypatch):
     monkeypatch.setenv("NINFER_MOE_PREFILL_MIN_T", "41")
     assert not PF.takes(40, w.gate_up, w.down, smats)
     monkeypatch.setenv("NINFER_MOE_PREFILL_MIN_T", "x")
-    with pytest.raises(ValueError, match="NINFER_MOE_PREFILL_MIN_T"):
+    with pytest.raises(UserError, match="NINFER_MOE_PREFILL_MIN_T"):
         PF.takes(40, w.gate_up, w.down, smats)
     monkeypatch.delenv("NINFER_MOE_PREFILL_MIN_T")
     monkeypatch.setattr(PF, "GROUPED_MIN_T", 32)
@@ -71,7 +72,7 @@ def test_dispatch_takes_it_only_when_switched_on_and_long(monkeypatch):
     monkeypatch.setenv("NINFER_MOE_PREFILL", "tiles")
     assert not PF.takes(40, w.gate_up, w.down, smats)  # switched off
     monkeypatch.setenv("NINFER_MOE_PREFILL", "bogus")
-    with pytest.raises(ValueError, match="NINFER_MOE_PREFILL"):
+    with pytest.raises(UserError, match="NINFER_MOE_PREFILL"):
         PF.takes(40, w.gate_up, w.down, smats)
     monkeypatch.setenv("NINFER_MOE_PREFILL", "grouped")
     assert PF.takes(40, w.gate_up, w.down, smats)
