@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import structs
+
 from ninfer.errors import DeviceError
 from ninfer.linear import DENSE
 
@@ -50,6 +52,7 @@ class MemoryPlan:
     workspace: int
     available: int  # bytes the device can give this process
     device: str
+    prefill_chunk: int  # the chunk the workspace was planned for (--prefill-chunk 0 resolved)
 
     @property
     def total(self) -> int:
@@ -143,8 +146,6 @@ def _verify_column_bytes(shape: Any, state: int, act: int, device: Any) -> int:
 
 def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec: Any = None) -> MemoryPlan:
     if config.prefill_chunk == 0:  # the default's marker: plan for the chunk it resolves to
-        from msgspec import structs
-
         config = structs.replace(config, prefill_chunk=choose_prefill_chunk(shape, config, device, plugins, spec))
     act = _act_bytes(config, device)
     recipe, schemes = None, {}
@@ -175,6 +176,7 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
         workspace=workspace_bytes(shape, config, act) + (DEQUANT_SCRATCH if recipe is not None else 0) + extra,
         available=available,
         device=device.describe(),
+        prefill_chunk=config.prefill_chunk,
     )
 
 
@@ -183,8 +185,6 @@ def choose_prefill_chunk(shape: Any, config: Any, device: Any, plugins: Any = No
     --max-context) whose memory plan fits beside the weights, cache and state; 1024 when none
     does (the plan then names the problem) and on the CPU, where no weight is decoded per chunk
     (never more than --max-context)."""
-    from msgspec import structs
-
     if device.kind != "cuda":
         return min(CPU_PREFILL_CHUNK, config.max_context)
     for chunk in PREFILL_CHUNKS:

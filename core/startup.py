@@ -17,7 +17,7 @@ import structlog
 from ninfer.config import CheckpointSpec, EngineConfig
 from ninfer.device import DeviceInfo, probe
 from ninfer.errors import DeviceError, UserError
-from ninfer.memory import MemoryPlan, choose_prefill_chunk, plan_memory
+from ninfer.memory import MemoryPlan, plan_memory
 from ninfer.plugins import Choice, PluginManager, get_plugin_manager
 
 log = structlog.get_logger("ninfer.startup")
@@ -140,13 +140,13 @@ def plan(
     # (checkpoint.locate already warned when a directory's shape matches no registered checkpoint)
     spec = checkpoint.match_spec(shape, specs, path)
 
-    if config.prefill_chunk == 0:
+    # the memory plan first: its one sentence names the knobs (--max-context, --kv-dtype); it also
+    # resolves the default --prefill-chunk (0) to the chunk it planned for
+    memory = plan_memory(shape, config, device, plugins, spec)
+    if memory.prefill_chunk != config.prefill_chunk:
         import msgspec
 
-        chunk = choose_prefill_chunk(shape, config, device, plugins, spec)
-        config = msgspec.structs.replace(config, prefill_chunk=chunk)
-    # the memory plan first: its one sentence names the knobs (--max-context, --kv-dtype)
-    memory = plan_memory(shape, config, device, plugins, spec)
+        config = msgspec.structs.replace(config, prefill_chunk=memory.prefill_chunk)
     problems = [memory.problem(config)] if not memory.fits else []
     if problems and strict:
         raise DeviceError(problems[0])

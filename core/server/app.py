@@ -243,10 +243,10 @@ def serve_engine(
     print(f"ninfer: serving {state.model_id} on http://{h}:{p} (OpenAI /v1/chat/completions, Anthropic /v1/messages)", file=sys.stderr, flush=True)
     plan = getattr(engine, "plan", None)
     if plan is not None and getattr(plan, "memory", None) is not None:
-        c, m = plan.config, plan.memory
+        c, m = plan.config, plan.memory.as_dict()
         print(
             f"ninfer: --quant {c.quant} on {plan.device.describe()}: {c.max_batch} sequences of up to {c.max_context} "
-            f"tokens, prefill chunks of {c.prefill_chunk}, about {m.total / 2**30:.1f} of {m.available / 2**30:.1f} GiB planned",
+            f"tokens, prefill chunks of {c.prefill_chunk}, about {m['total_gib']:.1f} of {m['available_gib']:.1f} GiB planned",
             file=sys.stderr,
             flush=True,
         )
