@@ -56,7 +56,7 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else go9
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else p35
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
 #   bash bench/next_session.sh go10    # the grouped MoE prefill's default: GPU tests, 4,096-token chunks tiles/grouped,
@@ -169,14 +169,14 @@ early_tests() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts) runs the bars on an H200 (every bar is an H200 bar) and go9's experiments elsewhere, in
-# this process, so the setup above and the cache packing below run once
+# starts) runs the bars on an H200 (every bar is an H200 bar) and p35 (the 35B step and round by
+# kernel, never run) elsewhere, in this process, so the setup above and the cache packing below run once
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
     *H200*) set -- bars ;;
-    *) set -- go9; GO9_S=${GO9_S:-560} ;;
+    *) set -- p35 ;;
   esac
 fi
 
