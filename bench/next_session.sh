@@ -57,6 +57,7 @@
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else p35
+#   bash bench/next_session.sh go11    # 32K prompts in chunks of 16,384 / 32,768: the 35B-A3B (grouped) and the 27B (~6 min)
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
 #   bash bench/next_session.sh go10    # the grouped MoE prefill's default: GPU tests, 4,096-token chunks tiles/grouped,
@@ -695,6 +696,21 @@ case "${1:-}" in
       NINFER_MOE_PREFILL=${g:-grouped} NINFER_MOE_PREFILL_MIN_T=4096 timeout $(( ${GO10_S:-570} - ($(date +%s) - t0) )) \
         ninfer bench --model $m --random-weights --quant int4 --prompt-len $p --gen-len 8 --prefill-chunk $c --json "$f.json" > "$f.txt" 2>&1
       echo "$m prompt $p chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$f.txt" | head -1)"
+    done
+    ;;
+  go11)
+    # prefill chunks past 16,384 (twenty-ninth run: 16K prompts in one chunk against two of 8,192,
+    # 35B-A3B grouped +33%, 27B +8%; each chunk decodes the experts / dense weights again): 32K
+    # prompts in chunks of 16,384 against one of 32,768, the 35B-A3B grouped and the 27B, with each
+    # run's peak GPU memory and plan, a process each (~6 min)
+    t0=$(date +%s)
+    for run in qwen3.6-35b-a3b:16384 qwen3.6-35b-a3b:32768 qwen3.6-27b:16384 qwen3.6-27b:32768; do
+      IFS=: read -r m c <<< "$run"
+      f="$OUT/go11_${m}_$c"
+      timeout $(( ${GO11_S:-560} - ($(date +%s) - t0) )) ninfer bench --model $m --random-weights --quant int4 \
+        --prompt-len 32768 --gen-len 8 --prefill-chunk $c --json "$f.json" > "$f.txt" 2>&1
+      echo "$m prompt 32768 chunk $c rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$f.txt" | head -1)"
+      python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['memory']; print('   peak', m['peak_serving_gib'], 'resident', m['resident_after_build_gib'], 'plan', m['plan'])" "$f.json" 2>/dev/null
     done
     ;;
   chunks)
