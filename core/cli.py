@@ -45,6 +45,14 @@ def _model_args(p: argparse.ArgumentParser, *, prompt_free: bool = False) -> Non
         help="prompt tokens a prefill step takes (default: the largest of 16384, 8192, 4096, 2048, 1024 that fits "
         "the device beside the weights and cache, at most --max-context; 1024 on the CPU)",
     )
+    g.add_argument(
+        "--prefill-chunk-busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="prompt tokens a prefill step takes while other requests are decoding, which wait for it "
+        "(default: 2048, at most --prefill-chunk)",
+    )
     g.add_argument("--kv-dtype", default="bf16", choices=("bf16", "int8", "fp8"))
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -163,6 +171,7 @@ def engine_config(args: argparse.Namespace, *, max_batch: int = 1, default_conte
         lm_head_draft=args.lm_head_draft,
         max_context=default_context if args.max_context is None else args.max_context,
         prefill_chunk=args.prefill_chunk,
+        prefill_chunk_busy=args.prefill_chunk_busy,
         kv_dtype=args.kv_dtype,
         device=args.device,
         dtype=args.dtype,

@@ -126,6 +126,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     # tokens a prefill step takes; 0: the largest of memory.PREFILL_CHUNKS the device fits
     # (startup.plan resolves it; 1024 on the CPU)
     prefill_chunk: int = 0
+    # at most this many while other requests decode (they wait for the chunk); 0: the smaller of
+    # memory.BUSY_PREFILL_CHUNK and prefill_chunk (startup.plan resolves it; never above prefill_chunk)
+    prefill_chunk_busy: int = 0
     kv_dtype: str = "bf16"  # bf16 | int8 | fp8
     device: str = "auto"
     # "auto": float32 on CPU (the parity path), bfloat16 on CUDA
@@ -147,6 +150,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise UserError(f"--max-context must be at least {MIN_CONTEXT} tokens, got {self.max_context}.")
         if self.prefill_chunk < 0:
             raise UserError(f"--prefill-chunk must be positive (or 0 for the default), got {self.prefill_chunk}.")
+        if self.prefill_chunk_busy < 0:
+            raise UserError(f"--prefill-chunk-busy must be positive (or 0 for the default), got {self.prefill_chunk_busy}.")
         if self.spec == "mtp" and not 1 <= self.draft_tokens <= 5:
             raise UserError(f"--draft-tokens for mtp must be 1..5, got {self.draft_tokens}.")
         if self.spec == "dflash" and not 1 <= self.draft_tokens <= 15:

@@ -36,6 +36,7 @@ class LLMEngine:
         *,
         max_context: int,
         prefill_chunk: int = 1024,
+        prefill_chunk_busy: int | None = None,
         max_batch: int = 8,
         info: dict[str, Any] | None = None,
         speculator: Any = None,
@@ -45,7 +46,10 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.slots = StateSlots(cache)
-        self.scheduler = Scheduler(self.slots, prefill_chunk=prefill_chunk, max_batch=max_batch)
+        # prefill_chunk_busy: the chunk while other requests decode (None: prefill_chunk)
+        self.scheduler = Scheduler(
+            self.slots, prefill_chunk=prefill_chunk, prefill_chunk_busy=prefill_chunk_busy, max_batch=max_batch
+        )
         self.runner = Runner(model, cache, sampler, cuda_graph=cuda_graph, max_batch=max_batch)
         # a drafter (--spec): decode steps become speculative rounds
         self.speculative = None

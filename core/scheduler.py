@@ -1,11 +1,13 @@
 """Requests -> batches.
 
 Each step is one of:
-* a prefill chunk of one request (at most `prefill_chunk` prompt tokens), or
+* a prefill chunk of one request (at most `prefill_chunk` prompt tokens; at most
+  `prefill_chunk_busy` while other requests decode), or
 * a decode step over every running request whose prompt is done (up to `max_batch`).
 
 While both kinds of work wait, steps alternate, so a long prompt never stalls the streams already
-decoding for more than one chunk. Requests enter in arrival order as slots free up.
+decoding for more than one chunk, and that chunk is the shorter busy one. Requests enter in
+arrival order as slots free up.
 """
 
 from __future__ import annotations
@@ -35,9 +37,13 @@ class DecodeBatch:
 
 
 class Scheduler:
-    def __init__(self, slots: StateSlots, *, prefill_chunk: int, max_batch: int) -> None:
+    def __init__(
+        self, slots: StateSlots, *, prefill_chunk: int, max_batch: int, prefill_chunk_busy: int | None = None
+    ) -> None:
         self.slots = slots
         self.prefill_chunk = prefill_chunk
+        # None: the same as prefill_chunk; never more than it (the memory plan is sized for it)
+        self.prefill_chunk_busy = min(prefill_chunk_busy or prefill_chunk, prefill_chunk)
         self.max_batch = max_batch
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -66,7 +72,8 @@ class Scheduler:
         if prefilling and (not decoding or not self._last_was_prefill):
             self._last_was_prefill = True
             r = prefilling[0]
-            end = min(r.num_computed + self.prefill_chunk, len(r.prompt_ids))
+            chunk = self.prefill_chunk_busy if decoding else self.prefill_chunk
+            end = min(r.num_computed + chunk, len(r.prompt_ids))
             return PrefillChunk(r, r.num_computed, end)
         self._last_was_prefill = False
         if decoding:

@@ -17,7 +17,7 @@ import structlog
 from ninfer.config import CheckpointSpec, EngineConfig
 from ninfer.device import DeviceInfo, probe
 from ninfer.errors import DeviceError, UserError
-from ninfer.memory import MemoryPlan, plan_memory
+from ninfer.memory import BUSY_PREFILL_CHUNK, MemoryPlan, plan_memory
 from ninfer.plugins import Choice, PluginManager, get_plugin_manager
 
 log = structlog.get_logger("ninfer.startup")
@@ -64,7 +64,7 @@ class Plan:
             lines.append(
                 f"memory      {m['total_gib']:.1f} GiB of {m['available_gib']:.1f} free: weights {m['weights_gib']:.1f}, "
                 f"KV {m['kv_gib']:.1f}, state {m['state_gib']:.2f}, workspace {m['workspace_gib']:.1f} "
-                f"(prefill chunk {self.config.prefill_chunk})"
+                f"(prefill chunk {self.config.prefill_chunk}, {self.config.prefill_chunk_busy} while others decode)"
             )
         lines.extend(f"note        {n}" for n in self.notes)
         lines.extend(f"PROBLEM     {n}" for n in self.problems)
@@ -141,12 +141,14 @@ def plan(
     spec = checkpoint.match_spec(shape, specs, path)
 
     # the memory plan first: its one sentence names the knobs (--max-context, --kv-dtype); it also
-    # resolves the default --prefill-chunk (0) to the chunk it planned for
+    # resolves the default --prefill-chunk (0) to the chunk it planned for. The busy chunk follows:
+    # its default (0) is BUSY_PREFILL_CHUNK, and it is never longer than the chunk planned for.
     memory = plan_memory(shape, config, device, plugins, spec)
-    if memory.prefill_chunk != config.prefill_chunk:
+    busy = min(config.prefill_chunk_busy or BUSY_PREFILL_CHUNK, memory.prefill_chunk)
+    if (memory.prefill_chunk, busy) != (config.prefill_chunk, config.prefill_chunk_busy):
         import msgspec
 
-        config = msgspec.structs.replace(config, prefill_chunk=memory.prefill_chunk)
+        config = msgspec.structs.replace(config, prefill_chunk=memory.prefill_chunk, prefill_chunk_busy=busy)
     problems = [memory.problem(config)] if not memory.fits else []
     if problems and strict:
         raise DeviceError(problems[0])
@@ -266,6 +268,7 @@ def build_engine(config: EngineConfig, *, plugins: PluginManager | None = None) 
         tokenizer,
         max_context=config.max_context,
         prefill_chunk=config.prefill_chunk,
+        prefill_chunk_busy=config.prefill_chunk_busy,
         max_batch=config.max_batch,
         speculator=speculator,
         cuda_graph=config.cuda_graph,

@@ -246,7 +246,8 @@ def serve_engine(
         c, m = plan.config, plan.memory.as_dict()
         print(
             f"ninfer: --quant {c.quant} on {plan.device.describe()}: {c.max_batch} sequences of up to {c.max_context} "
-            f"tokens, prefill chunks of {c.prefill_chunk}, about {m['total_gib']:.1f} of {m['available_gib']:.1f} GiB planned",
+            f"tokens, prefill chunks of {c.prefill_chunk} ({c.prefill_chunk_busy} while others decode), "
+            f"about {m['total_gib']:.1f} of {m['available_gib']:.1f} GiB planned",
             file=sys.stderr,
             flush=True,
         )

@@ -93,6 +93,7 @@ def test_messages_file_and_no_thinking(capsys, tiny, tmp_path):
         (["--stop-token-id", "-1", "--prompt", "x"], "--stop-token-id"),
         (["--stop-token-id", "999999999", "--prompt", "x"], "outside this model's vocabulary"),
         (["--draft-tokens", "3", "--prompt", "x"], "--spec"),
+        (["--prefill-chunk-busy", "-1", "--prompt", "x"], "--prefill-chunk-busy"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(capsys, tiny, argv, match):
@@ -165,8 +166,20 @@ def test_plugins_report(capsys, tiny):
     assert rc == 0, err
     for word in ("device", "sampler", "attention[full]", "attention[linear]", "linear[bf16"):
         assert word in out
+    # the CPU's chunk (1024), and the busy chunk's default (2048) cut to it
+    assert "(prefill chunk 1024, 1024 while others decode)" in out
     rc, out, err = run_cli(capsys, "plugins", "--device", "cpu")
     assert rc == 0 and "qwen3.6-35b-a3b" in out
+
+
+def test_prefill_chunk_flags_reach_the_engine_config():
+    from ninfer.cli import build_parser, engine_config
+
+    args = build_parser().parse_args(["serve", "--model", "x", "--prefill-chunk", "4096", "--prefill-chunk-busy", "512"])
+    config = engine_config(args, max_batch=2)
+    assert (config.prefill_chunk, config.prefill_chunk_busy) == (4096, 512)
+    config = engine_config(build_parser().parse_args(["serve", "--model", "x"]))
+    assert (config.prefill_chunk, config.prefill_chunk_busy) == (0, 0)  # the defaults' marker
 
 
 def test_make_tiny_command(capsys, tmp_path):

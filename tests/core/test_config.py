@@ -49,6 +49,7 @@ def test_sampling_defaults_and_top_k_cap():
         ({"spec": "mtp", "draft_tokens": 6}, "--draft-tokens"),
         ({"spec": "dflash", "draft_tokens": 16}, "--draft-tokens"),
         ({"prefill_chunk": -1}, "--prefill-chunk"),
+        ({"prefill_chunk_busy": -1}, "--prefill-chunk-busy"),
     ],
 )
 def test_engine_config_rejects(kwargs, match):

@@ -67,10 +67,11 @@ def chain(ids: list[int], then: int = 248046) -> dict[int, int]:
     return table
 
 
-def make_engine(tok, nxt, *, max_context=256, prefill_chunk=1024, max_batch=4):
+def make_engine(tok, nxt, *, max_context=256, prefill_chunk=1024, prefill_chunk_busy=None, max_batch=4):
     model = ChainModel(nxt)
     cache = model.allocate_cache(max_batch, max_context, "bf16")
-    eng = LLMEngine(model, cache, ReferenceSampler(), tok, max_context=max_context, prefill_chunk=prefill_chunk, max_batch=max_batch)
+    eng = LLMEngine(model, cache, ReferenceSampler(), tok, max_context=max_context, prefill_chunk=prefill_chunk,
+                    prefill_chunk_busy=prefill_chunk_busy, max_batch=max_batch)
     return eng, model
 
 
@@ -140,6 +141,45 @@ def test_chunked_prefill_runs_in_chunks_and_interleaves_decode(tok):
         kinds.append(model.calls[-1][0])
     # A's prefill was the last step, so A decodes first, then B's chunks alternate with A's steps
     assert kinds[:4] == ["decode", "forward", "decode", "forward"]
+
+
+def prompt_beside_a_decoding_request(eng):
+    """A: a two-token prompt, then three decode steps; B (20 tokens) arrives once A decodes."""
+    eng.add_request([1, 2], SamplingParams(**GREEDY, max_new_tokens=4))
+    eng.step()
+    eng.add_request(list(range(200, 220)), SamplingParams(**GREEDY, max_new_tokens=1))
+    while eng.has_unfinished():
+        eng.step()
+
+
+def test_prefill_takes_the_busy_chunk_only_while_others_decode(tok):
+    """Alone, a prompt takes chunks of prefill_chunk; while another request decodes, chunks of
+    prefill_chunk_busy between its decode steps; full chunks again once that request is done."""
+    eng, model = make_engine(tok, {}, prefill_chunk=8, prefill_chunk_busy=3, max_batch=2)
+    eng.runner.lookahead = False  # one model call a step: the calls are the schedule
+    eng.add_request(list(range(100, 120)), SamplingParams(**GREEDY, max_new_tokens=1))
+    while eng.has_unfinished():
+        eng.step()
+    assert model.calls == [("forward", 8, 0), ("forward", 8, 8), ("forward", 4, 16)]
+    model.calls.clear()
+    prompt_beside_a_decoding_request(eng)
+    assert model.calls == [
+        ("forward", 2, 0),
+        ("decode", 1, 2), ("forward", 3, 0),
+        ("decode", 1, 3), ("forward", 3, 3),
+        ("decode", 1, 4),  # A's fourth token: its last
+        ("forward", 8, 6), ("forward", 6, 14),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("busy", [None, 8, 100])
+def test_busy_chunk_is_never_longer_than_the_chunk(tok, busy):
+    """None means prefill_chunk; a larger busy value is cut to it."""
+    eng, model = make_engine(tok, {}, prefill_chunk=8, prefill_chunk_busy=busy, max_batch=2)
+    prompt_beside_a_decoding_request(eng)
+    assert [c for c in model.calls if c[0] == "forward"] == [
+        ("forward", 2, 0), ("forward", 8, 0), ("forward", 8, 8), ("forward", 4, 16)
+    ]  # fmt: skip
 
 
 def test_decode_batches_all_running(tok):

@@ -7,7 +7,7 @@ import pytest
 from ninfer.config import EngineConfig
 from ninfer.device import DeviceInfo
 from ninfer.errors import DeviceError
-from ninfer.memory import GIB, check_memory, choose_prefill_chunk, plan_memory
+from ninfer.memory import BUSY_PREFILL_CHUNK, GIB, check_memory, choose_prefill_chunk, plan_memory
 from ninfer.plugins import get_plugin_manager
 from ninfer_plugins.qwen36_27b.plugin import SHAPE
 from ninfer_plugins.qwen_hybrid.shape import QwenHybridShape
@@ -74,6 +74,27 @@ def test_default_prefill_chunk_is_the_largest_that_fits():
     fixed = plan_memory(BIG, EngineConfig(model="qwen3.6-27b", quant="int4", max_batch=1, max_context=32768,
                                           prefill_chunk=16384), _gpu(141), pm, None)
     assert auto == fixed
+
+
+def test_startup_resolves_the_busy_chunk(monkeypatch):
+    """--prefill-chunk-busy's default (0) is the smaller of BUSY_PREFILL_CHUNK and the resolved
+    --prefill-chunk; a larger value is cut to the chunk."""
+    from ninfer import startup
+
+    def chunks(device, **cfg):
+        monkeypatch.setattr(startup, "probe", lambda spec: device)
+        cfg = EngineConfig(model="qwen3.6-27b", quant="int4", max_batch=1, random_weights=True, **cfg)
+        p = startup.plan(cfg)
+        return p.config.prefill_chunk, p.config.prefill_chunk_busy
+
+    assert BUSY_PREFILL_CHUNK == 2048
+    gpu = _gpu(141)
+    assert chunks(gpu, max_context=32768) == (16384, 2048)
+    assert chunks(gpu, max_context=32768, prefill_chunk_busy=4096) == (16384, 4096)
+    assert chunks(gpu, max_context=32768, prefill_chunk_busy=65536) == (16384, 16384)
+    assert chunks(gpu, max_context=32768, prefill_chunk=512) == (512, 512)
+    cpu = DeviceInfo("cpu", None, "CPU", None, 64 * GIB, 64 * GIB, 8, frozenset({"cpu"}))
+    assert chunks(cpu, max_context=4096) == (1024, 1024)
 
 
 def test_refusal_names_the_knobs():

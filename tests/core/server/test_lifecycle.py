@@ -249,16 +249,18 @@ def _start_cli() -> tuple[subprocess.Popen, str, str]:
     import os
     import re
 
-    cmd = [sys.executable, "-m", "ninfer.cli", "serve", "--model", "tiny", "--device", "cpu", "--port", "0", "--max-context", "256", "--max-batch", "2"]
+    cmd = [sys.executable, "-m", "ninfer.cli", "serve", "--model", "tiny", "--device", "cpu", "--port", "0", "--max-context", "256", "--max-batch", "2",
+           "--prefill-chunk-busy", "64"]
     # one torch thread: the test client needs the other core of a 2-core CI box
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stderr:
         m = re.search(r"serving (\S+) on (http://\S+)", line)
         if m:
-            # then what it planned: the format, the slots and the prefill chunk (at most --max-context)
+            # then what it planned: the format, the slots and the prefill chunks (at most --max-context)
             plan = proc.stderr.readline()
-            assert re.search(r"--quant \S+ on CPU.*: 2 sequences of up to 256 tokens, prefill chunks of 256, about", plan), plan
+            want = r"--quant \S+ on CPU.*: 2 sequences of up to 256 tokens, prefill chunks of 256 \(64 while others decode\), about"
+            assert re.search(want, plan), plan
             return proc, m.group(2), m.group(1)
     proc.kill()
     raise AssertionError(f"`ninfer serve` did not start: {proc.wait()}")
