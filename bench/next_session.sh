@@ -57,6 +57,7 @@
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else p35
+#   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh go11    # 32K prompts in chunks of 16,384 / 32,768: the 35B-A3B (grouped) and the 27B (~6 min)
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
@@ -697,6 +698,16 @@ case "${1:-}" in
         ninfer bench --model $m --random-weights --quant int4 --prompt-len $p --gen-len 8 --prefill-chunk $c --json "$f.json" > "$f.txt" 2>&1
       echo "$m prompt $p chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$f.txt" | head -1)"
     done
+    ;;
+  kwh200)
+    # TUNED_KW (the K-walk table every M <= 4 decode GEMV of the 27B takes) was tuned on an H100
+    # and never by kw_bench on an H200, where the 27B step reads at 53% of copy against 66% on an
+    # H100 (nineteenth run: gate+up 33.4 us, 67%; q5 down 26.45 us, 53%): the 27B's five big shapes
+    # over every K-walk config at M = 1 and 4 (~6 min)
+    t0=$(date +%s)
+    timeout ${KWH_S:-400} python3 bench/kw_bench.py --out "$OUT" --first 5 --ms ${KWH_MS:-1,4} \
+      --budget-s $(( ${KWH_S:-400} - 90 )) > "$OUT/kw.txt" 2>&1
+    echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -vE "^ +[0-9]" "$OUT/kw.txt" | tail -60 | cut -c1-160
     ;;
   go11)
     # prefill chunks past 16,384 (twenty-ninth run: 16K prompts in one chunk against two of 8,192,
