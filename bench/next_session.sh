@@ -58,6 +58,7 @@
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else p35
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
+#   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
 #   bash bench/next_session.sh go11    # 32K prompts in chunks of 16,384 / 32,768: the 35B-A3B (grouped) and the 27B (~6 min)
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
@@ -708,6 +709,18 @@ case "${1:-}" in
     timeout ${KWH_S:-400} python3 bench/kw_bench.py --out "$OUT" --first 5 --ms ${KWH_MS:-1,4} \
       --budget-s $(( ${KWH_S:-400} - 90 )) > "$OUT/kw.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -vE "^ +[0-9]" "$OUT/kw.txt" | tail -60 | cut -c1-160
+    ;;
+  busy)
+    # the busy prefill chunk (--prefill-chunk-busy, default 2,048, written without a GPU): 4 streams
+    # decoding while a 16K prompt prefills, their longest gap between two tokens and the prompt's
+    # time to first token, at busy chunks of 1,024 / 2,048 / 4,096 / 16,384 (bench/busy_stall.py;
+    # the 27B then the 35B-A3B, int4, a process each; ~4 min)
+    t0=$(date +%s)
+    for m in qwen3.6-27b qwen3.6-35b-a3b; do
+      timeout $(( ${BUSY_S:-280} - ($(date +%s) - t0) )) python3 bench/busy_stall.py --model $m --quant int4 \
+        --prompt-len 16384 --busy 1024,2048,4096,16384 --json "$OUT/busy_$m.json" > "$OUT/busy_$m.txt" 2>&1
+      echo "$m rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^\{|built|Error" "$OUT/busy_$m.txt" | cut -c1-200
+    done
     ;;
   go11)
     # prefill chunks past 16,384 (twenty-ninth run: 16K prompts in one chunk against two of 8,192,
