@@ -59,6 +59,7 @@
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else p35
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
+#   bash bench/next_session.sh nvkw    # the 27B nvfp4 step with its NVFP4 projections and q8 head on the K-walk (TUNED_KW_TRY), int8 too (~7 min)
 #   bash bench/next_session.sh go11    # 32K prompts in chunks of 16,384 / 32,768: the 35B-A3B (grouped) and the 27B (~6 min)
 #   bash bench/next_session.sh qbars   # issue 3's bar table on the dispatched kernels (bench/quant_bars.py): int4 (the
 #                                      # recipe's scheme a shape) and nvfp4 at M = 1/4/8/16/1024, every 27B and 35B shape
@@ -830,6 +831,22 @@ case "${1:-}" in
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
+  nvkw)
+    # the 27B --quant nvfp4 step (52.6% of the roofline on an H100 against int4's 66%): its NVFP4
+    # gate+up, qkv+z and q+v and its q8 head on the K-walk with the configs of the int winners of
+    # the same shapes (TUNED_KW_TRY, NINFER_KW_TRY=1; they ran on the f16x2 GEMV), against as
+    # committed, alternated; then the int8 step (its q8 head too). The entries' GPU test first (~7 min)
+    t0=$(date +%s)
+    NINFER_KW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu \
+      "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1
+    echo "KW_TRY GPU test rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
+    timeout $(( ${NVKW_S:-400} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only nvfp4_8k \
+      --budget-s $(( ${NVKW_S:-400} - 60 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1" > "$OUT/nv.txt" 2>&1
+    echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv.txt" | cut -c1-150
+    timeout $(( ${NVKW_ALL:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int8_8k \
+      --budget-s $(( ${NVKW_ALL:-570} - 50 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/i8.txt" 2>&1
+    echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
     ;;
   kwtry)
     # the 27B MTP round with TUNED_KW_TRY's K-walk candidates for the drafter's q8 layer and q4

@@ -496,9 +496,22 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 }
 
 # K-walk configs not yet measured in a step, dispatched ahead of TUNED_KW only under NINFER_KW_TRY=1
-# (an A/B switch read at each launch, for `dense_27b.py --variants`). Its entries so far (the 35B's
+# (an A/B switch read at each launch, for `dense_27b.py --variants`). Its earlier entries (the 35B's
 # head and q+k+v; the 27B MTP drafter's q8 layer and q4 shortlist head) won and moved into TUNED_KW.
-TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {}
+TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
+    # the 27B --quant nvfp4 step's NVFP4 projections (only down had a K-walk entry; the others ran on
+    # the f16x2 GEMV, 57-60% of copy at M = 1 where the K-walk took the q4/q5 shapes to 72-85%, H100)
+    # and its q8 head (1.35 GB a step; the K-walk read the q6 head at 102.6% of copy against the
+    # f16x2 GEMV's 59%), with the configs of the q4/q5/q6 winners of the same shapes (twenty-eighth
+    # session, not yet timed)
+    (16, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
+    (16, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),
+    (16, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (16, 16384, 5120, 'm4'): (8, 128, 1, 2, 1, False),
+    (16, 13312, 5120, 'm1'): (16, 64, 1, 4, 1, False),
+    (8, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),
+}
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
 # H200, dispatched ahead of TUNED_TKW only under NINFER_TKW_TRY=1 (an A/B switch read at each launch,
