@@ -836,13 +836,14 @@ case "${1:-}" in
     # the 27B --quant nvfp4 step (52.6% of the roofline on an H100 against int4's 66%): its NVFP4
     # gate+up, qkv+z and q+v and its q8 head on the K-walk with the configs of the int winners of
     # the same shapes (TUNED_KW_TRY, NINFER_KW_TRY=1; they ran on the f16x2 GEMV), against as
-    # committed, alternated; then the int8 step (its q8 head too). The entries' GPU test first (~7 min)
+    # committed, alternated, then every M <= 4 launch on the K-walk (NINFER_KW=1); then the int8 step
+    # (its q8 head, qkv+z, q+v, o_proj). The entries' GPU test first (~8 min)
     t0=$(date +%s)
     NINFER_KW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu \
       "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1
     echo "KW_TRY GPU test rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     timeout $(( ${NVKW_S:-400} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only nvfp4_8k \
-      --budget-s $(( ${NVKW_S:-400} - 60 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1" > "$OUT/nv.txt" 2>&1
+      --budget-s $(( ${NVKW_S:-400} - 60 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1|NINFER_KW=1" > "$OUT/nv.txt" 2>&1
     echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv.txt" | cut -c1-150
     timeout $(( ${NVKW_ALL:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int8_8k \
       --budget-s $(( ${NVKW_ALL:-570} - 50 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/i8.txt" 2>&1

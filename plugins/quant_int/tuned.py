@@ -511,6 +511,11 @@ TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     (16, 13312, 5120, 'm1'): (16, 64, 1, 4, 1, False),
     (8, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),
     (8, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),
+    # the --quant int8 27B's q8 qkv+z, q+v and o_proj at M = 1 (its gate+up and down have the MTP
+    # drafter's entries of the same shapes), with the configs of the drafter's q8 entries
+    (8, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (8, 13312, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (8, 5120, 6144, 'm1'): (8, 128, 1, 2, 1, False),
 }
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
