@@ -814,6 +814,12 @@ case "${1:-}" in
     timeout 280 python3 bench/dense_27b.py --skip-tests --only int8_8k --budget-s 220 \
       --variants "X=1|NINFER_KW=0|X=1|NINFER_KW=0" > "$OUT/i8.txt" 2>&1
     echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
+    if [ -n "${NVKW35:-}" ]; then
+      # the 35B-A3B nvfp4 step: its NVFP4 qkvz / q+k+v and q8 head on the K-walk
+      timeout $(( ${NVKW35_ALL:-590} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+        --only nvfp4_8k --budget-s $(( ${NVKW35_ALL:-590} - 40 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/nv35.txt" 2>&1
+      echo "35B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv35.txt" | cut -c1-150
+    fi
     ;;
   probe)
     # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
@@ -848,6 +854,12 @@ case "${1:-}" in
     timeout $(( ${NVKW_ALL:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int8_8k \
       --budget-s $(( ${NVKW_ALL:-570} - 50 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/i8.txt" 2>&1
     echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
+    if [ -n "${NVKW35:-}" ]; then
+      # the 35B-A3B nvfp4 step: its NVFP4 qkvz / q+k+v and q8 head on the K-walk
+      timeout $(( ${NVKW35_ALL:-590} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
+        --only nvfp4_8k --budget-s $(( ${NVKW35_ALL:-590} - 40 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/nv35.txt" 2>&1
+      echo "35B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv35.txt" | cut -c1-150
+    fi
     ;;
   kwtry)
     # the 27B MTP round with TUNED_KW_TRY's K-walk candidates for the drafter's q8 layer and q4

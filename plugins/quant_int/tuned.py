@@ -516,6 +516,14 @@ TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     (8, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
     (8, 13312, 5120, 'm1'): (16, 128, 1, 4, 1, False),
     (8, 5120, 6144, 'm1'): (8, 128, 1, 2, 1, False),
+    # the 35B-A3B --quant nvfp4's NVFP4 qkvz and q+k+v and its q8 head, with the configs of the int4
+    # recipe's q8 / q6 entries of the same shapes
+    (16, 12288, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (16, 12288, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    (16, 9216, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (16, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    (8, 248320, 2048, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
 }
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
