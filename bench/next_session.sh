@@ -56,7 +56,7 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else p35
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else nvkw
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
 #   bash bench/next_session.sh nvkw    # the 27B nvfp4 step with its NVFP4 projections and q8 head on the K-walk (TUNED_KW_TRY), int8 too (~7 min)
@@ -173,14 +173,14 @@ early_tests() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts) runs the bars on an H200 (every bar is an H200 bar) and p35 (the 35B step and round by
-# kernel, never run) elsewhere, in this process, so the setup above and the cache packing below run once
+# starts) runs the bars on an H200 (every bar is an H200 bar) and nvkw (the nvfp4 / int8 K-walk
+# candidates, never run) elsewhere, in this process, so the setup above and the cache packing below run once
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
     *H200*) set -- bars ;;
-    *) set -- p35 ;;
+    *) set -- nvkw ;;
   esac
 fi
 

@@ -196,10 +196,14 @@ def sweep(launch, cfgs, formats, ms, n: int, k: int, weights_per_thread, dump: P
 
 def empty_prepared(fmt: int, n: int, k: int):
     """A kernels.Prepared weight of never-read tensors in the shapes of format `fmt` (a q4/q5/q6/q8
-    id), for compile-only launches."""
+    id, or NVFP4's 16), for compile-only launches."""
     from ninfer_plugins.quant_int import kernels as K
 
     e = torch.empty
+    if fmt == K.NVFP4:
+        # codes two a byte, one E4M3 byte a group of 16, a per-row fp32 global scale (prepare_nvfp4)
+        return K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k // 2, dtype=torch.uint8),
+                          scales=e(n, k // 16, dtype=torch.uint8), gscale=e(n, dtype=torch.float32))
     return K.Prepared(fmt=fmt, n=n, k=k, qweight=e(n, k if fmt == 8 else k // 2, dtype=torch.uint8),
                       scales=e(n, (4 if fmt == 8 else 2) * k // 128, dtype=torch.float16),
                       qhigh=e(n, (fmt - 4) * k // 8, dtype=torch.uint8) if fmt in (5, 6) else None)
