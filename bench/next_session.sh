@@ -718,7 +718,9 @@ case "${1:-}" in
     # the 27B then the 35B-A3B, int4, a process each; ~4 min)
     t0=$(date +%s)
     for m in qwen3.6-27b qwen3.6-35b-a3b; do
-      timeout $(( ${BUSY_S:-280} - ($(date +%s) - t0) )) python3 bench/busy_stall.py --model $m --quant int4 \
+      left=$(( ${BUSY_S:-280} - ($(date +%s) - t0) ))
+      [ "$left" -gt 60 ] || { echo "$m skipped ($left s left)"; continue; }
+      timeout $left python3 bench/busy_stall.py --model $m --quant int4 \
         --prompt-len 16384 --busy 1024,2048,4096,16384 --json "$OUT/busy_$m.json" > "$OUT/busy_$m.txt" 2>&1
       echo "$m rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^\{|built|Error" "$OUT/busy_$m.txt" | cut -c1-200
     done
@@ -732,7 +734,9 @@ case "${1:-}" in
     for run in qwen3.6-35b-a3b:16384 qwen3.6-35b-a3b:32768 qwen3.6-27b:16384 qwen3.6-27b:32768; do
       IFS=: read -r m c <<< "$run"
       f="$OUT/go11_${m}_$c"
-      timeout $(( ${GO11_S:-560} - ($(date +%s) - t0) )) ninfer bench --model $m --random-weights --quant int4 \
+      left=$(( ${GO11_S:-560} - ($(date +%s) - t0) ))
+      [ "$left" -gt 60 ] || { echo "$m chunk $c skipped ($left s left)"; continue; }
+      timeout $left ninfer bench --model $m --random-weights --quant int4 \
         --prompt-len 32768 --gen-len 8 --prefill-chunk $c --json "$f.json" > "$f.txt" 2>&1
       echo "$m prompt 32768 chunk $c rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$f.txt" | head -1)"
       python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['memory']; print('   peak', m['peak_serving_gib'], 'resident', m['resident_after_build_gib'], 'plan', m['plan'])" "$f.json" 2>/dev/null
@@ -814,12 +818,6 @@ case "${1:-}" in
     timeout 280 python3 bench/dense_27b.py --skip-tests --only int8_8k --budget-s 220 \
       --variants "X=1|NINFER_KW=0|X=1|NINFER_KW=0" > "$OUT/i8.txt" 2>&1
     echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
-    if [ -n "${NVKW35:-}" ]; then
-      # the 35B-A3B nvfp4 step: its NVFP4 qkvz / q+k+v and q8 head on the K-walk
-      timeout $(( ${NVKW35_ALL:-590} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-        --only nvfp4_8k --budget-s $(( ${NVKW35_ALL:-590} - 40 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/nv35.txt" 2>&1
-      echo "35B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv35.txt" | cut -c1-150
-    fi
     ;;
   probe)
     # the twenty-first session's last call: where the medium int4 35B-A3B's batched captured MTP
@@ -848,17 +846,24 @@ case "${1:-}" in
     NINFER_KW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu \
       "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1
     echo "KW_TRY GPU test rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
-    timeout $(( ${NVKW_S:-400} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only nvfp4_8k \
-      --budget-s $(( ${NVKW_S:-400} - 60 - ($(date +%s) - t0) )) --variants "${NVKW_V:-X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1|NINFER_KW=1}" > "$OUT/nv.txt" 2>&1
+    timeout $(( ${NVKW_S:-380} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only nvfp4_8k \
+      --budget-s $(( ${NVKW_S:-380} - 60 - ($(date +%s) - t0) )) --variants "${NVKW_V:-X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1|NINFER_KW=1}" > "$OUT/nv.txt" 2>&1
     echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv.txt" | cut -c1-150
-    # a short call: NVKW_V (the nvfp4 variants), NVKW_S (their share), NVKW_INT8=0 (no int8 run)
-    [ "${NVKW_INT8:-1}" = 0 ] || timeout $(( ${NVKW_ALL:-570} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int8_8k \
-      --budget-s $(( ${NVKW_ALL:-570} - 50 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/i8.txt" 2>&1
-    echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
-    if [ -n "${NVKW35:-}" ]; then
+    # a short call: NVKW_V (the nvfp4 variants), NVKW_S (their share), NVKW_INT8=0 (no int8 run);
+    # NVKW35=1 adds the 35B-A3B nvfp4 step (NVKW35_ALL: the call's whole share then)
+    left=$(( ${NVKW_ALL:-550} - ($(date +%s) - t0) ))
+    if [ "${NVKW_INT8:-1}" != 0 ] && [ "$left" -gt 120 ]; then
+      timeout $left python3 bench/dense_27b.py --skip-tests --only int8_8k --budget-s $(( left - 50 )) \
+        --variants "X=1|NINFER_KW_TRY=1" > "$OUT/i8.txt" 2>&1
+      echo "27B int8 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int8|^skipped|ERROR" "$OUT/i8.txt" | cut -c1-150
+    else
+      echo "27B int8 skipped ($left s left)"
+    fi
+    left=$(( ${NVKW35_ALL:-560} - ($(date +%s) - t0) ))
+    if [ -n "${NVKW35:-}" ] && [ "$left" -gt 120 ]; then
       # the 35B-A3B nvfp4 step: its NVFP4 qkvz / q+k+v and q8 head on the K-walk
-      timeout $(( ${NVKW35_ALL:-590} - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b \
-        --only nvfp4_8k --budget-s $(( ${NVKW35_ALL:-590} - 40 - ($(date +%s) - t0) )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/nv35.txt" 2>&1
+      timeout $left python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only nvfp4_8k \
+        --budget-s $(( left - 40 )) --variants "X=1|NINFER_KW_TRY=1" > "$OUT/nv35.txt" 2>&1
       echo "35B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv35.txt" | cut -c1-150
     fi
     ;;

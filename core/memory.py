@@ -45,8 +45,8 @@ CPU_PREFILL_CHUNK = 1024
 # The default --prefill-chunk-busy: the most prompt tokens a chunk takes while other requests
 # decode. The scheduler runs one chunk between two of their decode steps, so the chunk's time is
 # their stall: about 1.5 s for 16,384 tokens of the 27B. H100, int4 (twenty-ninth run): 2,048
-# tokens stall them about 0.2 s on the 27B and 0.09 s on the 35B-A3B, at 85% and 51% of the
-# one-chunk prefill rate (9,501 and 23,278 tok/s). 1,024 tokens stall them 0.12 s and still
+# tokens stall them about 0.2 s on the 27B and 0.09 s on the 35B-A3B: they prefill at 9,501 and
+# 23,278 tok/s, 85% and 51% of the one-chunk rate. 1,024 tokens stall them 0.12 s and still
 # 0.09 s, at 74% and 25%.
 BUSY_PREFILL_CHUNK = 2048
 

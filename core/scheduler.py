@@ -42,8 +42,11 @@ class Scheduler:
     ) -> None:
         self.slots = slots
         self.prefill_chunk = prefill_chunk
-        # None: the same as prefill_chunk; never more than it (the memory plan is sized for it)
-        self.prefill_chunk_busy = min(prefill_chunk_busy or prefill_chunk, prefill_chunk)
+        # None: the same as prefill_chunk; never more than it (the memory plan is sized for it).
+        # EngineConfig's 0 (its default) is resolved by startup.plan before it gets here.
+        if prefill_chunk_busy is not None and prefill_chunk_busy < 1:
+            raise ValueError(f"prefill_chunk_busy must be at least 1 or None, got {prefill_chunk_busy}")
+        self.prefill_chunk_busy = min(prefill_chunk if prefill_chunk_busy is None else prefill_chunk_busy, prefill_chunk)
         self.max_batch = max_batch
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
