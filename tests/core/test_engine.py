@@ -182,6 +182,14 @@ def test_busy_chunk_is_never_longer_than_the_chunk(tok, busy):
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("busy", [0, -2])
+def test_busy_chunk_below_one_is_refused(tok, busy):
+    """The engine takes None for "the same as prefill_chunk"; EngineConfig's 0 (its default) is
+    resolved by startup.plan, so a 0 here is a caller's mistake, not a silent full chunk."""
+    with pytest.raises(ValueError, match="prefill_chunk_busy"):
+        make_engine(tok, {}, prefill_chunk=8, prefill_chunk_busy=busy)
+
+
 def test_decode_batches_all_running(tok):
     eng, model = make_engine(tok, {}, max_batch=3)
     for i in range(3):
