@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from msgspec import structs
 
 from ninfer.config import CheckpointSpec, EngineConfig
 from ninfer.device import DeviceInfo, probe
@@ -86,8 +87,6 @@ def _packed_quant(path: Path, config: EngineConfig) -> EngineConfig:
     it, not for bf16 (the loader checks the directory itself)."""
     import json
 
-    import msgspec
-
     manifest = path / "ninfer.json"
     if not manifest.is_file():
         return config
@@ -96,7 +95,7 @@ def _packed_quant(path: Path, config: EngineConfig) -> EngineConfig:
     except (OSError, ValueError, AttributeError):
         return config  # the loader reports a damaged manifest with its own message
     if recipe in ("bf16", "int4", "int8", "nvfp4"):
-        return msgspec.structs.replace(config, quant=recipe)
+        return structs.replace(config, quant=recipe)
     return config
 
 
@@ -146,9 +145,7 @@ def plan(
     memory = plan_memory(shape, config, device, plugins, spec)
     busy = min(config.prefill_chunk_busy or BUSY_PREFILL_CHUNK, memory.prefill_chunk)
     if (memory.prefill_chunk, busy) != (config.prefill_chunk, config.prefill_chunk_busy):
-        import msgspec
-
-        config = msgspec.structs.replace(config, prefill_chunk=memory.prefill_chunk, prefill_chunk_busy=busy)
+        config = structs.replace(config, prefill_chunk=memory.prefill_chunk, prefill_chunk_busy=busy)
     problems = [memory.problem(config)] if not memory.fits else []
     if problems and strict:
         raise DeviceError(problems[0])
