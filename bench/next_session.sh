@@ -56,7 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200, else nvkw
+#   bash bench/next_session.sh auto    # whichever card comes: nvf16 (AUTO_H200=bars: bars on an H200)
+#   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW_TRY (~9.5 min)
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
 #   bash bench/next_session.sh nvkw    # the 27B nvfp4 step with its NVFP4 projections and q8 head on the K-walk (TUNED_KW_TRY), int8 too (~7 min)
@@ -179,8 +180,8 @@ if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- bars ;;
-    *) set -- nvkw ;;
+    *H200*) set -- ${AUTO_H200:-nvf16} ;;
+    *) set -- nvf16 ;;
   esac
 fi
 
@@ -700,6 +701,23 @@ case "${1:-}" in
         ninfer bench --model $m --random-weights --quant int4 --prompt-len $p --gen-len 8 --prefill-chunk $c --json "$f.json" > "$f.txt" 2>&1
       echo "$m prompt $p chunk $c $g rc=$? $(( $(date +%s) - t0 )) s: $(grep -E "^  prefill " "$f.txt" | head -1)"
     done
+    ;;
+  nvf16)
+    # the NVFP4 layout "g16-split8-f16" (written without a GPU: 10 decode instructions a word of 8
+    # codes against 15; SASS a weight at M = 1, f16x2 GEMV 4.02 -> 3.40, K-walk BW128 3.38 -> 2.76):
+    # every NVFP4 GPU test (the K-walk candidates' too, NINFER_KW_TRY=1), then the 27B nvfp4 step as
+    # committed and with the K-walk candidates, alternated (~9.5 min; NVF_S: the step's share)
+    t0=$(date +%s)
+    NINFER_KW_TRY=1 gpu_tests ${NVF_T:-260} tests/plugins/quant_nvfp4 tests/plugins/quant_int tests/plugins/moe_triton \
+      -k "nvfp4 or fp4 or kw_entries"
+    left=$(( ${NVF_S:-585} - ($(date +%s) - t0) ))
+    if [ "$left" -gt 150 ]; then
+      timeout $left python3 bench/dense_27b.py --skip-tests --only nvfp4_8k --budget-s $(( left - 60 )) \
+        --variants "${NVF_V:-X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1}" > "$OUT/nv.txt" 2>&1
+      echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv.txt" | cut -c1-150
+    else
+      echo "27B nvfp4 skipped ($left s left)"
+    fi
     ;;
   kwh200)
     # TUNED_KW (the K-walk table every M <= 4 decode GEMV of the 27B takes) was tuned on an H100

@@ -28,7 +28,7 @@ as it is):
 * Several activation rows (M <= 4, speculative verify): one decode, M chains; output lane m of
   each run's four is row m's partial, so one reduction serves every row.
 
-* NVFP4 (format 16, quant_nvfp4's "g16-split8" layout; dispatched at M = 1 since the H200 check of
+* NVFP4 (format 16, quant_nvfp4's "g16-split8-f16" layout; dispatched at M = 1 since the H200 check of
   2026-12-03, see DECODES): an E2M1
   code's sign and three magnitude bits go under an f16's sign, exponent and top mantissa bits by
   shifts, which is the code's value times 2^-14, exactly (subnormals included); a run's two E4M3
@@ -125,22 +125,27 @@ def _word_asm(fmt: int, j: int) -> list[str]:
 
 
 def _word_asm_nvfp4(w: str) -> list[str]:
-    """NVFP4 ("g16-split8": byte i holds element i of its 8-element half-block in the low nibble,
-    element 8 + i in the high one): pa = the low nibbles of bytes 0 and 2, pb their high nibbles,
-    pc / pd the same for bytes 1 and 3; each nibble s.mmm becomes the f16 with sign s and bits
-    9-11 = mmm, which is the E2M1 value times 2^-14."""
-    out = []
-    # (register, left shift putting the nibble's magnitude on bits 9-11, left shift putting its
-    # sign on bit 15; negative: right)
-    for reg, mag, sign in (("pa", 9, 12), ("pb", 5, 8), ("pc", 1, 4), ("pd", -3, 0)):
-        out.append(_shift("t1", w, -mag))
-        out.append("and.b32 t1, t1, 0x0E000E00;")
-        src = w
-        if sign:
-            out.append(_shift("hb", w, -sign))
-            src = "hb"
-        out.append(f"lop3.b32 {reg}, {src}, 0x80008000, t1, 0xea;")
-    return out
+    """NVFP4 ("g16-split8-f16", quant_nvfp4.kernels.pack_byte: byte i holds element i of its
+    8-element half-block as "A" (sign bit 7, magnitude bits 1-3) and element 8 + i as "B"
+    (magnitude bits 4-6, sign bit 0)): pa = A of bytes 0 and 2, pb their B, pc / pd the same for
+    bytes 1 and 3. Each lane becomes the f16 with the code's sign on bit 15 and its magnitude on
+    bits 9-11, which is the E2M1 value times 2^-14. Ten instructions: bytes 1 and 3's A already sit
+    there (one AND); bytes 0 and 2's A one byte lower (a shift and an AND); their B go with one
+    multiply by 2^5 + 2^15, whose cross terms (bits 5 and 19-22) the AND drops and whose one
+    overlap (bit 21) carries only into bit 22; bytes 1 and 3's B need a right shift for the
+    magnitude and a left one for the sign."""
+    return [
+        f"shl.b32 t1, {w}, 8;",
+        "and.b32 pa, t1, 0x8E008E00;",
+        f"and.b32 pc, {w}, 0x8E008E00;",
+        f"and.b32 t1, {w}, 0x00710071;",
+        "mul.lo.u32 t1, t1, 0x00008020;",
+        "and.b32 pb, t1, 0x8E008E00;",
+        f"shr.b32 t1, {w}, 3;",
+        "and.b32 t1, t1, 0x0E000E00;",
+        f"shl.b32 hb, {w}, 7;",
+        "lop3.b32 pd, hb, 0x80008000, t1, 0xea;",
+    ]
 
 
 def _nvfp4_scales() -> list[str]:
@@ -407,7 +412,8 @@ def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
         c = ((byte ^ 0x80) - 0x80).to(tl.float32)
         return c, c
     if FMT == 16:
-        return QK._e2m1_f32(byte & 0xF), QK._e2m1_f32((byte >> 4) & 0xF)
+        a, c = QK._fp4_codes(byte)
+        return QK._e2m1_f32(a), QK._e2m1_f32(c)
     lo = byte & 0xF
     hi = (byte >> 4) & 0xF
     if FMT == 4:

@@ -13,7 +13,7 @@ halves with no interleaving, and for the int formats each half is exactly one sc
 M = 64 the int scales are applied to the fp32 accumulator after each half's dot (codes are exact
 in bf16, scales loaded a block ahead); prefill blocks multiply them into the bf16 weights (one
 rounding) so the dots chain, since the accumulator way costs BM/64 FMAs per weight. NVFP4 is
-repacked once ("g16-split8", quant_nvfp4/kernels.py) and its block scale (per 16) multiplied into
+repacked once ("g16-split8-f16", quant_nvfp4/kernels.py) and its block scale (per 16) multiplied into
 the decoded bf16 weights, exactly: an E2M1 value times an E4M3 scale has at most 5 significant
 bits.
 
@@ -101,30 +101,30 @@ fma.rn.bf16x2 $0, hi, sixteen, lo;
 # on the accumulator; code * scale is rounded once to bf16 (exact codes, 11-bit fp16 scales).
 ASM_Q4S = tl.constexpr("{" + _Q4_BODY + "fma.rn.bf16x2 $0, $0, $3, nz;\nfma.rn.bf16x2 $1, $1, $4, nz;\n}")
 
-# NVFP4 (prepared layout "g16-split8", see quant_nvfp4/kernels.py: byte j of a 16-element group
-# holds element j in its low nibble and element 8 + j in its high nibble, so both share the
-# group's scale). A code is sign (bit 3) | E2M1 magnitude (bits 2..0). prmt puts byte 0 and byte 1
-# into the high bytes of the two bf16 halves; a high-nibble code then sits on bits 12..15 of its
-# half, a low-nibble code on bits 8..11 (shifted up by 4 first). Keeping the sign on bit 15 and
-# moving the magnitude to bits 8..6 (two low exponent bits, top mantissa bit) gives exactly
-# e2m1 * 2^-126 (0.5 becomes the bf16 subnormal 2^-127: bf16 arithmetic has no flush-to-zero);
-# the fma with the block scale pre-multiplied by 2^119 (exact, under bf16's max) then gives
-# e2m1 * s * 2^-7 exactly, and the kernel folds 2^7 into the global scale.
+# NVFP4 (prepared layout "g16-split8-f16", see quant_nvfp4/kernels.py: byte j of a 16-element
+# group holds element j ("A": sign bit 7, E2M1 magnitude bits 1-3) and element 8 + j ("B":
+# magnitude bits 4-6, sign bit 0), so both share the group's scale). prmt puts byte 0 and byte 1
+# into the high bytes of the two bf16 halves: A's sign then sits on bit 15 and its magnitude on
+# bits 9-11, B's magnitude on bits 12-14 and its sign on bit 8. Keeping or moving the sign to bit
+# 15 and moving the magnitude to bits 8..6 (two low exponent bits, top mantissa bit) gives
+# exactly e2m1 * 2^-126 (0.5 becomes the bf16 subnormal 2^-127: bf16 arithmetic has no
+# flush-to-zero); the fma with the block scale pre-multiplied by 2^119 (exact, under bf16's max)
+# then gives e2m1 * s * 2^-7 exactly, and the kernel folds 2^7 into the global scale.
 ASM_FP4 = tl.constexpr("""
 {
 .reg .b32 p, q, t, u, z, nz;
 mov.b32 z, 0;
 mov.b32 nz, 0x80008000;
 prmt.b32 p, $2, z, 0x1404;
-shl.b32 q, p, 4;
-shr.u32 t, p, 6;
-shr.u32 u, q, 6;
+shr.u32 t, p, 3;
+shr.u32 u, p, 6;
+shl.b32 q, p, 7;
 and.b32 t, t, 0x01C001C0;
 and.b32 u, u, 0x01C001C0;
-lop3.b32 t, p, t, 0x80008000, 0xec;
-lop3.b32 u, q, u, 0x80008000, 0xec;
-fma.rn.bf16x2 $0, u, $3, nz;
-fma.rn.bf16x2 $1, t, $3, nz;
+lop3.b32 t, p, 0x80008000, t, 0xea;
+lop3.b32 u, q, 0x80008000, u, 0xea;
+fma.rn.bf16x2 $0, t, $3, nz;
+fma.rn.bf16x2 $1, u, $3, nz;
 }
 """)
 
@@ -214,7 +214,8 @@ def _e2m1_f32(c):
 
 @triton.jit
 def _fp4_weights(b, s, FAST: tl.constexpr):
-    """A uint8 tile and the per-element block scale -> (low, high) nibble weights e2m1 * s, bf16.
+    """A uint8 tile and the per-element block scale -> the weights e2m1 * s of elements j and
+    8 + j of each byte (g16-split8-f16), bf16.
 
     FAST: s is bf16(scale * 2^119) and the weights come out times 2^-7; else s is fp32 scale."""
     if FAST:
@@ -222,9 +223,19 @@ def _fp4_weights(b, s, FAST: tl.constexpr):
             ASM_FP4, "=r,=r,r,r", [b, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2
         )
     else:
-        lo = (_e2m1_f32((b & 0xF).to(tl.int32)) * s).to(tl.bfloat16)
-        hi = (_e2m1_f32((b >> 4).to(tl.int32)) * s).to(tl.bfloat16)
+        a, c = _fp4_codes(b.to(tl.int32))
+        lo = (_e2m1_f32(a) * s).to(tl.bfloat16)
+        hi = (_e2m1_f32(c) * s).to(tl.bfloat16)
     return lo, hi
+
+
+@triton.jit
+def _fp4_codes(byte):
+    """A g16-split8-f16 byte (int32, 0..255) -> the codes (sign bit 3 | magnitude bits 0-2) of its
+    elements j and 8 + j (quant_nvfp4.kernels.unpack_byte)."""
+    a = ((byte >> 1) & 7) | ((byte >> 4) & 8)
+    c = ((byte >> 4) & 7) | ((byte & 1) << 3)
+    return a, c
 
 
 @triton.jit
@@ -260,7 +271,7 @@ def _kb_step(acc, kb, w_rows, h_rows, s_rows, x_rows, m_ok, K, s_pre,
     PREFETCHED: s_pre holds this block's int group scales (loaded blocks ahead by the caller)."""
     j = tl.arange(0, 64)
     if FMT == 16:
-        # g16-split8: column j of the low tile is element 16 (j // 8) + j % 8, of the high tile +8
+        # g16-split8-f16: column j of the low tile is element 16 (j // 8) + j % 8, of the high tile +8
         k_lo = kb * 128 + (j // 8) * 16 + j % 8
         k_hi = k_lo + 8
     else:

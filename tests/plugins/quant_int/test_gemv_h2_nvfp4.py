@@ -1,6 +1,6 @@
 """NVFP4 through the f16x2 GEMV (quant_int/gemv_h2.py, format 16): E2M1 codes decoded by shifts
 under an f16's exponent and mantissa (value x 2^-14), E4M3 block scales the same way (x 2^-8),
-x's pairs laid out as g16-split8 holds the elements.
+x's pairs laid out as g16-split8-f16 holds the elements.
 
 CPU (CI): the PTX in test_ptx_decode's emulator against exact sums (every code, sign and scale
 byte but NaN), the interpreted kernel against dequantize-then-matmul in fp32.
@@ -23,7 +23,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_nvfp4 import formats as NF  # noqa: E402
 from ninfer_plugins.quant_nvfp4.kernels import dequantize_prepared, prepare_nvfp4  # noqa: E402
-from test_ptx_decode import f16_bits, f32_value, run_ptx  # noqa: E402
+from test_ptx_decode import f16_bits, f32_value, fp4_codes, run_ptx  # noqa: E402
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI)")
 needs_cuda = pytest.mark.skipif(not CUDA or INTERPRET, reason="needs a CUDA device")
@@ -74,7 +74,8 @@ def test_ptx_nvfp4_decode_and_dot_exact(block_m):
                 s = e4m3(sc[j // 2])
                 for i in range(4):
                     byte = (w >> (8 * i)) & 0xFF
-                    want += (E2M1[byte & 0xF] * xs[m][j][0][i] + E2M1[byte >> 4] * xs[m][j][1][i]) * s
+                    a, c = fp4_codes(byte)
+                    want += (E2M1[a] * xs[m][j][0][i] + E2M1[c] * xs[m][j][1][i]) * s
             assert got == want * 2.0**-H.NVFP4_UNDO, (block_m, trial, m, got, want)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from ninfer_plugins.quant_int import kernels as K
 from ninfer_plugins.quant_nvfp4 import formats as NF
+from ninfer_plugins.quant_nvfp4 import kernels as NK
 
 
 def bf16_value(bits: int) -> float:
@@ -126,6 +127,13 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
     return regs
 
 
+def fp4_codes(byte: int) -> tuple[int, int]:
+    """A g16-split8-f16 byte -> the codes of its elements j and 8 + j, by quant_nvfp4's own
+    unpack_byte (checked against pack_byte in test_nvfp4_kernels.py)."""
+    a, c = NK.unpack_byte(torch.tensor([byte], dtype=torch.uint8))
+    return int(a), int(c)
+
+
 def halves(word: int) -> tuple[float, float]:
     return bf16_value(word), bf16_value(word >> 16)
 
@@ -171,8 +179,9 @@ def test_fp4_decode_every_byte_with_scales():
             # the kernel folds 2^7 into the global scale
             lo = tuple(v * 128.0 for v in halves(out["$0"]))
             hi = tuple(v * 128.0 for v in halves(out["$1"]))
-            assert lo == (float(vals[b0 & 0xF]) * scale, float(vals[b1 & 0xF]) * scale), (s, b0)
-            assert hi == (float(vals[b0 >> 4]) * scale, float(vals[b1 >> 4]) * scale), (s, b0)
+            (a0, c0), (a1, c1) = (fp4_codes(b) for b in (b0, b1))
+            assert lo == (float(vals[a0]) * scale, float(vals[a1]) * scale), (s, b0)
+            assert hi == (float(vals[c0]) * scale, float(vals[c1]) * scale), (s, b0)
 
 
 def test_q8_decode_every_byte_pair():
