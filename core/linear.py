@@ -141,7 +141,7 @@ class QLinear(nn.Module):
             # the merged copy no longer holds this weight: its users fall back to the parts
             self.merged_into.stale = True
             self.merged_into = None
-        # A kernel that builds its own layout (`repacks`, e.g. NVFP4's g16-split8) leaves the
+        # A kernel that builds its own layout (`repacks`, e.g. NVFP4's g16-split8-f16) leaves the
         # original unused by forward(); off the CPU it is dropped, else the weights are held twice
         # there (27B nvfp4: 31.9 GiB peak against int4's 19.5 on the H200). On the CPU it stays
         # for introspection (tests compare loaded bytes); readers must accept None.

@@ -10,7 +10,7 @@ empty tiles exit before any load. The grids depend on shapes only.
 
 Weights. The routed experts of a layer are stacked along rows (`Matrix`): gate_up row
 e * 2I + r (r < I gate, I <= r < 2I up), down row e * H + n, in bf16, in quant_int's packed
-layout ("kb128-v1": see quant_int/formats.py) or in quant_nvfp4's prepared one ("g16-split8",
+layout ("kb128-v1": see quant_int/formats.py) or in quant_nvfp4's prepared one ("g16-split8-f16",
 a fp32 global scale per row, applied to the accumulator), decoded in registers by quant_int's own
 block step (`_kb_step`: the same decode, scales and PTX fast path as its linear kernel). The shared expert
 is expert id E (router.py), read from its own QLinears' weights, in its own format (SFMT), by a
@@ -36,7 +36,7 @@ from ninfer_plugins.moe_triton.router import Routing
 from ninfer_plugins.quant_int.kernels import _kb_step
 
 # Format ids: quant_int's (the code width) for the int formats, 16 for NVFP4 (quant_nvfp4's
-# "g16-split8" layout, quant_int's kernel id), 0 for weights in a float dtype.
+# "g16-split8-f16" layout, quant_int's kernel id), 0 for weights in a float dtype.
 DENSE_FMT = 0
 INT_FMTS = (4, 5, 6, 8)
 NVFP4_FMT = 16

@@ -105,7 +105,7 @@ def stack_experts(packed: list[PackedWeight], dense_stack: torch.Tensor | None =
 
 
 def _stack_nvfp4(packed: list[PackedWeight], linears: Any) -> GV.Matrix:
-    """NVFP4 experts -> one Matrix in quant_nvfp4's prepared layout ("g16-split8"), rows e * n + r,
+    """NVFP4 experts -> one Matrix in quant_nvfp4's prepared layout ("g16-split8-f16"), rows e * n + r,
     a global scale per row (experts may differ). Where the experts' own QLinears repack (the GPU
     kernel), they are pointed at views of the stack, so the layer's weights are held once (rows
     must then be a multiple of the kernel's row padding, which the views also need)."""

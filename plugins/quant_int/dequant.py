@@ -19,8 +19,9 @@ TRITON_INTERPRET the kernel rounds with integer arithmetic instead (`_round_bf16
 
 Layouts are the prepared ones (kernels.Prepared), read as they are: int "kb128-v1" (64 bytes per
 128-element K block per row: low nibbles = elements 0..63 = group 2kb, high = 64..127; q5/q6 bits
-above the nibble in `qhigh`; q8 natural order, groups of 32) and NVFP4 "g16-split8" (byte j of a
-16-element group: element j low, 8 + j high; E4M3 scale per 16 in `scales`; fp32 `gscale` per row).
+above the nibble in `qhigh`; q8 natural order, groups of 32) and NVFP4 "g16-split8-f16" (byte j
+of a 16-element group: elements j and 8 + j, quant_nvfp4.kernels.pack_byte; E4M3 scale per 16 in
+`scales`; fp32 `gscale` per row).
 
 Scratch: one bf16 buffer per device, shared by every linear (they run one at a time on one
 stream, as the split-K workspace of kernels.py assumes), grown at load time by `reserve` to the
@@ -114,7 +115,7 @@ def _dequant_kernel(
         tl.store(o_rows[:, None, None] + col[None, :, :], _round_bf16(w, EXACT_ROUND),
                  mask=r_ok[:, None, None] & (col < K)[None, :, :])
     elif FMT == 16:
-        # g16-split8: a [rows, 8 groups, 8] byte tile; low nibbles are elements 16g + j, high 16g + 8 + j
+        # g16-split8-f16: a [rows, 8 groups, 8] byte tile; byte j holds elements 16g + j and 16g + 8 + j
         g = tl.arange(0, 8)
         j = tl.arange(0, 8)
         b = tl.load(w_rows[:, None, None] + (kb * 64 + g[:, None] * 8 + j[None, :])[None, :, :])

@@ -14,7 +14,7 @@ count of the SASS), one with software prefetch, both measured slower: see BENCHM
 
 Layouts are the prepared ones of kernels.py, read as they are: int "kb128-v1" (64 bytes per
 128-element K block per row: low nibbles = group 2kb, high nibbles = group 2kb+1; q5/q6 bits above
-the nibble in `qhigh`; q8 natural order, groups of 32) and NVFP4 "g16-split8".
+the nibble in `qhigh`; q8 natural order, groups of 32) and NVFP4 "g16-split8-f16".
 
 Split-K (a runtime value, so one compiled kernel serves every split): partial sums go to the
 same workspace and arrival counters as kernels.py's (one launch, bit-reproducible fixed-order sum
@@ -164,8 +164,8 @@ def _gemv_kernel(
             else:
                 b = tl.load(w_rows + offs[None, :, :], mask=kb_ok[None, :, None], other=0)
             if FMT == 16:
-                # g16-split8: byte c of the block's 64 is element 16 (c // 8) + c % 8 (low nibble)
-                # and that + 8 (high nibble); one E4M3 scale per 8 bytes
+                # g16-split8-f16: byte c of the block's 64 holds element 16 (c // 8) + c % 8 ("A")
+                # and that + 8 ("B", quant_nvfp4.kernels.pack_byte); one E4M3 scale per 8 bytes
                 k_lo = kbs[:, None] * 128 + (j[None, :] // 8) * 16 + j[None, :] % 8
                 k_hi = k_lo + 8
                 sidx = kbs[:, None] * 8 + j[None, :] // 8

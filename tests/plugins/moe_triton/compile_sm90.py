@@ -75,7 +75,7 @@ def _matrix(GV, fmt: int, rows: int, k: int):
         return GV.Matrix(0, torch.empty(rows, k, dtype=torch.bfloat16), k)
     if fmt == 8:
         return GV.Matrix(8, torch.empty(rows, kp, dtype=u8), k, torch.empty(rows, kp // 32, dtype=torch.float16))
-    if fmt == 16:  # NVFP4, g16-split8: codes, e4m3 block scales, fp32 global scale per row
+    if fmt == 16:  # NVFP4, g16-split8-f16: codes, e4m3 block scales, fp32 global scale per row
         return GV.Matrix(16, torch.empty(rows, kp // 2, dtype=u8), k, torch.empty(rows, kp // 16, dtype=u8), None,
                          torch.empty(rows, dtype=torch.float32))
     high = None if fmt == 4 else torch.empty(rows, kp * (fmt - 4) // 8, dtype=u8)
