@@ -1,6 +1,6 @@
 """The K-walk GEMV (quant_int/gemv_kw.py) against the dispatched decode kernel, shape by shape.
 
-    python3 bench/kw_bench.py [--out DIR] [--first N] [--ms 1,4]
+    python3 bench/kw_bench.py [--out DIR] [--first N] [--ms 1,4] [--shapes nvfp4:34816x5120,...]
 
 Per shape and M: the dispatched kernel (gemv_h2 at M = 1 on every 27B/35B shape), each K-walk
 config that fits (its x-pairs launch included: two kernels a call; one with `inline`), the first fitting config with
@@ -130,6 +130,7 @@ def main() -> int:
     ap.add_argument("--first", type=int, default=len(SHAPES), help="only the first N shapes")
     ap.add_argument("--ms", default="1,4")
     ap.add_argument("--budget-s", type=float, default=1e9, help="no new shape starts after this (the table still prints)")
+    ap.add_argument("--shapes", default="", help="format:NxK,... in place of SHAPES (e.g. nvfp4:34816x5120)")
     args = ap.parse_args()
     t_start = time.time()
     if not torch.cuda.is_available():
@@ -144,6 +145,8 @@ def main() -> int:
     os.environ["NINFER_KW"] = "0"
     ms = [int(v) for v in args.ms.split(",")]
     shapes = SHAPES[: args.first]
+    if args.shapes:
+        shapes = [(f, *(int(v) for v in nk.split("x"))) for f, nk in (item.split(":") for item in args.shapes.split(","))]
     bits = {name: (16 if name == "nvfp4" else IF.FORMATS[name].bits) for name, _, _ in shapes}
     items = []
     for name, n, k in shapes:

@@ -58,6 +58,7 @@
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: nvf16 (AUTO_H200=bars: bars on an H200)
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW_TRY (~9.5 min)
+#   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
 #   bash bench/next_session.sh nvkw    # the 27B nvfp4 step with its NVFP4 projections and q8 head on the K-walk (TUNED_KW_TRY), int8 too (~7 min)
@@ -853,6 +854,18 @@ case "${1:-}" in
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
+  nvkwb)
+    # kw_bench over the NVFP4 shapes (the 27B nvfp4 recipe's gate+up, down, qkv+z, q+v, o_proj;
+    # the 35B-A3B's qkvz and q+k+v) at M = 1 and 4, with the g16-split8-f16 decode: their K-walk
+    # entries were the int winners' configs (TUNED_KW_TRY) or tuned on the old decode (down) (~7 min)
+    t0=$(date +%s)
+    timeout ${NVKWB_S:-560} python3 bench/kw_bench.py --out "$OUT" --budget-s $(( ${NVKWB_S:-560} - 90 )) --ms ${NVKWB_MS:-1,4} \
+      --shapes ${NVKWB_SHAPES:-nvfp4:34816x5120,nvfp4:5120x17408,nvfp4:16384x5120,nvfp4:13312x5120,nvfp4:5120x6144,nvfp4:12288x2048,nvfp4:9216x2048} \
+      > "$OUT/kwb.txt" 2>&1
+    echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"
+    grep -E "dispatched|prewarm|budget|ERROR|Error" "$OUT/kwb.txt" | cut -c1-150
+    grep -E "^\(|^#" "$OUT/kwb.txt" | head -40
     ;;
   nvkw)
     # the 27B --quant nvfp4 step (52.6% of the roofline on an H100 against int4's 66%): its NVFP4
