@@ -865,7 +865,7 @@ case "${1:-}" in
       > "$OUT/kwb.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"
     grep -E "dispatched|prewarm|budget|ERROR|Error" "$OUT/kwb.txt" | cut -c1-150
-    grep -E "^\(|^#" "$OUT/kwb.txt" | head -40
+    grep -E "^    \(|^#" "$OUT/kwb.txt" | head -40
     ;;
   nvkw)
     # the 27B --quant nvfp4 step (52.6% of the roofline on an H100 against int4's 66%): its NVFP4
