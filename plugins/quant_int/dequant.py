@@ -30,6 +30,7 @@ largest chunk any prepared weight needs, never inside a CUDA graph.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,7 @@ def _dequant_kernel(
     BLOCK_R: tl.constexpr,
     FAST: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
+    JOIN: tl.constexpr = False,
 ):
     kb = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -126,11 +128,21 @@ def _dequant_kernel(
         if FAST:
             gs = gs * 128.0  # the PTX decode gives e2m1 * s * 2^-7 (kernels.ASM_FP4)
         gs = gs[:, None, None]
-        col = (kb * 128 + g[:, None] * 16 + j[None, :])[None, :, :]
-        m = r_ok[:, None, None] & (col < K)
-        tl.store(o_rows[:, None, None] + col, _round_bf16(lo.to(tl.float32) * gs, EXACT_ROUND), mask=m)
-        m = r_ok[:, None, None] & (col + 8 < K)
-        tl.store(o_rows[:, None, None] + col + 8, _round_bf16(hi.to(tl.float32) * gs, EXACT_ROUND), mask=m)
+        wl = _round_bf16(lo.to(tl.float32) * gs, EXACT_ROUND)
+        wh = _round_bf16(hi.to(tl.float32) * gs, EXACT_ROUND)
+        if JOIN:
+            # the two halves interleaved in registers ([rows, 8 groups, 2 halves, 8]), so the
+            # block's 128 columns go out as one contiguous store (the two stores below write
+            # 16-byte runs 32 bytes apart each)
+            w = tl.reshape(tl.permute(tl.join(wl, wh), (0, 1, 3, 2)), (BLOCK_R, 128))
+            c = kb * 128 + tl.arange(0, 128)[None, :]
+            tl.store(o_rows[:, None] + c, w, mask=r_ok[:, None] & (c < K))
+        else:
+            col = (kb * 128 + g[:, None] * 16 + j[None, :])[None, :, :]
+            m = r_ok[:, None, None] & (col < K)
+            tl.store(o_rows[:, None, None] + col, wl, mask=m)
+            m = r_ok[:, None, None] & (col + 8 < K)
+            tl.store(o_rows[:, None, None] + col + 8, wh, mask=m)
     else:
         # kb128-v1: a [rows, 64] byte tile; low nibbles are elements 0..63 (group 2kb), high 64..127
         j = tl.arange(0, 64)
@@ -193,6 +205,7 @@ def dequantize_into(
         BLOCK_R=cfg.block_r,
         FAST=(p.fast if fast is None else fast) and not K.interpreting(),
         EXACT_ROUND=K.interpreting(),
+        JOIN=p.fmt == K.NVFP4 and os.environ.get("NINFER_DQ_JOIN", "0") != "0",
         num_warps=cfg.num_warps,
     )
     return out

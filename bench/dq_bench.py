@@ -1,0 +1,66 @@
+"""The prefill's dequantize step alone, and dequantize + cuBLAS at M = 1024, by format; NVFP4 with
+its two 16-byte-run stores and with the block's halves joined into one contiguous store
+(NINFER_DQ_JOIN=1, read at each launch).
+
+    python3 bench/dq_bench.py [--shapes nvfp4:34816x5120,q4_g64:34816x5120,...]
+
+Per shape: the bf16 bytes written plus the packed bytes read over the dequant's time, as a share
+of the copy bandwidth measured in the same run; then the M = 1024 matmul's TFLOP/s against
+cuBLAS on the bf16 weight. Each variant's output is compared with the first's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="q4_g64:34816x5120,nvfp4:34816x5120,nvfp4:5120x17408,q5_g64:5120x17408")
+    ap.add_argument("--m", type=int, default=1024)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("dq_bench: needs a CUDA GPU")
+        return 0
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import dequant as D
+
+    copy_tbs, _ = QL.device_and_copy()
+    for item in args.shapes.split(","):
+        fmt, nk = item.split(":")
+        n, k = (int(v) for v in nk.split("x"))
+        p = QL.make_prepared(fmt, n, k)
+        D.reserve(p)
+        moved = QL.prepared_bytes(p) + 2 * n * k
+        x = torch.randn(args.m, k, device="cuda", dtype=torch.bfloat16)
+        wb = D.dequantize(p)
+        cub = QL.cuda_ms(lambda: torch.nn.functional.linear(x, wb), reps=10)
+        flops = 2 * args.m * n * k
+        print(f"{fmt} {n}x{k}: cuBLAS on the bf16 weight {cub * 1e3:.1f} us, {flops / cub / 1e9:.0f} TFLOP/s", flush=True)
+        first = None
+        for join in ("0", "1") if fmt == "nvfp4" else ("0",):
+            os.environ["NINFER_DQ_JOIN"] = join
+            out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+            t = QL.cuda_ms(lambda o=out: D.dequantize_into(p, o), reps=20)
+            same = "" if first is None else f"; equal to the first: {bool(torch.equal(out, first))}"
+            first = out if first is None else first
+            tm = QL.cuda_ms(lambda: D.matmul(x, p), reps=10)
+            print(f"  join={join}: dequant {t * 1e3:.1f} us ({moved / (t * 1e-3) / (copy_tbs * 1e12):.0%} of copy); "
+                  f"M={args.m} matmul {tm * 1e3:.1f} us, {flops / tm / 1e9:.0f} TFLOP/s ({cub / tm:.0%} of cuBLAS){same}",
+                  flush=True)
+        os.environ.pop("NINFER_DQ_JOIN", None)
+        del p, wb
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
