@@ -122,6 +122,17 @@ def test_interpreted_dequant_is_the_reference_in_bf16(scheme, n, k):
 
 
 @interp
+@pytest.mark.parametrize("n,k", [(70, 304), (130, 96)])
+def test_interpreted_nvfp4_joined_store_is_the_reference(n, k, monkeypatch):
+    """NINFER_DQ_JOIN=1: NVFP4's two halves of a block interleaved into one contiguous store."""
+    monkeypatch.setenv("NINFER_DQ_JOIN", "1")
+    p = prepare("nvfp4", random_nvfp4_packed(n, NF.padded_k(k), seed=n))
+    ref = reference_bf16(p)
+    assert_bits_equal(D.dequantize(p), ref)
+    assert_bits_equal(D.dequantize(p, D.DequantConfig(32, 2)), ref)
+
+
+@interp
 @pytest.mark.parametrize("scheme", ["q4_g64", "q6_g64", "nvfp4"])
 def test_interpreted_encoded_weights_and_row_offsets(scheme):
     # weights from the encoders (what a checkpoint holds), 300 rows: two ROW_PAD blocks
@@ -216,6 +227,13 @@ def test_gpu_every_code_and_scale_bit_exact(scheme):
         ref = reference_bf16(p)
         for fast in (True, False):
             assert_bits_equal(D.dequantize(p, fast=fast), ref)
+        if scheme == "nvfp4":
+            # the joined store (NINFER_DQ_JOIN=1, an A/B switch read at each launch)
+            os.environ["NINFER_DQ_JOIN"] = "1"
+            try:
+                assert_bits_equal(D.dequantize(p), ref)
+            finally:
+                os.environ.pop("NINFER_DQ_JOIN", None)
         if n == 300:
             # other row blocks (the bench times them); 300 rows: the last block is partial
             for cfg in (D.DequantConfig(32, 4), D.DequantConfig(128, 8)):
