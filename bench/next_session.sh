@@ -860,14 +860,16 @@ case "${1:-}" in
     # the 35B-A3B's qkvz and q+k+v) at M = 1 and 4, with the g16-split8-f16 decode: their K-walk
     # entries were the int winners' configs (TUNED_KW_TRY) or tuned on the old decode (down) (~7 min)
     t0=$(date +%s)
-    timeout ${NVKWB_S:-470} python3 bench/kw_bench.py --out "$OUT" --budget-s $(( ${NVKWB_S:-470} - 90 )) --ms ${NVKWB_MS:-1,4} \
+    timeout ${NVKWB_S:-420} python3 bench/kw_bench.py --out "$OUT" --budget-s $(( ${NVKWB_S:-420} - 90 )) --ms ${NVKWB_MS:-1,4} \
       --shapes ${NVKWB_SHAPES:-nvfp4:34816x5120,nvfp4:5120x17408,nvfp4:16384x5120,nvfp4:13312x5120,nvfp4:5120x6144,nvfp4:12288x2048,nvfp4:9216x2048} \
       > "$OUT/kwb.txt" 2>&1
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"
     grep -E "dispatched|prewarm|budget|ERROR|Error" "$OUT/kwb.txt" | cut -c1-150
     grep -E "^    \(|^#" "$OUT/kwb.txt" | head -40
     # the prefill's dequantize alone and at M = 1024, NVFP4's stores split / joined (~30 s)
-    timeout 90 python3 bench/dq_bench.py > "$OUT/dq.txt" 2>&1; echo "dq_bench rc=$?"; cat "$OUT/dq.txt" | cut -c1-200
+    timeout 60 python3 -m pytest -q -m gpu tests/plugins/quant_int/test_dequant.py -k "every_code and nvfp4" > "$OUT/dqt.txt" 2>&1
+    echo "dequant GPU test rc=$?: $(tail -1 "$OUT/dqt.txt")"
+    timeout 90 python3 bench/dq_bench.py > "$OUT/dq.txt" 2>&1; echo "dq_bench rc=$?"; cut -c1-200 "$OUT/dq.txt"
     ;;
   nvkw)
     # the 27B --quant nvfp4 step (52.6% of the roofline on an H100 against int4's 66%): its NVFP4
