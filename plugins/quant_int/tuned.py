@@ -456,6 +456,18 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     (6, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
     (8, 9216, 2048, 'm1'): (8, 128, 1, 2, 1, False),
     (8, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    # the 27B --quant nvfp4 step's NVFP4 gate+up, qkv+z and q+v and its q8 head (they ran on the
+    # f16x2 GEMV), with the configs of the q4/q5/q6 winners of the same shapes: the nvfp4 step
+    # 9.825 / 9.855 -> 9.599 / 9.588 ms under NINFER_KW_TRY=1 (H100, alternated in one process, with
+    # the g16-split8-f16 decode; BENCHMARKS.md thirty-first run; the KW GPU test passed on them).
+    # Alone (quant_bars.py, M = 1): gate+up 73%, qkv+z 66%, q+v 63% of copy
+    (16, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
+    (16, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),
+    (16, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (16, 16384, 5120, 'm4'): (8, 128, 1, 2, 1, False),
+    (16, 13312, 5120, 'm1'): (16, 64, 1, 4, 1, False),
+    (8, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),
+    (8, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),
     # the 27B MTP drafter's q8 layer and q4 shortlist head at M = 1 (three draft steps a round; they
     # ran on the f16x2 GEMV), with the configs of the K-walk winners of like shapes (q4 gate+up, q5
     # qkv+z, q5 down): the round 11.56 -> 11.45 ms, 1.403x -> 1.391x the plain step (H100, twice
@@ -499,18 +511,6 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 # (an A/B switch read at each launch, for `dense_27b.py --variants`). Its earlier entries (the 35B's
 # head and q+k+v; the 27B MTP drafter's q8 layer and q4 shortlist head) won and moved into TUNED_KW.
 TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
-    # the 27B --quant nvfp4 step's NVFP4 projections (only down had a K-walk entry; the others ran on
-    # the f16x2 GEMV, 57-60% of copy at M = 1 where the K-walk took the q4/q5 shapes to 72-85%, H100)
-    # and its q8 head (1.35 GB a step; the K-walk read the q6 head at 102.6% of copy against the
-    # f16x2 GEMV's 59%), with the configs of the q4/q5/q6 winners of the same shapes (twenty-eighth
-    # session, not yet timed)
-    (16, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
-    (16, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),
-    (16, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
-    (16, 16384, 5120, 'm4'): (8, 128, 1, 2, 1, False),
-    (16, 13312, 5120, 'm1'): (16, 64, 1, 4, 1, False),
-    (8, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),
-    (8, 248320, 5120, 'm4'): (16, 64, 1, 4, 1, False),
     # the --quant int8 27B's q8 qkv+z, q+v and o_proj at M = 1 (its gate+up and down have the MTP
     # drafter's entries of the same shapes), with the configs of the drafter's q8 entries
     (8, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
