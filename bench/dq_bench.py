@@ -1,6 +1,6 @@
 """The prefill's dequantize step alone, and dequantize + cuBLAS at M = 1024, by format; NVFP4 with
-its two 16-byte-run stores and with the block's halves joined into one contiguous store
-(NINFER_DQ_JOIN=1, read at each launch).
+its two 16-byte-run stores, with the block's halves joined into one contiguous store
+(NINFER_DQ_JOIN=1, read at each launch), and that from a flat [rows, 64] byte tile (=2).
 
     python3 bench/dq_bench.py [--shapes nvfp4:34816x5120,q4_g64:34816x5120,...]
 
@@ -46,7 +46,7 @@ def main() -> int:
         flops = 2 * args.m * n * k
         print(f"{fmt} {n}x{k}: cuBLAS on the bf16 weight {cub * 1e3:.1f} us, {flops / cub / 1e9:.0f} TFLOP/s", flush=True)
         first = None
-        for join in ("0", "1") if fmt == "nvfp4" else ("0",):
+        for join in ("0", "1", "2") if fmt == "nvfp4" else ("0",):
             os.environ["NINFER_DQ_JOIN"] = join
             out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
             t = QL.cuda_ms(lambda o=out: D.dequantize_into(p, o), reps=20)

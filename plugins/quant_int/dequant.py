@@ -96,7 +96,7 @@ def _dequant_kernel(
     BLOCK_R: tl.constexpr,
     FAST: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
-    JOIN: tl.constexpr = False,
+    JOIN: tl.constexpr = 0,
 ):
     kb = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -116,6 +116,21 @@ def _dequant_kernel(
         w = _biased_f32((q.to(tl.int32) & 0xFF) ^ 0x80, 128.0) * s[:, :, None]
         tl.store(o_rows[:, None, None] + col[None, :, :], _round_bf16(w, EXACT_ROUND),
                  mask=r_ok[:, None, None] & (col < K)[None, :, :])
+    elif FMT == 16 and JOIN == 2:
+        # g16-split8-f16 as a flat [rows, 64] byte tile (the int formats' loads), each byte's block
+        # scale gathered per column; the halves interleaved into one contiguous 128-column store
+        c64 = tl.arange(0, 64)
+        b = tl.load(w_rows[:, None] + kb * 64 + c64[None, :])
+        sraw = tl.load(s_rows[:, None] + kb * 8 + c64[None, :] // 8)
+        lo, hi = _fp4_weights(b, _e4m3_scales(sraw, FAST), FAST)
+        gs = tl.load(G + rows)
+        if FAST:
+            gs = gs * 128.0  # the PTX decode gives e2m1 * s * 2^-7 (kernels.ASM_FP4)
+        wl = _round_bf16(lo.to(tl.float32) * gs[:, None], EXACT_ROUND)
+        wh = _round_bf16(hi.to(tl.float32) * gs[:, None], EXACT_ROUND)
+        w = tl.reshape(tl.permute(tl.reshape(tl.join(wl, wh), (BLOCK_R, 8, 8, 2)), (0, 1, 3, 2)), (BLOCK_R, 128))
+        c = kb * 128 + tl.arange(0, 128)[None, :]
+        tl.store(o_rows[:, None] + c, w, mask=r_ok[:, None] & (c < K))
     elif FMT == 16:
         # g16-split8-f16: a [rows, 8 groups, 8] byte tile; byte j holds elements 16g + j and 16g + 8 + j
         g = tl.arange(0, 8)
@@ -130,7 +145,7 @@ def _dequant_kernel(
         gs = gs[:, None, None]
         wl = _round_bf16(lo.to(tl.float32) * gs, EXACT_ROUND)
         wh = _round_bf16(hi.to(tl.float32) * gs, EXACT_ROUND)
-        if JOIN:
+        if JOIN == 1:
             # the two halves interleaved in registers ([rows, 8 groups, 2 halves, 8]), so the
             # block's 128 columns go out as one contiguous store (the two stores below write
             # 16-byte runs 32 bytes apart each)
@@ -205,7 +220,7 @@ def dequantize_into(
         BLOCK_R=cfg.block_r,
         FAST=(p.fast if fast is None else fast) and not K.interpreting(),
         EXACT_ROUND=K.interpreting(),
-        JOIN=p.fmt == K.NVFP4 and os.environ.get("NINFER_DQ_JOIN", "0") != "0",
+        JOIN=int(os.environ.get("NINFER_DQ_JOIN", "0")) if p.fmt == K.NVFP4 else 0,
         num_warps=cfg.num_warps,
     )
     return out

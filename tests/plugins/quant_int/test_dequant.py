@@ -122,10 +122,12 @@ def test_interpreted_dequant_is_the_reference_in_bf16(scheme, n, k):
 
 
 @interp
+@pytest.mark.parametrize("join", ["1", "2"])
 @pytest.mark.parametrize("n,k", [(70, 304), (130, 96)])
-def test_interpreted_nvfp4_joined_store_is_the_reference(n, k, monkeypatch):
-    """NINFER_DQ_JOIN=1: NVFP4's two halves of a block interleaved into one contiguous store."""
-    monkeypatch.setenv("NINFER_DQ_JOIN", "1")
+def test_interpreted_nvfp4_joined_store_is_the_reference(n, k, join, monkeypatch):
+    """NINFER_DQ_JOIN=1/2: NVFP4's two halves of a block interleaved into one contiguous store
+    (2: from a flat byte tile)."""
+    monkeypatch.setenv("NINFER_DQ_JOIN", join)
     p = prepare("nvfp4", random_nvfp4_packed(n, NF.padded_k(k), seed=n))
     ref = reference_bf16(p)
     assert_bits_equal(D.dequantize(p), ref)
@@ -228,10 +230,11 @@ def test_gpu_every_code_and_scale_bit_exact(scheme):
         for fast in (True, False):
             assert_bits_equal(D.dequantize(p, fast=fast), ref)
         if scheme == "nvfp4":
-            # the joined store (NINFER_DQ_JOIN=1, an A/B switch read at each launch)
-            os.environ["NINFER_DQ_JOIN"] = "1"
+            # the joined stores (NINFER_DQ_JOIN=1/2, an A/B switch read at each launch)
             try:
-                assert_bits_equal(D.dequantize(p), ref)
+                for join in ("1", "2"):
+                    os.environ["NINFER_DQ_JOIN"] = join
+                    assert_bits_equal(D.dequantize(p), ref)
             finally:
                 os.environ.pop("NINFER_DQ_JOIN", None)
         if n == 300:
