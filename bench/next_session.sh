@@ -59,6 +59,7 @@
 #   bash bench/next_session.sh auto    # whichever card comes: nvf16 (AUTO_H200=bars: bars on an H200)
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW_TRY (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
+#   bash bench/next_session.sh dqkw    # short: the NVFP4 dequant test + dq_bench, kw_bench on three NVFP4 shapes at M = 1 (~6 min)
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
 #   bash bench/next_session.sh nvkw    # the 27B nvfp4 step with its NVFP4 projections and q8 head on the K-walk (TUNED_KW_TRY), int8 too (~7 min)
@@ -854,6 +855,23 @@ case "${1:-}" in
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
+  dqkw)
+    # a short call: the NVFP4 dequant's GPU test and bench/dq_bench.py (stores split / joined), then
+    # kw_bench over the NVFP4 down, q+v and qkv+z for what is left of DQKW_S (~6 min)
+    t0=$(date +%s)
+    timeout 60 python3 -m pytest -q -m gpu tests/plugins/quant_int/test_dequant.py -k "every_code and nvfp4" > "$OUT/dqt.txt" 2>&1
+    echo "dequant GPU test rc=$?: $(tail -1 "$OUT/dqt.txt")"
+    timeout 100 python3 bench/dq_bench.py --shapes nvfp4:34816x5120,q4_g64:34816x5120,nvfp4:5120x17408 > "$OUT/dq.txt" 2>&1
+    echo "dq_bench rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-200 "$OUT/dq.txt"
+    left=$(( ${DQKW_S:-380} - ($(date +%s) - t0) ))
+    if [ "$left" -gt 120 ]; then
+      timeout $left python3 bench/kw_bench.py --out "$OUT" --budget-s $(( left - 60 )) --ms 1 \
+        --shapes nvfp4:5120x17408,nvfp4:13312x5120,nvfp4:16384x5120 > "$OUT/kwb.txt" 2>&1
+      echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"
+      grep -E "dispatched|prewarm|budget|ERROR|Error" "$OUT/kwb.txt" | cut -c1-150
+      grep -E "^    \(|^#" "$OUT/kwb.txt" | head -20
+    fi
     ;;
   nvkwb)
     # kw_bench over the NVFP4 shapes (the 27B nvfp4 recipe's gate+up, down, qkv+z, q+v, o_proj;
