@@ -56,8 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: nvf16 (AUTO_H200=bars: bars on an H200)
-#   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW_TRY (~9.5 min)
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else nvf16
+#   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
 #   bash bench/next_session.sh dqkw    # short: the NVFP4 dequant test + dq_bench, kw_bench on three NVFP4 shapes at M = 1 (~6 min)
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
@@ -182,7 +182,7 @@ if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-nvf16} ;;
+    *H200*) set -- ${AUTO_H200:-bars} ;;
     *) set -- nvf16 ;;
   esac
 fi
@@ -708,14 +708,16 @@ case "${1:-}" in
     # the NVFP4 layout "g16-split8-f16" (written without a GPU: 10 decode instructions a word of 8
     # codes against 15; SASS a weight at M = 1, f16x2 GEMV 4.02 -> 3.40, K-walk BW128 3.38 -> 2.76):
     # every NVFP4 GPU test (the K-walk candidates' too, NINFER_KW_TRY=1), then the 27B nvfp4 step as
-    # committed and with the K-walk candidates, alternated (~9.5 min; NVF_S: the step's share)
+    # committed and without the K-walk table (NINFER_KW=0), alternated (~9.5 min; NVF_S: the step's
+    # share). Run 2026-12-06 with NINFER_KW_TRY=1 as the other side, whose 27B NVFP4 entries then
+    # moved into TUNED_KW
     t0=$(date +%s)
     NINFER_KW_TRY=1 gpu_tests ${NVF_T:-260} tests/plugins/quant_nvfp4 tests/plugins/quant_int tests/plugins/moe_triton \
       -k "nvfp4 or fp4 or kw_entries"
     left=$(( ${NVF_S:-585} - ($(date +%s) - t0) ))
     if [ "$left" -gt 150 ]; then
       timeout $left python3 bench/dense_27b.py --skip-tests --only nvfp4_8k --budget-s $(( left - 60 )) \
-        --variants "${NVF_V:-X=1|NINFER_KW_TRY=1|X=1|NINFER_KW_TRY=1}" > "$OUT/nv.txt" 2>&1
+        --variants "${NVF_V:-X=1|NINFER_KW=0|X=1|NINFER_KW=0}" > "$OUT/nv.txt" 2>&1
       echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/nv.txt" | cut -c1-150
     else
       echo "27B nvfp4 skipped ($left s left)"
@@ -894,7 +896,8 @@ case "${1:-}" in
     # gate+up, qkv+z and q+v and its q8 head on the K-walk with the configs of the int winners of
     # the same shapes (TUNED_KW_TRY, NINFER_KW_TRY=1; they ran on the f16x2 GEMV), against as
     # committed, alternated, then every M <= 4 launch on the K-walk (NINFER_KW=1); then the int8 step
-    # (its q8 head, qkv+z, q+v, o_proj). The entries' GPU test first (~8 min)
+    # (its q8 head, qkv+z, q+v, o_proj). The entries' GPU test first (~8 min). The 27B NVFP4 entries
+    # won on 2026-12-06 (nvf16) and are in TUNED_KW now: the nvfp4 variants compare nothing new
     t0=$(date +%s)
     NINFER_KW_TRY=1 timeout 120 python3 -m pytest -q -rf -m gpu \
       "tests/plugins/quant_int/test_gemv_kw.py::test_gpu_35b_kw_entries_match_the_reference" > "$OUT/t.txt" 2>&1

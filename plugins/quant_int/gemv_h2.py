@@ -76,7 +76,7 @@ NVFP4_UNDO = 22
 def _word_asm(fmt: int, j: int) -> list[str]:
     """PTX decoding word j of a run (operand $W{j}) into the f16x2 registers pa, pb, pc, pd
     (q8: pa, pc): pa/pc lanes are low-nibble codes (pa: bytes 0 and 2, pc: bytes 1 and 3), pb/pd
-    the high-nibble codes times 16."""
+    the high-nibble codes times 16. NVFP4: see _word_asm_nvfp4."""
     w = f"%W{j}"
     if fmt == NVFP4:
         return _word_asm_nvfp4(w)

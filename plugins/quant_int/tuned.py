@@ -460,7 +460,8 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     # f16x2 GEMV), with the configs of the q4/q5/q6 winners of the same shapes: the nvfp4 step
     # 9.825 / 9.855 -> 9.599 / 9.588 ms under NINFER_KW_TRY=1 (H100, alternated in one process, with
     # the g16-split8-f16 decode; BENCHMARKS.md thirty-first run; the KW GPU test passed on them).
-    # Alone (quant_bars.py, M = 1): gate+up 73%, qkv+z 66%, q+v 63% of copy
+    # Alone (quant_bars.py, M = 1): gate+up 73%, qkv+z 66%, q+v 63% of copy. The m4 entries (the
+    # verify's M <= 4) are not timed on their own, nor in an MTP round
     (16, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
     (16, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),
     (16, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
@@ -509,7 +510,8 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 
 # K-walk configs not yet measured in a step, dispatched ahead of TUNED_KW only under NINFER_KW_TRY=1
 # (an A/B switch read at each launch, for `dense_27b.py --variants`). Its earlier entries (the 35B's
-# head and q+k+v; the 27B MTP drafter's q8 layer and q4 shortlist head) won and moved into TUNED_KW.
+# head and q+k+v; the 27B MTP drafter's q8 layer and q4 shortlist head; the 27B nvfp4 model's NVFP4
+# gate+up, qkv+z, q+v and q8 head) won and moved into TUNED_KW.
 TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     # the --quant int8 27B's q8 qkv+z, q+v and o_proj at M = 1 (its gate+up and down have the MTP
     # drafter's entries of the same shapes), with the configs of the drafter's q8 entries

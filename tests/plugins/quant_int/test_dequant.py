@@ -231,12 +231,17 @@ def test_gpu_every_code_and_scale_bit_exact(scheme):
             assert_bits_equal(D.dequantize(p, fast=fast), ref)
         if scheme == "nvfp4":
             # the joined stores (NINFER_DQ_JOIN=1/2, an A/B switch read at each launch)
+            before = os.environ.get("NINFER_DQ_JOIN")
             try:
                 for join in ("1", "2"):
                     os.environ["NINFER_DQ_JOIN"] = join
-                    assert_bits_equal(D.dequantize(p), ref)
+                    for fast in (True, False):
+                        assert_bits_equal(D.dequantize(p, fast=fast), ref)
             finally:
-                os.environ.pop("NINFER_DQ_JOIN", None)
+                if before is None:
+                    os.environ.pop("NINFER_DQ_JOIN", None)
+                else:
+                    os.environ["NINFER_DQ_JOIN"] = before
         if n == 300:
             # other row blocks (the bench times them); 300 rows: the last block is partial
             for cfg in (D.DequantConfig(32, 4), D.DequantConfig(128, 8)):

@@ -22,7 +22,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_nvfp4 import formats as NF  # noqa: E402
-from ninfer_plugins.quant_nvfp4.kernels import dequantize_prepared, prepare_nvfp4  # noqa: E402
+from ninfer_plugins.quant_nvfp4.kernels import dequantize_prepared, pack_byte, prepare_nvfp4  # noqa: E402
 from test_ptx_decode import f16_bits, f32_value, fp4_codes, run_ptx  # noqa: E402
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI)")
@@ -42,7 +42,8 @@ def test_ptx_nvfp4_decode_and_dot_exact(block_m):
     for trial in range(40):
         words = [int(v) for v in torch.randint(0, 1 << 32, (4,), generator=g, dtype=torch.int64)]
         if trial == 0:
-            words = [0x76543210, 0xFEDCBA98, 0x88880000, 0x0F0F0F0F]  # every code, both signs of zero
+            # every code as A and as B, both signs of zero: byte i of word j holds A = 4j + i, B = 15 - A
+            words = [sum(_byte(4 * j + i, 15 - 4 * j - i) << (8 * i) for i in range(4)) for j in range(4)]
         sc = [int(v) for v in torch.randint(0, 0x7F, (2,), generator=g)]
         sc = [b | (0x80 if trial % 3 == 1 else 0) for b in sc]  # negative scales too
         if trial == 2:
@@ -53,7 +54,7 @@ def test_ptx_nvfp4_decode_and_dot_exact(block_m):
         for j in range(4):
             ops[8 + j] = sc[0] | sc[1] << 8 | (0xABCD << 16 if trial % 2 else 0)  # upper half ignored
         slot = 12
-        # x: small integers, per word: the low-nibble elements (bytes 0..3) and the high ones
+        # x: small integers, per word: the A elements (bytes 0..3) and the B ones
         xs = torch.randint(-3, 4, (block_m, 4, 2, 4), generator=g).tolist()
         for m in range(block_m):
             for part in "ABCD":
@@ -77,6 +78,30 @@ def test_ptx_nvfp4_decode_and_dot_exact(block_m):
                     a, c = fp4_codes(byte)
                     want += (E2M1[a] * xs[m][j][0][i] + E2M1[c] * xs[m][j][1][i]) * s
             assert got == want * 2.0**-H.NVFP4_UNDO, (block_m, trial, m, got, want)
+
+
+def _byte(a: int, b: int) -> int:
+    return int(pack_byte(torch.tensor([a], dtype=torch.uint8), torch.tensor([b], dtype=torch.uint8)))
+
+
+def test_ptx_nvfp4_word_decode_every_byte_in_every_place():
+    """_word_asm_nvfp4 alone: each of the 256 bytes in each of a word's four places, the other
+    three random, gives pa / pc (A of bytes 0, 2 / 1, 3) and pb / pd (their B) as f16 lanes with
+    the code's sign on bit 15, its magnitude on bits 9-11 and nothing else."""
+    asm = "\n".join(H._word_asm_nvfp4("$1"))
+    g = torch.Generator().manual_seed(7)
+    want_lane = {c: ((c & 8) << 12) | ((c & 7) << 9) for c in range(16)}
+    for place in range(4):
+        others = torch.randint(0, 256, (256, 4), generator=g).tolist()
+        for byte in range(256):
+            bs = others[byte]
+            bs[place] = byte
+            word = sum(b << (8 * i) for i, b in enumerate(bs))
+            regs = run_ptx(asm, {1: word})
+            codes = [fp4_codes(b) for b in bs]
+            for reg, (i0, i1), half in (("pa", (0, 2), 0), ("pb", (0, 2), 1), ("pc", (1, 3), 0), ("pd", (1, 3), 1)):
+                want = want_lane[codes[i0][half]] | want_lane[codes[i1][half]] << 16
+                assert regs[reg] == want, (place, byte, reg, hex(word), hex(regs[reg]), hex(want))
 
 
 def _case(n, k, m, seed, device):

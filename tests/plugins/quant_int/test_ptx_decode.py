@@ -129,7 +129,7 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
 
 def fp4_codes(byte: int) -> tuple[int, int]:
     """A g16-split8-f16 byte -> the codes of its elements j and 8 + j, by quant_nvfp4's own
-    unpack_byte (checked against pack_byte in test_nvfp4_kernels.py)."""
+    unpack_byte (its bits pinned by test_nvfp4_kernels.test_prepared_byte_bits_are_pinned)."""
     a, c = NK.unpack_byte(torch.tensor([byte], dtype=torch.uint8))
     return int(a), int(c)
 

@@ -54,6 +54,22 @@ def every_code_packed(n: int, k: int, device: str = "cpu") -> PackedWeight:
     )
 
 
+def test_prepared_byte_bits_are_pinned():
+    """g16-split8-f16: A's sign on bit 7 and magnitude on bits 1-3, B's magnitude on bits 4-6 and
+    sign on bit 0 (the decoders' bit positions depend on it); unpack_byte inverts it on all 256."""
+    from ninfer_plugins.quant_nvfp4.kernels import pack_byte, unpack_byte
+
+    u8 = lambda v: torch.tensor([v], dtype=torch.uint8)  # noqa: E731
+    assert int(pack_byte(u8(0b1011), u8(0b0110))) == 0b1_110_011_0  # A = -3 (sign, 011), B = +6 (110)
+    assert int(pack_byte(u8(0b1000), u8(0))) == 0x80 and int(pack_byte(u8(0), u8(0b1000))) == 0x01
+    a = torch.arange(16, dtype=torch.uint8).repeat_interleave(16)
+    b = torch.arange(16, dtype=torch.uint8).repeat(16)
+    byte = pack_byte(a, b)
+    assert byte.unique().numel() == 256
+    ua, ub = unpack_byte(byte)
+    assert torch.equal(ua, a) and torch.equal(ub, b)
+
+
 def test_prepared_layout_round_trips():
     p = every_code_packed(5, 200)
     assert torch.equal(dequantize_prepared(prepare_nvfp4(p)), F.dequantize(p))
