@@ -117,8 +117,12 @@ def _dequant_kernel(
         tl.store(o_rows[:, None, None] + col[None, :, :], _round_bf16(w, EXACT_ROUND),
                  mask=r_ok[:, None, None] & (col < K)[None, :, :])
     elif FMT == 16 and JOIN == 2:
+        # NVFP4's default (NINFER_DQ_JOIN, 2 unless set: 0 and 1 are the forms below, for A/Bs).
         # g16-split8-f16 as a flat [rows, 64] byte tile (the int formats' loads), each byte's block
-        # scale gathered per column; the halves interleaved into one contiguous 128-column store
+        # scale gathered per column; the halves interleaved into one contiguous 128-column store.
+        # 34816x5120 on an H100: 211.8 us (72% of copy) against 824.5 us (19%) for the [rows, 8, 8]
+        # tile's two 16-byte-run stores, and the M = 1024 prefill matmul 38% -> 72% of cuBLAS
+        # (bench/dq_bench.py, BENCHMARKS.md thirty-first run)
         c64 = tl.arange(0, 64)
         b = tl.load(w_rows[:, None] + kb * 64 + c64[None, :])
         sraw = tl.load(s_rows[:, None] + kb * 8 + c64[None, :] // 8)
@@ -220,7 +224,7 @@ def dequantize_into(
         BLOCK_R=cfg.block_r,
         FAST=(p.fast if fast is None else fast) and not K.interpreting(),
         EXACT_ROUND=K.interpreting(),
-        JOIN=int(os.environ.get("NINFER_DQ_JOIN", "0")) if p.fmt == K.NVFP4 else 0,
+        JOIN=int(os.environ.get("NINFER_DQ_JOIN", "2")) if p.fmt == K.NVFP4 else 0,
         num_warps=cfg.num_warps,
     )
     return out

@@ -441,7 +441,10 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     (5, 13312, 5120, 'm4'): (),  # best 29.47 us vs 29.86 us (TCD KB8 P2 w4 C4)
     (5, 5120, 6144, 'm1'): (),  # best 11.57 us vs 11.54 us (H2 BN16 KBS8 C6 w4 pf)
     (5, 5120, 6144, 'm4'): (),  # best 15.1 us vs 14.58 us (TCD KB4 P1 w4 C6)
-    (16, 5120, 17408, 'm1'): (32, 128, 1, 8, 1, False),  # 27.09 vs 30.5 us (H2 BN16 KBS8 C6 w4 pf early)
+    # NVFP4 down, M = 1: with the g16-split8-f16 decode, 23.66 us (71.3% of copy) against the old
+    # entry BN32 BW128 w8's 26.78 and the f16x2 GEMV's 29.34 (H100, kw_bench --shapes, BENCHMARKS.md
+    # thirty-first run); the old decode had BN32 BW128 w8 at 27.09 vs 30.5 us
+    (16, 5120, 17408, 'm1'): (8, 128, 2, 2, 1, False),
     (16, 5120, 17408, 'm4'): (8, 128, 1, 2, 1, False),  # 38.78 vs 40.98 us (None)
     (8, 12288, 2048, 'm1'): (8, 128, 1, 2, 1, False),  # 11.76 vs 12.71 us (H2 BN32 KBS4 C4 w4 pf)
     (8, 12288, 2048, 'm4'): (16, 64, 1, 4, 1, False),  # 13.78 vs 23.28 us (H2 BN16 KBS8 C6 w4 pf early)
@@ -464,7 +467,7 @@ TUNED_KW: dict[tuple[int, int, int, str], tuple] = {
     # verify's M <= 4) are not timed on their own, nor in an MTP round
     (16, 34816, 5120, 'm1'): (16, 128, 1, 4, 2, False),
     (16, 34816, 5120, 'm4'): (16, 64, 1, 4, 1, False),
-    (16, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
+    (16, 16384, 5120, 'm1'): (16, 64, 1, 4, 1, False, True),  # kw_bench: 20.46 (77.7%) vs BN16 BW128 pf 21.90 us
     (16, 16384, 5120, 'm4'): (8, 128, 1, 2, 1, False),
     (16, 13312, 5120, 'm1'): (16, 64, 1, 4, 1, False),
     (8, 248320, 5120, 'm1'): (8, 128, 1, 2, 1, False),
