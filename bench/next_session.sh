@@ -858,6 +858,17 @@ case "${1:-}" in
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
     ;;
+  kwdq)
+    # a short call (~3 min): the K-walk table's GPU tests (the new NVFP4 down / qkv+z entries) and the
+    # NVFP4 dequant's, then the 27B nvfp4 step with every default (the joined dequant store: prefill)
+    t0=$(date +%s)
+    timeout ${KWDQ_T:-100} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/quant_int/test_gemv_kw.py \
+      tests/plugins/quant_int/test_dequant.py -k "tuned_table or 35b_kw_entries or (every_code and nvfp4)" > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    left=$(( ${KWDQ_S:-200} - ($(date +%s) - t0) ))
+    timeout $left python3 bench/dense_27b.py --skip-tests --only nvfp4_8k --budget-s $(( left - 20 )) > "$OUT/nv.txt" 2>&1
+    echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|prefill|decode  |ERROR" "$OUT/nv.txt" | cut -c1-150
+    ;;
   dqkw)
     # a short call: the NVFP4 dequant's GPU test and bench/dq_bench.py (stores split / joined), then
     # kw_bench over the NVFP4 down, q+v and qkv+z for what is left of DQKW_S (~6 min)
