@@ -60,6 +60,8 @@
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
 #   bash bench/next_session.sh dqkw    # short: the NVFP4 dequant test + dq_bench, kw_bench on three NVFP4 shapes at M = 1 (~6 min)
+#   bash bench/next_session.sh kwdq    # short: the new K-walk entries' and the dequant's GPU tests, the 27B nvfp4 step (~3 min)
+#   bash bench/next_session.sh nvtile  # NVFP4 at M = 8..64 on the tile kernel, scales broadcast / gathered (~4 min)
 #   bash bench/next_session.sh kwh200  # on an H200: kw_bench over the 27B's five big shapes, M = 1 and 4 (~6 min)
 #   bash bench/next_session.sh busy    # streams' longest token gap while a 16K prompt prefills, by busy chunk (~4 min)
 #   bash bench/next_session.sh nvkw    # the 27B nvfp4 step with its NVFP4 projections and q8 head on the K-walk (TUNED_KW_TRY), int8 too (~7 min)
@@ -857,6 +859,16 @@ case "${1:-}" in
       tests/plugins/spec_mtp/test_spec_gpu.py tests/plugins/spec_mtp/test_batched_rounds.py -k "not moe_int4" > "$OUT/t.txt" 2>&1
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
+    ;;
+  nvtile)
+    # NVFP4 at M = 8..64 on the fused tile kernel (2.2x q4's time at M = 8-16 on an H100): its block
+    # scales broadcast (as committed) against gathered per column (NINFER_NV_SG=1), the NVFP4 GPU
+    # kernel tests under the switch first (~4 min)
+    t0=$(date +%s)
+    NINFER_NV_SG=1 timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_nvfp4/test_nvfp4_kernels.py > "$OUT/t.txt" 2>&1
+    echo "NV_SG GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"
+    timeout 200 python3 bench/nv_tile_bench.py > "$OUT/nt.txt" 2>&1; echo "nv_tile_bench rc=$? $(( $(date +%s) - t0 )) s"
+    cut -c1-200 "$OUT/nt.txt"
     ;;
   kwdq)
     # a short call (~3 min): the K-walk table's GPU tests (the new NVFP4 down / qkv+z entries) and the

@@ -265,7 +265,7 @@ def _dot(a, b, F32: tl.constexpr):
 @triton.jit
 def _kb_step(acc, kb, w_rows, h_rows, s_rows, x_rows, m_ok, K, s_pre,
              FMT: tl.constexpr, BLOCK_N: tl.constexpr, FAST: tl.constexpr, DOT_F32: tl.constexpr,
-             SCALE_W: tl.constexpr, PREFETCHED: tl.constexpr):
+             SCALE_W: tl.constexpr, PREFETCHED: tl.constexpr, NV_SG: tl.constexpr = False):
     """acc += W[:, 128 kb : 128 kb + 128] @ X[:, same]^T for one 128-wide K block.
 
     PREFETCHED: s_pre holds this block's int group scales (loaded blocks ahead by the caller)."""
@@ -308,9 +308,16 @@ def _kb_step(acc, kb, w_rows, h_rows, s_rows, x_rows, m_ok, K, s_pre,
                 acc += _dot(c, xg, DOT_F32) * sg[:, None]
     elif FMT == 16:
         b = tl.load(w_rows + kb * 64 + j[None, :])
-        sraw = tl.load(s_rows[:, None] + kb * 8 + tl.arange(0, 8)[None, :])
-        s8 = _e4m3_scales(sraw, FAST)
-        s = tl.reshape(tl.broadcast_to(s8[:, :, None], (BLOCK_N, 8, 8)), (BLOCK_N, 64))
+        if NV_SG:
+            # each column's block scale gathered from memory (L1) and decoded in the weight tile's
+            # own layout, in place of a broadcast + reshape of the [BLOCK_N, 8] decoded scales
+            # (NINFER_NV_SG=1, an A/B switch: the dequant kernel's NVFP4 went 4x faster with its
+            # flat tile, BENCHMARKS.md thirty-first run)
+            s = _e4m3_scales(tl.load(s_rows[:, None] + kb * 8 + j[None, :] // 8), FAST)
+        else:
+            sraw = tl.load(s_rows[:, None] + kb * 8 + tl.arange(0, 8)[None, :])
+            s8 = _e4m3_scales(sraw, FAST)
+            s = tl.reshape(tl.broadcast_to(s8[:, :, None], (BLOCK_N, 8, 8)), (BLOCK_N, 64))
         w_lo, w_hi = _fp4_weights(b, s, FAST)
         acc += _dot(w_lo, x_lo, DOT_F32)
         acc += _dot(w_hi, x_hi, DOT_F32)
@@ -369,6 +376,7 @@ def _qmm_kernel(
     SCALE_W: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr = False,
+    NV_SG: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
     pid_n = tl.program_id(0)
@@ -404,7 +412,8 @@ def _qmm_kernel(
             # KB_STEP blocks per trip (the host makes every split a multiple of it): the loop's
             # fixed costs (waits, address updates) amortize over more weights
             for u in tl.static_range(KB_STEP):
-                acc = _kb_step(acc, kb + u, w_rows, h_rows, s_rows, x_rows, m_ok, K, acc, FMT, BLOCK_N, FAST, DOT_F32, SCALE_W, False)
+                acc = _kb_step(acc, kb + u, w_rows, h_rows, s_rows, x_rows, m_ok, K, acc, FMT, BLOCK_N, FAST, DOT_F32, SCALE_W, False,
+                               NV_SG)
     if FMT == 16:
         g = tl.load(G + rn)
         if FAST:
@@ -782,6 +791,7 @@ def launch(x2: torch.Tensor, p: Prepared, cfg: Config | None = None, fast: bool 
         DOT_F32=interpreting(),
         SCALE_W=cfg.scale_w,
         PREFETCH=1 if (cfg.prefetch and p.fmt != NVFP4 and not cfg.scale_w and kb_step == 1) else 0,
+        NV_SG=p.fmt == NVFP4 and os.environ.get("NINFER_NV_SG", "0") != "0",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_kwargs(x2.device),

@@ -89,6 +89,19 @@ def test_interpreted_kernel_matches_reference(m, n, k):
 
 
 @interp
+@pytest.mark.parametrize("m,n,k", [(16, 130, 304), (17, 40, 96)])
+def test_interpreted_kernel_with_gathered_scales_is_the_same(m, n, k, monkeypatch):
+    """NINFER_NV_SG=1 (the tile kernel's block scales gathered per column, an A/B switch): the
+    same output as the broadcast form, bit for bit."""
+    p = prepare_nvfp4(every_code_packed(n, k))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    cfg = K.Config(64, 16, 1, 4, 1, 1)
+    want = K.launch(x, p, cfg)
+    monkeypatch.setenv("NINFER_NV_SG", "1")
+    assert torch.equal(K.launch(x, p, cfg), want)
+
+
+@interp
 def test_interpreted_quantized_from_bf16_and_fused_rows():
     g = torch.Generator().manual_seed(3)
     a, b = F.quantize(torch.randn(40, 256, generator=g)), F.quantize(torch.randn(24, 256, generator=g) * 30)
