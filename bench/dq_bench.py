@@ -3,10 +3,17 @@ its two 16-byte-run stores, with the block's halves joined into one contiguous s
 (NINFER_DQ_JOIN=1, read at each launch), and that from a flat [rows, 64] byte tile (=2).
 
     python3 bench/dq_bench.py [--shapes nvfp4:34816x5120,q4_g64:34816x5120,...]
+    python3 bench/dq_bench.py --tile [--shapes nvfp4:34816x5120,...] [--ms 8,16,32,64]
 
 Per shape: the bf16 bytes written plus the packed bytes read over the dequant's time, as a share
 of the copy bandwidth measured in the same run; then the M = 1024 matmul's TFLOP/s against
 cuBLAS on the bf16 weight. Each variant's output is compared with the first's, bit for bit.
+
+--tile: the fused tile kernel (quant_int/kernels.py, M = 5..127: batched decode, chunks below
+dequant.DEQUANT_MIN_M) at each M instead, NVFP4's block scales broadcast from the [rows, 8]
+decoded scales (as committed) and gathered per column (NINFER_NV_SG=1, read at each launch); µs a
+call in one CUDA graph cycling >= 256 MB of weight copies, the weight bytes over that time as a
+share of copy.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="q4_g64:34816x5120,nvfp4:34816x5120,nvfp4:5120x17408,q5_g64:5120x17408")
     ap.add_argument("--m", type=int, default=1024)
+    ap.add_argument("--tile", action="store_true", help="the fused tile kernel at --ms instead")
+    ap.add_argument("--ms", default="8,16,32,64")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("dq_bench: needs a CUDA GPU")
@@ -34,6 +43,8 @@ def main() -> int:
     from ninfer_plugins.quant_int import dequant as D
 
     copy_tbs, _ = QL.device_and_copy()
+    if args.tile:
+        return tile(args, copy_tbs)
     for item in args.shapes.split(","):
         fmt, nk = item.split(":")
         n, k = (int(v) for v in nk.split("x"))
@@ -58,6 +69,36 @@ def main() -> int:
                   flush=True)
         os.environ.pop("NINFER_DQ_JOIN", None)
         del p, wb
+        torch.cuda.empty_cache()
+    return 0
+
+
+def tile(args, copy_tbs: float) -> int:
+    import quant_linear as QL
+
+    from ninfer_plugins.quant_int import kernels as K
+
+    for item in args.shapes.split(","):
+        fmt, nk = item.split(":")
+        n, k = (int(v) for v in nk.split("x"))
+        p = QL.make_prepared(fmt, n, k)
+        K.reserve_workspace(p)
+        nbytes = QL.prepared_bytes(p)
+        copies = [p] + [QL.clone_prepared(p) for _ in range(max(1, -(-QL.L2_DEFEAT_BYTES // nbytes) - 1))]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            line = f"{fmt:7s} {n}x{k} M={m:3d}:"
+            first = None
+            for sg in ("0", "1") if fmt == "nvfp4" else ("0",):
+                os.environ["NINFER_NV_SG"] = sg
+                y = K.launch(x, p)
+                same = "" if first is None else f" (equal: {bool(torch.equal(y, first))})"
+                first = y if first is None else first
+                t = QL.graph_ms_per_call([lambda q=q: K.launch(x, q) for q in copies])
+                line += f"  sg={sg} {t * 1e3:8.2f} us {nbytes / (t * 1e-3) / (copy_tbs * 1e12):5.1%}{same}"
+            print(line, flush=True)
+        os.environ.pop("NINFER_NV_SG", None)
+        del copies, p
         torch.cuda.empty_cache()
     return 0
 

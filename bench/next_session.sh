@@ -867,7 +867,9 @@ case "${1:-}" in
     t0=$(date +%s)
     NINFER_NV_SG=1 timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_nvfp4/test_nvfp4_kernels.py > "$OUT/t.txt" 2>&1
     echo "NV_SG GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"
-    timeout 200 python3 bench/nv_tile_bench.py > "$OUT/nt.txt" 2>&1; echo "nv_tile_bench rc=$? $(( $(date +%s) - t0 )) s"
+    timeout 200 python3 bench/dq_bench.py --tile \
+      --shapes nvfp4:34816x5120,q4_g64:34816x5120,nvfp4:5120x17408,nvfp4:16384x5120 > "$OUT/nt.txt" 2>&1
+    echo "dq_bench --tile rc=$? $(( $(date +%s) - t0 )) s"
     cut -c1-200 "$OUT/nt.txt"
     ;;
   kwdq)
