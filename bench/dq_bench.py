@@ -53,17 +53,17 @@ def main() -> int:
         moved = QL.prepared_bytes(p) + 2 * n * k
         x = torch.randn(args.m, k, device="cuda", dtype=torch.bfloat16)
         wb = D.dequantize(p)
-        cub = QL.cuda_ms(lambda: torch.nn.functional.linear(x, wb), reps=10)
+        cub = QL.cuda_ms(lambda w=wb: torch.nn.functional.linear(x, w), reps=10)
         flops = 2 * args.m * n * k
         print(f"{fmt} {n}x{k}: cuBLAS on the bf16 weight {cub * 1e3:.1f} us, {flops / cub / 1e9:.0f} TFLOP/s", flush=True)
         first = None
         for join in ("0", "1", "2") if fmt == "nvfp4" else ("0",):
             os.environ["NINFER_DQ_JOIN"] = join
             out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
-            t = QL.cuda_ms(lambda o=out: D.dequantize_into(p, o), reps=20)
+            t = QL.cuda_ms(lambda o=out, q=p: D.dequantize_into(q, o), reps=20)
             same = "" if first is None else f"; equal to the first: {bool(torch.equal(out, first))}"
             first = out if first is None else first
-            tm = QL.cuda_ms(lambda: D.matmul(x, p), reps=10)
+            tm = QL.cuda_ms(lambda q=p: D.matmul(x, q), reps=10)
             print(f"  join={join}: dequant {t * 1e3:.1f} us ({moved / (t * 1e-3) / (copy_tbs * 1e12):.0%} of copy); "
                   f"M={args.m} matmul {tm * 1e3:.1f} us, {flops / tm / 1e9:.0f} TFLOP/s ({cub / tm:.0%} of cuBLAS){same}",
                   flush=True)
