@@ -412,8 +412,8 @@ def _qmm_kernel(
             # KB_STEP blocks per trip (the host makes every split a multiple of it): the loop's
             # fixed costs (waits, address updates) amortize over more weights
             for u in tl.static_range(KB_STEP):
-                acc = _kb_step(acc, kb + u, w_rows, h_rows, s_rows, x_rows, m_ok, K, acc, FMT, BLOCK_N, FAST, DOT_F32, SCALE_W, False,
-                               NV_SG)
+                acc = _kb_step(acc, kb + u, w_rows, h_rows, s_rows, x_rows, m_ok, K, acc, FMT, BLOCK_N, FAST, DOT_F32,
+                               SCALE_W, False, NV_SG)
     if FMT == 16:
         g = tl.load(G + rn)
         if FAST:
