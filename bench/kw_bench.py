@@ -146,7 +146,7 @@ def main() -> int:
     ms = [int(v) for v in args.ms.split(",")]
     shapes = SHAPES[: args.first]
     if args.shapes:
-        shapes = [(f, *(int(v) for v in nk.split("x"))) for f, nk in (item.split(":") for item in args.shapes.split(","))]
+        shapes = QL.parse_shapes(args.shapes)
     bits = {name: (16 if name == "nvfp4" else IF.FORMATS[name].bits) for name, _, _ in shapes}
     items = []
     for name, n, k in shapes:

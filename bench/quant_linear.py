@@ -178,6 +178,16 @@ def torch_int4_ms(n: int, k: int) -> tuple[float, int] | str:
 # --- ours ------------------------------------------------------------------------------------------
 
 
+def parse_shapes(text: str) -> list[tuple[str, int, int]]:
+    """"nvfp4:34816x5120,q4_g64:5120x17408" -> [(format, N, K), ...] (the benches' --shapes)."""
+    out = []
+    for item in text.split(","):
+        fmt, nk = item.split(":")
+        n, k = nk.split("x")
+        out.append((fmt, int(n), int(k)))
+    return out
+
+
 def make_prepared(fmt: str, n: int, k: int):
     from ninfer_plugins.quant_int import formats as IF
     from ninfer_plugins.quant_int.linear import prepare_int
