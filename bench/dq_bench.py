@@ -1,13 +1,12 @@
-"""The prefill's dequantize step alone, and dequantize + cuBLAS at M = 1024, by format; NVFP4 with
-its two 16-byte-run stores, with the block's halves joined into one contiguous store
-(NINFER_DQ_JOIN=1, read at each launch), and that from a flat [rows, 64] byte tile (=2).
+"""The prefill's dequantize step alone, and dequantize + cuBLAS at M = 1024, by format (NVFP4's
+three store forms were A/B'd here, BENCHMARKS.md thirty-first run; the winner is the only one kept).
 
     python3 bench/dq_bench.py [--shapes nvfp4:34816x5120,q4_g64:34816x5120,...]
     python3 bench/dq_bench.py --tile [--shapes nvfp4:34816x5120,...] [--ms 8,16,32,64]
 
 Per shape: the bf16 bytes written plus the packed bytes read over the dequant's time, as a share
 of the copy bandwidth measured in the same run; then the M = 1024 matmul's TFLOP/s against
-cuBLAS on the bf16 weight. Each variant's output is compared with the first's, bit for bit.
+cuBLAS on the bf16 weight.
 
 --tile: the fused tile kernel (quant_int/kernels.py, M = 5..127: batched decode, chunks below
 dequant.DEQUANT_MIN_M) at each M instead, NVFP4's block scales broadcast from the [rows, 8]
@@ -45,9 +44,7 @@ def main() -> int:
     copy_tbs, _ = QL.device_and_copy()
     if args.tile:
         return tile(args, copy_tbs)
-    for item in args.shapes.split(","):
-        fmt, nk = item.split(":")
-        n, k = (int(v) for v in nk.split("x"))
+    for fmt, n, k in QL.parse_shapes(args.shapes):
         p = QL.make_prepared(fmt, n, k)
         D.reserve(p)
         moved = QL.prepared_bytes(p) + 2 * n * k
@@ -55,19 +52,11 @@ def main() -> int:
         wb = D.dequantize(p)
         cub = QL.cuda_ms(lambda w=wb: torch.nn.functional.linear(x, w), reps=10)
         flops = 2 * args.m * n * k
-        print(f"{fmt} {n}x{k}: cuBLAS on the bf16 weight {cub * 1e3:.1f} us, {flops / cub / 1e9:.0f} TFLOP/s", flush=True)
-        first = None
-        for join in ("0", "1", "2") if fmt == "nvfp4" else ("0",):
-            os.environ["NINFER_DQ_JOIN"] = join
-            out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
-            t = QL.cuda_ms(lambda o=out, q=p: D.dequantize_into(q, o), reps=20)
-            same = "" if first is None else f"; equal to the first: {bool(torch.equal(out, first))}"
-            first = out if first is None else first
-            tm = QL.cuda_ms(lambda q=p: D.matmul(x, q), reps=10)
-            print(f"  join={join}: dequant {t * 1e3:.1f} us ({moved / (t * 1e-3) / (copy_tbs * 1e12):.0%} of copy); "
-                  f"M={args.m} matmul {tm * 1e3:.1f} us, {flops / tm / 1e9:.0f} TFLOP/s ({cub / tm:.0%} of cuBLAS){same}",
-                  flush=True)
-        os.environ.pop("NINFER_DQ_JOIN", None)
+        t = QL.cuda_ms(lambda q=p, o=wb: D.dequantize_into(q, o), reps=20)
+        tm = QL.cuda_ms(lambda q=p: D.matmul(x, q), reps=10)
+        print(f"{fmt} {n}x{k}: dequant {t * 1e3:.1f} us ({moved / (t * 1e-3) / (copy_tbs * 1e12):.0%} of copy); "
+              f"M={args.m} matmul {tm * 1e3:.1f} us, {flops / tm / 1e9:.0f} TFLOP/s ({cub / tm:.0%} of cuBLAS "
+              f"on the bf16 weight, {cub * 1e3:.1f} us)", flush=True)
         del p, wb
         torch.cuda.empty_cache()
     return 0
@@ -78,9 +67,7 @@ def tile(args, copy_tbs: float) -> int:
 
     from ninfer_plugins.quant_int import kernels as K
 
-    for item in args.shapes.split(","):
-        fmt, nk = item.split(":")
-        n, k = (int(v) for v in nk.split("x"))
+    for fmt, n, k in QL.parse_shapes(args.shapes):
         p = QL.make_prepared(fmt, n, k)
         K.reserve_workspace(p)
         nbytes = QL.prepared_bytes(p)

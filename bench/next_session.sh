@@ -884,7 +884,7 @@ case "${1:-}" in
     echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|prefill|decode  |ERROR" "$OUT/nv.txt" | cut -c1-150
     ;;
   dqkw)
-    # a short call: the NVFP4 dequant's GPU test and bench/dq_bench.py (stores split / joined), then
+    # a short call: the NVFP4 dequant's GPU test and bench/dq_bench.py (run 2026-12-06 with the three store forms), then
     # kw_bench over the NVFP4 down, q+v and qkv+z for what is left of DQKW_S (~6 min)
     t0=$(date +%s)
     timeout 60 python3 -m pytest -q -m gpu tests/plugins/quant_int/test_dequant.py -k "every_code and nvfp4" > "$OUT/dqt.txt" 2>&1
@@ -911,7 +911,7 @@ case "${1:-}" in
     echo "kw_bench rc=$? $(( $(date +%s) - t0 )) s"
     grep -E "dispatched|prewarm|budget|ERROR|Error" "$OUT/kwb.txt" | cut -c1-150
     grep -E "^    \(|^#" "$OUT/kwb.txt" | head -40
-    # the prefill's dequantize alone and at M = 1024, NVFP4's stores split / joined (~30 s)
+    # the prefill's dequantize alone and at M = 1024, by format (~30 s)
     timeout 60 python3 -m pytest -q -m gpu tests/plugins/quant_int/test_dequant.py -k "every_code and nvfp4" > "$OUT/dqt.txt" 2>&1
     echo "dequant GPU test rc=$?: $(tail -1 "$OUT/dqt.txt")"
     timeout 90 python3 bench/dq_bench.py > "$OUT/dq.txt" 2>&1; echo "dq_bench rc=$?"; cut -c1-200 "$OUT/dq.txt"

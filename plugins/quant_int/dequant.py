@@ -30,7 +30,6 @@ largest chunk any prepared weight needs, never inside a CUDA graph.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -96,7 +95,6 @@ def _dequant_kernel(
     BLOCK_R: tl.constexpr,
     FAST: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
-    JOIN: tl.constexpr = 0,
 ):
     kb = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -116,13 +114,13 @@ def _dequant_kernel(
         w = _biased_f32((q.to(tl.int32) & 0xFF) ^ 0x80, 128.0) * s[:, :, None]
         tl.store(o_rows[:, None, None] + col[None, :, :], _round_bf16(w, EXACT_ROUND),
                  mask=r_ok[:, None, None] & (col < K)[None, :, :])
-    elif FMT == 16 and JOIN == 2:
-        # NVFP4's default (NINFER_DQ_JOIN, 2 unless set: 0 and 1 are the forms below, for A/Bs).
+    elif FMT == 16:
         # g16-split8-f16 as a flat [rows, 64] byte tile (the int formats' loads), each byte's block
-        # scale gathered per column; the halves interleaved into one contiguous 128-column store.
-        # 34816x5120 on an H100: 211.8 us (72% of copy) against 824.5 us (19%) for the [rows, 8, 8]
-        # tile's two 16-byte-run stores, and the M = 1024 prefill matmul 38% -> 72% of cuBLAS
-        # (bench/dq_bench.py, BENCHMARKS.md thirty-first run)
+        # scale gathered per column; the byte's two elements (16g + j and 16g + 8 + j, g = c // 8)
+        # interleaved in registers so that the block's 128 columns go out as one contiguous store.
+        # 34816x5120 on an H100: 211.8 us (72% of copy) against 824.5 us (19%) for the former
+        # [rows, 8 groups, 8] tile with two stores of 16-byte runs 32 bytes apart, and the M = 1024
+        # prefill matmul 38% -> 72% of cuBLAS (bench/dq_bench.py, BENCHMARKS.md thirty-first run)
         c64 = tl.arange(0, 64)
         b = tl.load(w_rows[:, None] + kb * 64 + c64[None, :])
         sraw = tl.load(s_rows[:, None] + kb * 8 + c64[None, :] // 8)
@@ -135,33 +133,6 @@ def _dequant_kernel(
         w = tl.reshape(tl.permute(tl.reshape(tl.join(wl, wh), (BLOCK_R, 8, 8, 2)), (0, 1, 3, 2)), (BLOCK_R, 128))
         c = kb * 128 + tl.arange(0, 128)[None, :]
         tl.store(o_rows[:, None] + c, w, mask=r_ok[:, None] & (c < K))
-    elif FMT == 16:
-        # g16-split8-f16: a [rows, 8 groups, 8] byte tile; byte j holds elements 16g + j and 16g + 8 + j
-        g = tl.arange(0, 8)
-        j = tl.arange(0, 8)
-        b = tl.load(w_rows[:, None, None] + (kb * 64 + g[:, None] * 8 + j[None, :])[None, :, :])
-        sraw = tl.load(s_rows[:, None] + kb * 8 + g[None, :])
-        s = tl.broadcast_to(_e4m3_scales(sraw, FAST)[:, :, None], (BLOCK_R, 8, 8))
-        lo, hi = _fp4_weights(b, s, FAST)
-        gs = tl.load(G + rows)
-        if FAST:
-            gs = gs * 128.0  # the PTX decode gives e2m1 * s * 2^-7 (kernels.ASM_FP4)
-        gs = gs[:, None, None]
-        wl = _round_bf16(lo.to(tl.float32) * gs, EXACT_ROUND)
-        wh = _round_bf16(hi.to(tl.float32) * gs, EXACT_ROUND)
-        if JOIN == 1:
-            # the two halves interleaved in registers ([rows, 8 groups, 2 halves, 8]), so the
-            # block's 128 columns go out as one contiguous store (the two stores below write
-            # 16-byte runs 32 bytes apart each)
-            w = tl.reshape(tl.permute(tl.join(wl, wh), (0, 1, 3, 2)), (BLOCK_R, 128))
-            c = kb * 128 + tl.arange(0, 128)[None, :]
-            tl.store(o_rows[:, None] + c, w, mask=r_ok[:, None] & (c < K))
-        else:
-            col = (kb * 128 + g[:, None] * 16 + j[None, :])[None, :, :]
-            m = r_ok[:, None, None] & (col < K)
-            tl.store(o_rows[:, None, None] + col, wl, mask=m)
-            m = r_ok[:, None, None] & (col + 8 < K)
-            tl.store(o_rows[:, None, None] + col + 8, wh, mask=m)
     else:
         # kb128-v1: a [rows, 64] byte tile; low nibbles are elements 0..63 (group 2kb), high 64..127
         j = tl.arange(0, 64)
@@ -224,7 +195,6 @@ def dequantize_into(
         BLOCK_R=cfg.block_r,
         FAST=(p.fast if fast is None else fast) and not K.interpreting(),
         EXACT_ROUND=K.interpreting(),
-        JOIN=int(os.environ.get("NINFER_DQ_JOIN", "2")) if p.fmt == K.NVFP4 else 0,
         num_warps=cfg.num_warps,
     )
     return out

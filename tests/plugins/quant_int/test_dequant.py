@@ -122,19 +122,6 @@ def test_interpreted_dequant_is_the_reference_in_bf16(scheme, n, k):
 
 
 @interp
-@pytest.mark.parametrize("join", ["1", "2"])
-@pytest.mark.parametrize("n,k", [(70, 304), (130, 96)])
-def test_interpreted_nvfp4_joined_store_is_the_reference(n, k, join, monkeypatch):
-    """NINFER_DQ_JOIN=1/2: NVFP4's two halves of a block interleaved into one contiguous store
-    (2: from a flat byte tile)."""
-    monkeypatch.setenv("NINFER_DQ_JOIN", join)
-    p = prepare("nvfp4", random_nvfp4_packed(n, NF.padded_k(k), seed=n))
-    ref = reference_bf16(p)
-    assert_bits_equal(D.dequantize(p), ref)
-    assert_bits_equal(D.dequantize(p, D.DequantConfig(32, 2)), ref)
-
-
-@interp
 @pytest.mark.parametrize("scheme", ["q4_g64", "q6_g64", "nvfp4"])
 def test_interpreted_encoded_weights_and_row_offsets(scheme):
     # weights from the encoders (what a checkpoint holds), 300 rows: two ROW_PAD blocks
@@ -229,19 +216,6 @@ def test_gpu_every_code_and_scale_bit_exact(scheme):
         ref = reference_bf16(p)
         for fast in (True, False):
             assert_bits_equal(D.dequantize(p, fast=fast), ref)
-        if scheme == "nvfp4":
-            # the joined stores (NINFER_DQ_JOIN=1/2, an A/B switch read at each launch)
-            before = os.environ.get("NINFER_DQ_JOIN")
-            try:
-                for join in ("1", "2"):
-                    os.environ["NINFER_DQ_JOIN"] = join
-                    for fast in (True, False):
-                        assert_bits_equal(D.dequantize(p, fast=fast), ref)
-            finally:
-                if before is None:
-                    os.environ.pop("NINFER_DQ_JOIN", None)
-                else:
-                    os.environ["NINFER_DQ_JOIN"] = before
         if n == 300:
             # other row blocks (the bench times them); 300 rows: the last block is partial
             for cfg in (D.DequantConfig(32, 4), D.DequantConfig(128, 8)):
