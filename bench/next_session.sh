@@ -56,7 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else nvf16
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else kwnv (AUTO_OTHER)
+#   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
 #   bash bench/next_session.sh dqkw    # short: the NVFP4 dequant test + dq_bench, kw_bench on three NVFP4 shapes at M = 1 (~6 min)
@@ -177,6 +178,31 @@ early_tests() {
   grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
 }
 
+# kwdq and nvtile as functions, so kwnv (auto's call on an H100) runs both in one call
+nvtile_run() {
+    # NVFP4 at M = 8..64 on the fused tile kernel (2.2x q4's time at M = 8-16 on an H100): its block
+    # scales broadcast (as committed) against gathered per column (NINFER_NV_SG=1), the NVFP4 GPU
+    # kernel tests under the switch first (~4 min)
+    t0=$(date +%s)
+    NINFER_NV_SG=1 timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_nvfp4/test_nvfp4_kernels.py > "$OUT/t.txt" 2>&1
+    echo "NV_SG GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"
+    timeout 200 python3 bench/dq_bench.py --tile \
+      --shapes nvfp4:34816x5120,q4_g64:34816x5120,nvfp4:5120x17408,nvfp4:16384x5120 > "$OUT/nt.txt" 2>&1
+    echo "dq_bench --tile rc=$? $(( $(date +%s) - t0 )) s"
+    cut -c1-200 "$OUT/nt.txt"
+}
+kwdq_run() {
+    # a short call (~3 min): the K-walk table's GPU tests (the new NVFP4 down / qkv+z entries) and the
+    # NVFP4 dequant's, then the 27B nvfp4 step with every default (the joined dequant store: prefill)
+    t0=$(date +%s)
+    timeout ${KWDQ_T:-100} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/quant_int/test_gemv_kw.py \
+      tests/plugins/quant_int/test_dequant.py -k "tuned_table or 35b_kw_entries or (every_code and nvfp4)" > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    left=$(( ${KWDQ_S:-200} - ($(date +%s) - t0) ))
+    timeout $left python3 bench/dense_27b.py --skip-tests --only nvfp4_8k --budget-s $(( left - 20 )) > "$OUT/nv.txt" 2>&1
+    echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|prefill|decode  |ERROR" "$OUT/nv.txt" | cut -c1-150
+}
+
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
 # starts) runs the bars on an H200 (every bar is an H200 bar) and nvkw (the nvfp4 / int8 K-walk
 # candidates, never run) elsewhere, in this process, so the setup above and the cache packing below run once
@@ -185,7 +211,7 @@ if [ "${1:-}" = auto ]; then
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
     *H200*) set -- ${AUTO_H200:-bars} ;;
-    *) set -- nvf16 ;;
+    *) set -- ${AUTO_OTHER:-kwnv} ;;
   esac
 fi
 
@@ -860,28 +886,11 @@ case "${1:-}" in
     echo "MTP GPU tests (replay) rc=$? $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/t.txt"
     grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | cut -c1-200 | head
     ;;
-  nvtile)
-    # NVFP4 at M = 8..64 on the fused tile kernel (2.2x q4's time at M = 8-16 on an H100): its block
-    # scales broadcast (as committed) against gathered per column (NINFER_NV_SG=1), the NVFP4 GPU
-    # kernel tests under the switch first (~4 min)
-    t0=$(date +%s)
-    NINFER_NV_SG=1 timeout 120 python3 -m pytest -q -rf -m gpu tests/plugins/quant_nvfp4/test_nvfp4_kernels.py > "$OUT/t.txt" 2>&1
-    echo "NV_SG GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"
-    timeout 200 python3 bench/dq_bench.py --tile \
-      --shapes nvfp4:34816x5120,q4_g64:34816x5120,nvfp4:5120x17408,nvfp4:16384x5120 > "$OUT/nt.txt" 2>&1
-    echo "dq_bench --tile rc=$? $(( $(date +%s) - t0 )) s"
-    cut -c1-200 "$OUT/nt.txt"
-    ;;
-  kwdq)
-    # a short call (~3 min): the K-walk table's GPU tests (the new NVFP4 down / qkv+z entries) and the
-    # NVFP4 dequant's, then the 27B nvfp4 step with every default (the joined dequant store: prefill)
-    t0=$(date +%s)
-    timeout ${KWDQ_T:-100} python3 -m pytest -q -rf -m gpu -n 2 tests/plugins/quant_int/test_gemv_kw.py \
-      tests/plugins/quant_int/test_dequant.py -k "tuned_table or 35b_kw_entries or (every_code and nvfp4)" > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    left=$(( ${KWDQ_S:-200} - ($(date +%s) - t0) ))
-    timeout $left python3 bench/dense_27b.py --skip-tests --only nvfp4_8k --budget-s $(( left - 20 )) > "$OUT/nv.txt" 2>&1
-    echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|prefill|decode  |ERROR" "$OUT/nv.txt" | cut -c1-150
+  nvtile) nvtile_run ;;
+  kwdq) kwdq_run ;;
+  kwnv)
+    # kwdq then nvtile, one call (~8.5 min): auto's call on a card that is not an H200
+    KWDQ_S=${KWDQ_S:-220} kwdq_run; nvtile_run
     ;;
   dqkw)
     # a short call: the NVFP4 dequant's GPU test and bench/dq_bench.py (run 2026-12-06 with the three store forms), then
