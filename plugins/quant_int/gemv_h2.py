@@ -71,38 +71,63 @@ HWORDS = {5: 4, 6: 8}
 # exponent and mantissa: exact, subnormals included) and an E4M3 scale to its value times 2^-8
 # (its seven bits under an f16's): the fast path's sums carry 2^-22, undone with x's scaling
 NVFP4_UNDO = 22
+# The int formats' subnormal decode (`denorm`, gemv_kw's NINFER_KW_DENORM): the same bit tricks
+# without the exponent 0x6400 under each lane, so a lane reads (code + bias) x 2^-24 exactly, an
+# f16 subnormal (every biased code times its lane's factor is below 1024), and no subtraction
+# follows: four sub.f16x2 a word fewer. The bias comes back out through the accumulators, which
+# start at -2^-24 x sum(bias x x) over the run (x's prepared "init" pair a row, gemv_kw.py). x is
+# scaled to [2^14, 2^15) (DENORM_HEAD): the products are then at most 2^-1 and the sums' rounding
+# is the accumulator's, as before. The fast path's sums carry 2^-24, undone with x's scaling.
+DENORM_HEAD = 14
+DENORM_UNDO = 24
 
 
-def _word_asm(fmt: int, j: int) -> list[str]:
+def _mag(const: str, denorm: bool) -> str:
+    """A lop3 constant holding the f16 exponent 0x6400 under each lane, without it when denorm."""
+    return f"0x{int(const, 16) ^ 0x64006400:08X}" if denorm else const
+
+
+def denorm_bias(fmt: int) -> tuple[int, int, int, int]:
+    """Per pair register A, B, C, D of an int format: the bias its lanes carry under the subnormal
+    decode, in the lane's own units (code + bias = the lane's bits; x's pair of that register
+    carries the lane's factor, so bias x that pair's x is the bias's share of the products)."""
+    a, b, c, d = (int(k, 16) & 0xFFFF for k in _SUB[fmt])
+    return a - 0x6400, b - 0x6400, c - 0x6400, d - 0x6400
+
+
+def _word_asm(fmt: int, j: int, denorm: bool = False) -> list[str]:
     """PTX decoding word j of a run (operand $W{j}) into the f16x2 registers pa, pb, pc, pd
     (q8: pa, pc): pa/pc lanes are low-nibble codes (pa: bytes 0 and 2, pc: bytes 1 and 3), pb/pd
-    the high-nibble codes times 16. NVFP4: see _word_asm_nvfp4."""
+    the high-nibble codes times 16. NVFP4: see _word_asm_nvfp4. denorm (int formats): the lanes
+    keep code + bias as f16 subnormals, no subtraction (DENORM_HEAD)."""
     w = f"%W{j}"
     if fmt == NVFP4:
         return _word_asm_nvfp4(w)
     if fmt == 8:
-        return [
-            f"prmt.b32 pa, {w}, 0x64646464, 0x4240;",
-            f"prmt.b32 pc, {w}, 0x64646464, 0x4341;",
+        fill = "0" if denorm else "0x64646464"
+        out = [
+            f"prmt.b32 pa, {w}, {fill}, 0x4240;",
+            f"prmt.b32 pc, {w}, {fill}, 0x4341;",
             "xor.b32 pa, pa, 0x00800080;",
             "xor.b32 pc, pc, 0x00800080;",
-            "sub.f16x2 pa, pa, kb;",
-            "sub.f16x2 pc, pc, kb;",
         ]
+        return out if denorm else out + ["sub.f16x2 pa, pa, kb;", "sub.f16x2 pc, pc, kb;"]
     if fmt == 5:
-        return _word_asm_q5(j)
+        return _word_asm_q5(j, denorm)
     out = [f"shr.b32 w8, {w}, 8;"]
     if fmt == 4:
+        lo, hi = _mag("0x64086408", denorm), _mag("0x64806480", denorm)
         out += [
-            f"lop3.b32 pa, {w}, 0x000F000F, 0x64086408, 0x6a;",
-            f"lop3.b32 pb, {w}, 0x00F000F0, 0x64806480, 0x6a;",
-            "lop3.b32 pc, w8, 0x000F000F, 0x64086408, 0x6a;",
-            "lop3.b32 pd, w8, 0x00F000F0, 0x64806480, 0x6a;",
+            f"lop3.b32 pa, {w}, 0x000F000F, {lo}, 0x6a;",
+            f"lop3.b32 pb, {w}, 0x00F000F0, {hi}, 0x6a;",
+            f"lop3.b32 pc, w8, 0x000F000F, {lo}, 0x6a;",
+            f"lop3.b32 pd, w8, 0x00F000F0, {hi}, 0x6a;",
         ]
     else:
         # q6 (q5 has its own, _word_asm_q5): u = this word's four elements' two high bits each,
         # low and high group; one multiply puts a pair's bits under both of its lanes
-        mask_ac, mask_bd, mag_ac, mag_bd = "0x00300030", "0x03000300", "0x64206420", "0x66006600"
+        mask_ac, mask_bd = "0x00300030", "0x03000300"
+        mag_ac, mag_bd = _mag("0x64206420", denorm), _mag("0x66006600", denorm)
         mul = {"a": (1 << 4) + (1 << 16), "c": (1 << 2) + (1 << 14), "b": (1 << 8) + (1 << 20), "d": (1 << 6) + (1 << 18)}
         if j == 0:
             out += ["and.b32 ul, %HL, 255;", "and.b32 uh, %HH, 255;"]
@@ -120,7 +145,8 @@ def _word_asm(fmt: int, j: int) -> list[str]:
                 f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;",
                 f"lop3.b32 {reg}, hb, {hmask}, t1, 0x6a;",
             ]
-    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
+    if not denorm:
+        out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
 
 
@@ -176,7 +202,7 @@ def _shift(dst: str, src: str, right: int) -> str:
     return f"shr.b32 {dst}, {src}, {right};" if right > 0 else f"shl.b32 {dst}, {src}, {-right};"
 
 
-def _word_asm_q5(j: int) -> list[str]:
+def _word_asm_q5(j: int, denorm: bool = False) -> list[str]:
     """q5, word j of a run: nibbles from the word (pa: low nibbles of bytes 0, 2 on bits 0-3; pb:
     their high nibbles in place, x16) and from the word >> 7 (pc: low nibbles of bytes 1, 3 on
     bits 1-4, x2; pd: their high nibbles on bits 5-8, x32); each pair's fifth bit sits right
@@ -184,12 +210,13 @@ def _word_asm_q5(j: int) -> list[str]:
     k = 1, 16, 2, 32; x's pairs carry 1/k."""
     w = f"%W{j}"
     out = [f"shr.b32 w8, {w}, 7;", _shift("ul", "sa", 4 * j - 4), _shift("uh", "sb", 4 * j - 8)]
-    out += q5_pair_lines(w)
-    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
+    out += q5_pair_lines(w, denorm)
+    if not denorm:
+        out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
 
 
-def q5_pair_lines(w: str) -> list[str]:
+def q5_pair_lines(w: str, denorm: bool = False) -> list[str]:
     """q5: the four biased f16x2 pairs of word `w` (and w8 = w >> 7) with their fifth bits from
     ul / uh (elements 4j, 4j+1 on bits 4, 5 and 20, 21 of ul; the high group's on 8, 9, 24, 25
     of uh); gemv_tc.py shares it."""
@@ -200,7 +227,7 @@ def q5_pair_lines(w: str) -> list[str]:
         ("pb", w, "uh", "0x00F000F0", "0x65006500", "0x01000100"),
         ("pd", "w8", "uh", "0x01E001E0", "0x66006600", "0x02000200"),
     ):
-        out += [f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;", f"lop3.b32 {reg}, {u}, {hmask}, t1, 0x6a;"]
+        out += [f"lop3.b32 t1, {src}, {nmask}, {_mag(mag, denorm)}, 0xea;", f"lop3.b32 {reg}, {u}, {hmask}, t1, 0x6a;"]
     return out
 
 
@@ -218,12 +245,16 @@ X_FACTORS = {4: (1.0, 0.0625, 1.0, 0.0625), 5: (1.0, 0.0625, 0.5, 0.03125), 6: (
 HI_OFFSET = {4: 64, 5: 64, 6: 64, 8: 64, 16: 8}
 
 
-def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
+def dot_asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, int]:
     """The inline PTX of one run (four words) for `block_m` activation rows, and its input count
     (tensors of four registers each). Operands, in order: outputs $0..$3 (fp32: $m is row m's
     partial, zero past block_m); the four words; for q5/q6 the low- and high-group bit words
     (q6: shifted to this run; q5: as loaded, with the shift to the run next); the scales (q4-q6: an int32 holding the fp16 pair (group 2kb,
-    2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others)."""
+    2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others), and with denorm
+    (int formats: the subnormal decode, DENORM_HEAD) the row's init pairs I: word 0's starts the
+    low group's accumulator, word 1's the high group's (q8: word 0's its one), words 2 and 3's
+    are not read."""
+    denorm = denorm and fmt in FORMATS
     names: list[str] = [f"W{j}" for j in range(4)]
     if fmt in (5, 6):
         names += ["HL"] + ["_"] * 3 + ["HH"] + ["_"] * 3
@@ -232,7 +263,7 @@ def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
     names += ["S"] + ["_"] * 3
     parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
     for m in range(block_m):
-        for part in parts:
+        for part in parts + (("I",) if denorm else ()):
             names += [f"X{part}{m}_{j}" for j in range(4)]
     reg = {name: f"${4 + i}" for i, name in enumerate(names) if name != "_"}
     n_inputs = len(names) // 4
@@ -243,14 +274,17 @@ def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
         ".reg .b16 h0, h1;",
         ".reg .f32 f0, f1, s0, s1, lo, hi;",
     ]
-    if fmt in _SUB:  # the int formats' magic-number bias (NVFP4 decodes without one)
+    if fmt in _SUB and not denorm:  # the int formats' magic-number bias (NVFP4 decodes without one)
         lines += [f"mov.b32 k{r}, {_SUB[fmt][i]};" for i, r in enumerate("abcd")]
     if fmt == 5:
         lines += _q5_run_prologue()
     for m in range(block_m):
-        lines += [f"mov.b32 al{m}, 0;", f"mov.b32 ah{m}, 0;"]
+        if denorm:
+            lines += [f"mov.b32 al{m}, %XI{m}_0;", f"mov.b32 ah{m}, %XI{m}_1;"]
+        else:
+            lines += [f"mov.b32 al{m}, 0;", f"mov.b32 ah{m}, 0;"]
     for j in range(4):
-        lines += _word_asm(fmt, j)
+        lines += _word_asm(fmt, j, denorm)
         for m in range(block_m):
             if fmt == NVFP4:
                 # a word's eight codes share one block scale: words 0-1 chain into al (block 0 of
@@ -528,58 +562,101 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
 
 @triton.jit
 def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-             FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr):
+             xi0, xi1, xi2, xi3, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr,
+             DENORM: tl.constexpr = False):
     """The fast path's dot of a word tile [C, BLOCK_N] with x pairs per word ([C] each): fp32
     [C, BLOCK_N] where lane m of each run of four words holds row m's partial of the run (scales
-    applied, x's power-of-two scaling not undone). gemv_kw.py shares it."""
+    applied, x's power-of-two scaling not undone). DENORM (int formats, ASM from _asm(..., True)):
+    the subnormal decode, each row's init pairs xi (gemv_kw's XI); else xi is not read. gemv_kw.py
+    shares it."""
     sb = s
     if FMT == 8:
         sb = s.to(tl.float32)
     if FMT == 16:
         sb = s.to(tl.int32)  # the run's two E4M3 bytes (an int16 load)
-    # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
+    # the asm's operands are fixed per (FMT, BLOCK_M, DENORM): see dot_asm
     if FMT == 8:
-        if BLOCK_M == 1:
-            args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
-        elif BLOCK_M == 2:
-            args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
+        if DENORM:
+            if BLOCK_M == 1:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xi0, w)]
+            elif BLOCK_M == 2:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xi0, w), _bx(xa1, w), _bx(xc1, w), _bx(xi1, w)]
+            else:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xi0, w), _bx(xa1, w), _bx(xc1, w), _bx(xi1, w),
+                        _bx(xa2, w), _bx(xc2, w), _bx(xi2, w), _bx(xa3, w), _bx(xc3, w), _bx(xi3, w)]
         else:
-            args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
-                    _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
+            if BLOCK_M == 1:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
+            elif BLOCK_M == 2:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
+            else:
+                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w), _bx(xa2, w), _bx(xc2, w),
+                        _bx(xa3, w), _bx(xc3, w)]
     elif FMT == 4 or FMT == 16:
-        if BLOCK_M == 1:
-            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-        elif BLOCK_M == 2:
-            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        if DENORM:
+            if BLOCK_M == 1:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w)]
+            elif BLOCK_M == 2:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
+                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w)]
+            else:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
+                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w),
+                        _bx(xd2, w), _bx(xi2, w), _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w), _bx(xi3, w)]
         else:
-            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            if BLOCK_M == 1:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+            elif BLOCK_M == 2:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
+                        _bx(xc1, w), _bx(xd1, w)]
+            else:
+                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
+                        _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w), _bx(xa3, w),
+                        _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
     elif FMT == 5:
         shb = tl.broadcast_to(h_shift[:, None], w.shape)
-        if BLOCK_M == 1:
-            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-        elif BLOCK_M == 2:
-            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        if DENORM:
+            if BLOCK_M == 1:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w)]
+            elif BLOCK_M == 2:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w)]
+            else:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w),
+                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w), _bx(xa2, w), _bx(xb2, w),
+                        _bx(xc2, w), _bx(xd2, w), _bx(xi2, w), _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w),
+                        _bx(xi3, w)]
         else:
-            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            if BLOCK_M == 1:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+            elif BLOCK_M == 2:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w),
+                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+            else:
+                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w),
+                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
     else:
-        if BLOCK_M == 1:
-            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-        elif BLOCK_M == 2:
-            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        if DENORM:
+            if BLOCK_M == 1:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w)]
+            elif BLOCK_M == 2:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
+                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w)]
+            else:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
+                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w),
+                        _bx(xd2, w), _bx(xi2, w), _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w), _bx(xi3, w)]
         else:
-            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
-                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
-                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+            if BLOCK_M == 1:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+            elif BLOCK_M == 2:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
+                        _bx(xc1, w), _bx(xd1, w)]
+            else:
+                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
+                        _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w), _bx(xa3, w),
+                        _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
     out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
     return out
 
@@ -598,7 +675,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     elif FAST:
         out = _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                       FMT, BLOCK_M, ASM, CONSTR)
+                       xa0, xa1, xa2, xa3, FMT, BLOCK_M, ASM, CONSTR)
         # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     else:
@@ -882,13 +959,13 @@ class H2Config:
         return launch(x2, p, self, fast)
 
 
-_ASM: dict[tuple[int, int], tuple[str, str]] = {}
+_ASM: dict[tuple[int, int, bool], tuple[str, str]] = {}
 
 
-def _asm(fmt: int, block_m: int) -> tuple[str, str]:
-    key = (fmt, block_m)
+def _asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, str]:
+    key = (fmt, block_m, denorm and fmt in FORMATS)
     if key not in _ASM:
-        text, n_inputs = dot_asm(fmt, block_m)
+        text, n_inputs = dot_asm(fmt, block_m, denorm)
         _ASM[key] = (text, ",".join(["=r"] * 4 + ["r"] * (4 * n_inputs)))
     return _ASM[key]
 

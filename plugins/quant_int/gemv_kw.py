@@ -178,18 +178,31 @@ def workspace_need(p: QK.Prepared, cfg: KWConfig) -> tuple[int, int]:
 
 @triton.jit
 def _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
-                 FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr):
+                 FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr,
+                 DENORM: tl.constexpr = False):
     """Row m of x over K block kb -> per word column c of the block, the f16x2 pairs A, B, C, D
     (XP [4 rows][4 parts][KW words]); INVM [4, NKB]: 1/scale of (m, kb); INV [KW]: the 1/scale the
-    fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's 2^22). Rows m >= M
-    are zeros. ASM_PAIRS: the fp32 -> f16x2 conversions in PTX (else plain Triton, same rounding)."""
+    fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's 2^22, or the subnormal
+    decode's 2^24). Rows m >= M are zeros. ASM_PAIRS: the fp32 -> f16x2 conversions in PTX (else
+    plain Triton, same rounding). DENORM (int formats; HEAD is then gemv_h2.DENORM_HEAD): also the
+    init pairs XI, after every row's pairs (XP + 16 KW + m KW): per run of four words, word 0 holds
+    -2^-24 x sum(bias x x) of the run's low group, lane by lane, over the pairs A and C as rounded
+    to fp16 (gemv_h2.denorm_bias), word 1 the high group's over B and D (q8: zero, one group a
+    run), words 2 and 3 zero."""
     _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb + tl.zeros([1, 1], tl.int32),
-                   FMT, HEAD, ASM_PAIRS, GATED)
+                   FMT, HEAD, ASM_PAIRS, GATED, DENORM)
+
+
+@triton.jit
+def _run_sums(v, R: tl.constexpr, WPB: tl.constexpr):
+    """v [R, WPB] -> the sum over each run of four words, [R, WPB // 4]."""
+    return tl.sum(tl.reshape(v, (R, WPB // 4, 4)), 2)
 
 
 @triton.jit
 def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
-                   FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr):
+                   FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr,
+                   DENORM: tl.constexpr = False):
     """_xpairs_item for the K blocks kb [R, 1] at once, each scaled on its own; blocks kb >= NKB
     (a power-of-two tile's padding) store nothing."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
@@ -203,25 +216,58 @@ def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
     l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = H2._x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED,
                                                                     True)
     inv = H2._pow2(-e)
-    inv_fast = H2._pow2(22 - e) if FMT == 16 else inv  # NVFP4: the decode's 2^-22 undone with the scaling
+    if FMT == 16:
+        inv_fast = H2._pow2(22 - e)  # NVFP4: the decode's 2^-22 undone with the scaling
+    elif DENORM:
+        inv_fast = H2._pow2(24 - e)  # the subnormal decode's 2^-24 (gemv_h2.DENORM_UNDO)
+    else:
+        inv_fast = inv
     col = kbc * WPB + t
     xp = XP + m * 4 * KW + col
     tl.store(xp, H2._pair(l0 * f, l2 * f, ASM_PAIRS), mask=ok)
     tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, ASM_PAIRS), mask=ok)
     tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), mask=ok)
     tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), mask=ok)
+    if DENORM:
+        # the lanes' biases (gemv_h2.denorm_bias: q4 8 / 128, q5 16 / 256 / 32 / 512, q6 32 / 512,
+        # q8 128) times the pairs as the FMAs see them (rounded to fp16), summed over each run
+        BA: tl.constexpr = 8 if FMT == 4 else 16 if FMT == 5 else 32 if FMT == 6 else 128
+        BC: tl.constexpr = 8 if FMT == 4 else 32 if FMT == 5 else 32 if FMT == 6 else 128
+        BB: tl.constexpr = 128 if FMT == 4 else 256 if FMT == 5 else 512
+        BD: tl.constexpr = 128 if FMT == 4 else 512
+        R: tl.constexpr = kb.shape[0]
+        lo0 = _run_sums(BA * _f16(l0 * f) + BC * _f16(l1 * fc), R, WPB)
+        lo1 = _run_sums(BA * _f16(l2 * f) + BC * _f16(l3 * fc), R, WPB)
+        hi0 = _run_sums(BB * _f16(h0 * fb) + BD * _f16(h1 * fd), R, WPB)
+        hi1 = _run_sums(BB * _f16(h2 * fb) + BD * _f16(h3 * fd), R, WPB)
+        NEG: tl.constexpr = -5.9604644775390625e-08  # -2^-24
+        lo = H2._pair(lo0 * NEG, lo1 * NEG, ASM_PAIRS)
+        hi = H2._pair(hi0 * NEG, hi1 * NEG, ASM_PAIRS)
+        j = tl.arange(0, 4)[None, None, :]
+        if FMT == 8:  # one group a run: word 1's pair is not read either
+            init = tl.where(j == 0, lo[:, :, None], 0)
+        else:
+            init = tl.where(j == 0, lo[:, :, None], tl.where(j == 1, hi[:, :, None], 0))
+        tl.store(XP + 16 * KW + m * KW + col, tl.reshape(init, (R, WPB)), mask=ok)
     tl.store(INV + col, tl.broadcast_to(inv_fast, col.shape), mask=ok & ((t % 4) == m))
     tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
 
 
 @triton.jit
+def _f16(v):
+    """v rounded to fp16, as fp32 (what _pair stores of it)."""
+    return v.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
 def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
-                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
+                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False,
+                   DENORM: tl.constexpr = False):
     """Program (m, kb): _xpairs_item."""
     m = tl.program_id(0)
     kb = tl.program_id(1)
     pdl_prologue(PDL)
-    _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb, FMT, HEAD, FAST, GATED)
+    _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb, FMT, HEAD, FAST, GATED, DENORM)
 
 
 def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -232,7 +278,8 @@ def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...
     nkb = k // 128
 
     def make():
-        return (torch.zeros(MAX_M * 4 * kw, dtype=torch.int32, device=device),
+        # four pairs a row, then (the subnormal decode's) one init pair a row
+        return (torch.zeros(MAX_M * 5 * kw, dtype=torch.int32, device=device),
                 torch.zeros(kw, dtype=torch.float32, device=device),
                 torch.zeros(MAX_M * nkb, dtype=torch.float32, device=device))
 
@@ -245,19 +292,32 @@ def ready_counters(device: torch.device) -> torch.Tensor:
     return lasting("gemv_kw_ready", device, (), lambda: torch.zeros(2, dtype=torch.int32, device=device))
 
 
-def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
+def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False,
+           denorm: bool = False) -> tuple[torch.Tensor, ...]:
     """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XP, INV, INVM) for _gemv_kw_kernel, in
-    x_scratch."""
+    x_scratch; denorm: for the subnormal decode (its scaling and init pairs, _xpairs_item)."""
     kw = row_words(fmt, k)
     nkb = k // 128
     xp, inv, invm = x_scratch(x2.device, fmt, k)
     _xpairs_kernel[(block_m, nkb)](
         x2, xp, inv, invm, x2.shape[0], kw, nkb, x2.stride(0), k if gated else 0,
-        FMT=fmt, HEAD=H2.HEAD[fmt], FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device, scoped=False),
+        FMT=fmt, HEAD=head(fmt, denorm), FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device, scoped=False),
+        DENORM=denorm,
     )
     if reuse_inputs():
-        note_input(_pairs_key(x2.device, fmt, k), x2, (block_m, gated))
+        note_input(_pairs_key(x2.device, fmt, k), x2, (block_m, gated, denorm))
     return xp, inv, invm
+
+
+def denorm_on(fmt: int) -> bool:
+    """Whether the K-walk decodes `fmt` with the subnormal decode (gemv_h2.DENORM_HEAD): the int
+    formats under NINFER_KW_DENORM=1 (read at each launch, for in-process A/Bs)."""
+    return fmt in H2.FORMATS and os.environ.get("NINFER_KW_DENORM", "0") == "1"
+
+
+def head(fmt: int, denorm: bool) -> int:
+    """log2 of x's largest |value| after its scaling: gemv_h2.HEAD's, or the subnormal decode's."""
+    return H2.DENORM_HEAD if denorm else H2.HEAD[fmt]
 
 
 # --- x's pairs made once an x (NINFER_KW_XREUSE=1) -----------------------------------------------------
@@ -326,7 +386,8 @@ def holds_input(key: tuple, x2: torch.Tensor, tag: tuple) -> bool:
 @triton.jit
 def _norm_pairs_kernel(X, RES, W, Y, XP, INV, INVM, sx, sr, sy, n_cols, eps, KW, NKB,
                        BLOCK: tl.constexpr, HAS_RES: tl.constexpr, NKB_P2: tl.constexpr, FMT: tl.constexpr,
-                       HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, PDL: tl.constexpr = False):
+                       HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, PDL: tl.constexpr = False,
+                       DENORM: tl.constexpr = False):
     """Row m: norms.rmsnorm's (1 + w) RMSNorm (after residual += x with HAS_RES) into Y, then the
     K-walk GEMV's pairs of that row over all its K blocks at once, read back from Y as xpairs
     reads x (a barrier between: this CTA's own stores)."""
@@ -335,7 +396,7 @@ def _norm_pairs_kernel(X, RES, W, Y, XP, INV, INVM, sx, sr, sy, n_cols, eps, KW,
     rmsnorm_row(X, RES, W, Y, m.to(tl.int64), sx, sr, sy, n_cols, eps, BLOCK, True, HAS_RES)
     tl.debug_barrier()
     _xpairs_blocks(Y, XP, INV, INVM, tl.num_programs(0), KW, NKB, sy, 0, m, tl.arange(0, NKB_P2)[:, None],
-                   FMT, HEAD, ASM_PAIRS, False)
+                   FMT, HEAD, ASM_PAIRS, False, DENORM)
 
 
 def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, residual: torch.Tensor | None = None,
@@ -354,13 +415,15 @@ def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, resi
     xp, inv, invm = x_scratch(x.device, fmt, k)
     block = triton.next_power_of_2(k)
     nkb = k // 128
+    dn = denorm_on(fmt)
     _norm_pairs_kernel[(n,)](
         x, res, weight, out, xp, inv, invm, x.stride(0), res.stride(0), out.stride(0), k, eps, row_words(fmt, k), nkb,
-        BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb), FMT=fmt, HEAD=H2.HEAD[fmt],
+        BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb), FMT=fmt, HEAD=head(fmt, dn),
         ASM_PAIRS=fast and not interpreting(), num_warps=min(16, max(1, block // 512)), **pdl_kwargs(x.device),
+        DENORM=dn,
     )
     if reuse_inputs():
-        note_input(_pairs_key(out.device, fmt, k), out, (n, False))
+        note_input(_pairs_key(out.device, fmt, k), out, (n, False, dn))
     return out
 
 
@@ -413,35 +476,41 @@ def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
 
 
 @triton.jit
-def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr):
+def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr, DENORM: tl.constexpr = False):
     """Row m's four pair vectors [BW, 1] of this trip (row 0's again past BLOCK_M: never used),
     loaded as columns so that they take the word tile's layout (a [BW] load is laid out on its
-    own, one word a thread across the warps, and costs a shared-memory shuffle a trip)."""
+    own, one word a thread across the warps, and costs a shared-memory shuffle a trip); and its
+    init pairs (DENORM; else the first vector again, not read)."""
     mm: tl.constexpr = m if m < BLOCK_M else 0
     xp = XP + mm * 4 * KW + cols
-    return tl.load(xp), tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW)
+    xa = tl.load(xp)
+    if DENORM:
+        xi = tl.load(XP + 16 * KW + mm * KW + cols)
+    else:
+        xi = xa
+    return xa, tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW), xi
 
 
 @triton.jit
 def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
              FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
-             ABLATE: tl.constexpr):
+             ABLATE: tl.constexpr, DENORM: tl.constexpr = False):
     """One trip's words into the accumulator: fast, acc [BW, BLOCK_N] += each run's partials
     (lane m: x row m's) times 1/x's scale; plain (interpreter), acc [4, BLOCK_N] += the rows' sums."""
     if FAST and ABLATE == 1:
         # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads (row 0's only:
         # at M = 4 it understates them) and the accumulator, one xor a word in place of the
         # decode and multiply-adds
-        xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+        xa0, xb0, xc0, xd0, xi0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
         fold = w ^ hl ^ hh ^ s.to(tl.int32) ^ xa0 ^ xb0 ^ xc0 ^ xd0
         acc += fold.to(tl.float32, bitcast=True) * tl.load(INV + cols)
     elif FAST:
-        xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
-        xa1, xb1, xc1, xd1 = _x_operands(XP, cols, KW, 1, BLOCK_M)
-        xa2, xb2, xc2, xd2 = _x_operands(XP, cols, KW, 2, BLOCK_M)
-        xa3, xb3, xc3, xd3 = _x_operands(XP, cols, KW, 3, BLOCK_M)
+        xa0, xb0, xc0, xd0, xi0 = _x_operands(XP, cols, KW, 0, BLOCK_M, DENORM)
+        xa1, xb1, xc1, xd1, xi1 = _x_operands(XP, cols, KW, 1, BLOCK_M, DENORM)
+        xa2, xb2, xc2, xd2, xi2 = _x_operands(XP, cols, KW, 2, BLOCK_M, DENORM)
+        xa3, xb3, xc3, xd3, xi3 = _x_operands(XP, cols, KW, 3, BLOCK_M, DENORM)
         out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
-                          xa3, xb3, xc3, xd3, FMT, BLOCK_M, ASM, CONSTR)
+                          xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, DENORM)
         acc += out * tl.load(INV + cols)
     else:
         acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
@@ -492,6 +561,7 @@ def _gemv_kw_kernel(
     L2PF: tl.constexpr = 0,
     PIN: tl.constexpr = False,
     TAIL_S: tl.constexpr = 0,
+    DENORM: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -540,7 +610,7 @@ def _gemv_kw_kernel(
         if lin < PRODUCERS:
             for item in range(lin, BLOCK_M * NKB, PRODUCERS):
                 _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, item // NKB, item % NKB,
-                             FMT, HEAD, ASM_PAIRS, GATED)
+                             FMT, HEAD, ASM_PAIRS, GATED, DENORM)
             tl.debug_barrier()
             tl.atomic_add(RDY, 1, sem="release")
         # (without ASM_PAIRS, the interpreter: one producer, run first)
@@ -557,7 +627,7 @@ def _gemv_kw_kernel(
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
             H2._pin_loads(PIN and ASM_PAIRS)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
             d2 = tl.minimum(i + 2, n_it - 1) - i
             wp += d2 * BW
             sp += d2 * GSTEP
@@ -566,7 +636,7 @@ def _gemv_kw_kernel(
             H2._pin_loads(PIN and ASM_PAIRS)
             if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
-                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
             cols += 2 * BW
     else:
         for i in range(n_it):
@@ -588,7 +658,7 @@ def _gemv_kw_kernel(
                 sp += GSTEP
                 hp += HSTEP
             acc = _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
             cols += BW
     if FAST:
         # lane m of each run is x row m's: [BW // 4, 4, BLOCK_N] -> [4, BLOCK_N], the one cross-lane sum
@@ -688,15 +758,19 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     block_m = 1 if m == 1 else 2 if m == 2 else 4
     fast = p.fast if fast is None else fast
     interp = QK.interpreting()
+    # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
+    # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
+    fast_dot = fast and (not interp or EMULATED_DOT)
+    # the subnormal decode (NINFER_KW_DENORM=1): x's pairs scaled for it, with their init pairs;
+    # the plain decode reads the same pairs (their scale is in INVM) and not the inits
+    dn = denorm_on(p.fmt) and fast
     reuse = reuse_inputs()
-    if cfg.inline or (reuse and holds_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))):
+    if cfg.inline or (reuse and holds_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated, dn))):
         # inline: the GEMV's first CTAs make them; else they are x2's already (NINFER_KW_XREUSE=1)
         xp, inv, invm = x_scratch(x2.device, p.fmt, p.k)
     else:
-        xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
-    # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
-    # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
-    fast = fast and (not interp or EMULATED_DOT)
+        xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated, dn)
+    fast = fast_dot
     kw = row_words(p.fmt, p.k)
     if cfg.splits > 1 or cfg.tail:
         ws = QK.Workspace.get(x2.device)
@@ -708,7 +782,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = H2.scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
-    asm, constr = H2._asm(p.fmt, block_m)
+    asm, constr = H2._asm(p.fmt, block_m, dn)
     grid, main = grid_of(p, cfg)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
     # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
@@ -732,15 +806,16 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         PREFETCH=int(cfg.prefetch),
         ABLATE=ablate,
         INLINE=bool(cfg.inline),
-        HEAD=H2.HEAD[p.fmt],
+        HEAD=head(p.fmt, dn),
         GATED=gated,
         ASM_PAIRS=fast and not interp,
         L2PF=l2pf,
         PIN=bool(cfg.pin),
         TAIL_S=cfg.tail_splits if cfg.tail else 0,
+        DENORM=dn and fast,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )
     if cfg.inline and reuse:
-        note_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))  # its first CTAs wrote x2's pairs
+        note_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated, dn))  # its first CTAs wrote x2's pairs
     return y

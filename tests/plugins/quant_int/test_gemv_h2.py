@@ -98,14 +98,32 @@ def _code(u: int, bits: int) -> int:
     return u - (1 << bits) if u >> (bits - 1) else u
 
 
+def _denorm_init(fmt: int, pairs: dict[str, list[tuple[float, float]]]) -> tuple[int, int]:
+    """The subnormal decode's init pairs of one row (gemv_h2.dot_asm, denorm): -2^-24 x the sum of
+    bias x x over the run, lane by lane, low group (A, C) and high group (B, D), rounded to fp16."""
+    bias = dict(zip("ABCD", H.denorm_bias(fmt)))
+    out = []
+    for group in ("AC", "BD"):
+        lanes = [-sum(bias[p] * pairs[p][j][h] for p in group if p in pairs for j in range(4)) * 2.0 ** -24
+                 for h in (0, 1)]
+        out.append(f16_bits(lanes[0]) | f16_bits(lanes[1]) << 16)
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("denorm", [False, True])
 @pytest.mark.parametrize("fmt", [4, 5, 6, 8])
 @pytest.mark.parametrize("block_m", [1, 2, 4])
-def test_ptx_decode_and_dot_exact(fmt, block_m):
+def test_ptx_decode_and_dot_exact(fmt, block_m, denorm):
     """Random words, bit words and small-integer x: the asm's fp32 outputs equal the exact sums
-    of code * x * scale (every product and partial sum is an integer that fp16 holds exactly)."""
-    asm, n_in = H.dot_asm(fmt, block_m)
+    of code * x * scale (every product and partial sum is an integer that fp16 holds exactly).
+    denorm: the subnormal decode, whose lanes hold (code + bias) x 2^-24 and whose accumulators
+    start at the init pairs; its outputs carry 2^-24. Exact where every running sum stays under
+    2^11 units of 2^-24 (x in [-3, 3] for q4 / q5, [-1, 1] for q6); q8's biased codes reach 255,
+    so its sums are checked to fp16 accumulation's rounding."""
+    asm, n_in = H.dot_asm(fmt, block_m, denorm)
     g = torch.Generator().manual_seed(fmt * 10 + block_m)
     parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
+    xmax = 1 if denorm and fmt in (6, 8) else 3
     for trial in range(24):
         words = [int(v) for v in torch.randint(0, 1 << 32, (4,), generator=g, dtype=torch.int64)]
         hl_raw, hh_raw = (int(v) for v in torch.randint(0, 1 << 32, (2,), generator=g, dtype=torch.int64))
@@ -129,9 +147,11 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
             ops[slot + j] = f32_bits(s_lo) if fmt == 8 else (f16_bits(s_lo) | f16_bits(s_hi) << 16)
         slot += 4
         # x: element e of word j's low group and high group, small integers
-        xs = torch.randint(-3, 4, (block_m, 2, 16), generator=g).tolist()
+        xs = torch.randint(-xmax, xmax + 1, (block_m, 2, 16), generator=g).tolist()
         for m in range(block_m):
+            pairs: dict[str, list[tuple[float, float]]] = {}
             for part in parts:
+                pairs[part] = []
                 for j in range(4):
                     lo_hi = 0 if part in "AC" else 1
                     e0, e1 = (0, 2) if part in "AB" else (1, 3)
@@ -139,7 +159,12 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
                     a, b = xs[m][lo_hi][4 * j + e0] * factor, xs[m][lo_hi][4 * j + e1] * factor
                     if fmt == 8:  # q8: both groups' x are the word's own four bytes' x
                         a, b = xs[m][0][4 * j + e0], xs[m][0][4 * j + e1]
+                    pairs[part].append((a, b))
                     ops[slot + j] = f16_bits(a) | f16_bits(b) << 16
+                slot += 4
+            if denorm:
+                lo, hi = _denorm_init(fmt, pairs)
+                ops[slot], ops[slot + 1], ops[slot + 2], ops[slot + 3] = lo, hi, 0x7C00, 0x7C00  # words 2, 3: unread (inf)
                 slot += 4
         assert slot == 4 + 4 * n_in
         regs = run_ptx(asm, ops)
@@ -148,12 +173,16 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
             if m >= block_m:
                 assert got == 0.0
                 continue
+            if denorm:
+                got *= 2.0 ** H.DENORM_UNDO
             want = 0.0
+            mass = 0.0
             for j, w in enumerate(words):
                 for i in range(4):
                     byte = (w >> (8 * i)) & 0xFF
                     if fmt == 8:
                         want += _code(byte, 8) * xs[m][0][4 * j + i] * s_lo
+                        mass += 255 * abs(xs[m][0][4 * j + i]) * s_lo
                         continue
                     ulo, uhi = byte & 0xF, byte >> 4
                     if fmt > 4:
@@ -161,7 +190,10 @@ def test_ptx_decode_and_dot_exact(fmt, block_m):
                         ulo |= ((hl >> ((4 * j + i) * wb)) & ((1 << wb) - 1)) << 4
                         uhi |= ((hh >> ((4 * j + i) * wb)) & ((1 << wb) - 1)) << 4
                     want += _code(ulo, fmt) * xs[m][0][4 * j + i] * s_lo + _code(uhi, fmt) * xs[m][1][4 * j + i] * s_hi
-            assert got == want, (fmt, block_m, trial, m, got, want)
+            if denorm and fmt == 8:
+                assert abs(got - want) <= mass * 2.0 ** -10, (fmt, block_m, trial, m, got, want)
+            else:
+                assert got == want, (fmt, block_m, trial, m, got, want)
 
 
 # --- the kernel, interpreted -------------------------------------------------------------------

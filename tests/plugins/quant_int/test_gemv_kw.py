@@ -90,8 +90,11 @@ def _lead(v, C: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, FMT: tl.constexpr):
-    """One x row's products a word, from the pairs as the PTX takes them (their factors undone)."""
+def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, xi, FMT: tl.constexpr, DENORM: tl.constexpr):
+    """One x row's products a word, from the pairs as the PTX takes them (their factors undone).
+    DENORM: the subnormal decode's, each code plus its format's bias and the sums times 2^-24, the
+    init pairs (word 0 of a run: the low group's, word 1: the high group's) added with their
+    group's scale."""
     if FMT == 5:
         kb, kc, kd = 16.0, 2.0, 32.0
     elif FMT == 4 or FMT == 6:
@@ -103,6 +106,10 @@ def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, FMT: tl.constexpr):
     a1, b1 = H._plain_codes(w, 1, hl, hh, jj, FMT)
     a2, b2 = H._plain_codes(w, 2, hl, hh, jj, FMT)
     a3, b3 = H._plain_codes(w, 3, hl, hh, jj, FMT)
+    if DENORM:
+        HALF: tl.constexpr = 1 << (FMT - 1)
+        a0, a1, a2, a3 = a0 + HALF, a1 + HALF, a2 + HALF, a3 + HALF
+        b0, b1, b2, b3 = b0 + HALF, b1 + HALF, b2 + HALF, b3 + HALF
     lo = a0 * KW._half(xa, False) + a1 * KW._half(xc, False) * kc + a2 * KW._half(xa, True) + a3 * KW._half(xc, True) * kc
     v = lo * s_lo
     if FMT != 8:
@@ -111,12 +118,19 @@ def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, FMT: tl.constexpr):
         v = v + hi * s_hi
     if FMT == 16:
         v = v * 2.384185791015625e-07  # the PTX's NVFP4 sums carry 2^-22 (gemv_h2.NVFP4_UNDO)
+    if DENORM:
+        xi = H._bx(xi, w)
+        init = KW._half(xi, False) + KW._half(xi, True)
+        v = v * 5.9604644775390625e-08 + tl.where(jj == 0, init * s_lo, 0.0)  # 2^-24 (gemv_h2.DENORM_UNDO)
+        if FMT != 8:
+            v = v + tl.where(jj == 1, init * s_hi, 0.0)
     return v
 
 
 @triton.jit
 def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                 FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr):
+                 xi0, xi1, xi2, xi3, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr,
+                 DENORM: tl.constexpr = False):
     """gemv_h2._dot_out's contract in plain Triton: lane m of each run of four words holds x row
     m's partial of the run (zero past BLOCK_M); scales and bit words from the run's first word."""
     C: tl.constexpr = w.shape[0]
@@ -139,15 +153,15 @@ def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, 
         hh = _lead(hh, C, N) >> sh
     lane = tl.arange(0, 4)[None, :, None]
     out = tl.zeros((C // 4, 4, N), tl.float32)
-    r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, FMT), (C // 4, 4, N)), 1)
+    r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, xi0, FMT, DENORM), (C // 4, 4, N)), 1)
     out = tl.where(lane == 0, tl.broadcast_to(r[:, None, :], out.shape), out)
     if BLOCK_M > 1:
-        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, FMT), (C // 4, 4, N)), 1)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, xi1, FMT, DENORM), (C // 4, 4, N)), 1)
         out = tl.where(lane == 1, tl.broadcast_to(r[:, None, :], out.shape), out)
     if BLOCK_M > 2:
-        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, FMT), (C // 4, 4, N)), 1)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, xi2, FMT, DENORM), (C // 4, 4, N)), 1)
         out = tl.where(lane == 2, tl.broadcast_to(r[:, None, :], out.shape), out)
-        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, FMT), (C // 4, 4, N)), 1)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, xi3, FMT, DENORM), (C // 4, 4, N)), 1)
         out = tl.where(lane == 3, tl.broadcast_to(r[:, None, :], out.shape), out)
     return tl.reshape(out, (C, N))
 
@@ -173,6 +187,47 @@ def test_interpreted_fast_path_with_the_ptx_emulated(scheme, m, n, k, cfg, monke
     monkeypatch.setattr(KW, "EMULATED_DOT", False)
     assert rel_err(y, KW.launch(x, p, cfg).float()) < 6e-3
     assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+
+
+@interp
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q6_g64", "q8_g32"])
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32)), (4, 40, 512, KW.KWConfig(32, 32, 1, prefetch=2)),
+                                       (3, 48, 512, KW.KWConfig(16, 32, 2, inline=True))])
+def test_interpreted_subnormal_decode_with_the_ptx_emulated(scheme, m, n, k, cfg, monkeypatch):
+    """NINFER_KW_DENORM=1: x's pairs scaled for the subnormal decode with their init pairs, the
+    PTX's contract emulated (biased codes, sums times 2^-24, each run's inits added once with
+    their group's scale): the reference within rounding, and the plain path's result on the same
+    pairs. An init pair of the wrong run, sign or group is off by the bias times x's sum."""
+    monkeypatch.setenv("NINFER_KW_DENORM", "1")
+    monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
+    monkeypatch.setattr(KW, "EMULATED_DOT", True)
+    g = torch.Generator().manual_seed(m * 100 + n + k + 7)
+    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
+    y = KW.launch(x, p, cfg)
+    assert rel_err(y, x.float() @ deq.T) < 6e-3
+    monkeypatch.setattr(KW, "EMULATED_DOT", False)
+    assert rel_err(y, KW.launch(x, p, cfg).float()) < 6e-3
+    assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+
+
+def test_subnormal_decode_switch_and_heads(monkeypatch):
+    """The subnormal decode is the int formats' only, under NINFER_KW_DENORM=1; its x scaling keeps
+    |x| < 2^15 and every biased code times its lane's factor under 2^10 (an f16 subnormal)."""
+    monkeypatch.delenv("NINFER_KW_DENORM", raising=False)
+    assert not any(KW.denorm_on(f) for f in (4, 5, 6, 8, 16))
+    monkeypatch.setenv("NINFER_KW_DENORM", "1")
+    assert all(KW.denorm_on(f) for f in (4, 5, 6, 8)) and not KW.denorm_on(16)
+    assert KW.head(4, True) == H.DENORM_HEAD == 14 and KW.head(4, False) == H.HEAD[4]
+    for fmt in (4, 5, 6, 8):
+        bias = H.denorm_bias(fmt)
+        lane_factor = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32), 6: (1, 16, 1, 16), 8: (1, 1, 1, 1)}[fmt]
+        for b, f in zip(bias, lane_factor):
+            assert b == (1 << (fmt - 1)) * f  # the code's bias in the lane's units
+            assert (2 * b - 1) < 1024 or fmt == 8 and 2 * b - 1 == 255  # the largest biased lane value
+        # the decode keeps no exponent bits
+        assert "0x64" not in H.dot_asm(fmt, 1, True)[0].replace("0x00640064", "")
 
 
 @interp
@@ -231,17 +286,40 @@ def test_interpreted_kw_large_and_tiny_x():
 
 @interp
 @pytest.mark.parametrize("fmt,scheme", [(4, "q4_g64"), (5, "q5_g64"), (8, "q8_g32"), (16, "nvfp4")])
-def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme):
+@pytest.mark.parametrize("denorm", [False, True])
+def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme, denorm):
     """Each K block's pairs: x * 2^e (e from the block's max |x|, gemv_h2's HEAD) times the
     decode's factor for that pair (gemv_h2.X_FACTORS), rounded to fp16; INVM = 2^-e; INV[c] the
-    1/scale of row c % 4 (NVFP4: with 2^22)."""
+    1/scale of row c % 4 (NVFP4: with 2^22). denorm (the int formats' subnormal decode): HEAD 14,
+    INV with 2^24, and each run's init pairs: word 0 -2^-24 x sum(bias x pair) over A and C, lane
+    by lane, word 1 over B and D, rounded to fp16; words 2 and 3 zero."""
+    if denorm and fmt == 16:
+        pytest.skip("NVFP4 has no subnormal decode")
     g = torch.Generator().manual_seed(fmt)
     k = 256
     x = (torch.randn(3, k, generator=g) * torch.tensor([1.0, 50.0, 1e-3])[:, None]).to(torch.bfloat16)
-    xp, inv, invm = KW.xpairs(x, fmt, k, 4, fast=False)
+    xp, inv, invm = KW.xpairs(x, fmt, k, 4, fast=False, denorm=denorm)
     kw = KW.row_words(fmt, k)
     wpb = KW.WORDS[fmt]
-    pairs = xp.view(4, 4, kw)
+    pairs = xp[:16 * kw].view(4, 4, kw)
+    inits = xp[16 * kw:20 * kw].view(4, kw)
+    head = H.DENORM_HEAD if denorm else H.HEAD[fmt]
+    bias = dict(zip("ABCD", H.denorm_bias(fmt))) if denorm else {}
+
+    def lanes(word: int) -> list[float]:
+        return [float(v) for v in torch.tensor([word & 0xFFFF, (word >> 16) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16)]
+
+    if denorm:
+        for m in range(4):
+            for run in range(kw // 4):
+                c0 = run * 4
+                assert fmt != 8 or int(inits[m, c0 + 1]) == 0  # q8: one group a run
+                for j, group in ((0, "AC"), (1, "BD"))[:1 if fmt == 8 else 2]:
+                    want = [-sum(bias[p] * lanes(int(pairs[m, "ABCD".index(p), c0 + i]))[h] for p in group for i in range(4))
+                            * 2.0 ** -24 for h in (0, 1)]
+                    got = lanes(int(inits[m, c0 + j]))
+                    assert torch.equal(torch.tensor(got, dtype=torch.float16), torch.tensor(want).to(torch.float16)), (m, run, j)
+                assert int(inits[m, c0 + 2]) == 0 and int(inits[m, c0 + 3]) == 0
     fa, fb, fc, fd = H.X_FACTORS[fmt]
     hi = H.HI_OFFSET[fmt]
     for m in range(4):
@@ -249,9 +327,9 @@ def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme):
             blk = x[m, kb * 128:(kb + 1) * 128].float() if m < 3 else torch.zeros(128)
             amax = float(blk.abs().max())
             ex = (torch.tensor([amax]).view(torch.int32).item() >> 23 & 0xFF) - 127
-            e = H.HEAD[fmt] - min(max(ex, -100), 100)
+            e = head - min(max(ex, -100), 100)
             assert float(invm.view(4, -1)[m, kb]) == 2.0 ** -e
-            undo = 22 if fmt == 16 else 0
+            undo = 22 if fmt == 16 else 24 if denorm else 0
             for t in range(wpb):
                 c = kb * wpb + t
                 base = kb * 128 + ((t // 2) * 16 + (t % 2) * 4 if fmt == 16 else t * 4)
@@ -412,6 +490,48 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
             assert torch.equal(y, KW.launch(x, p, cfg))  # bit-equal repeats
             assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
             assert int(KW.ready_counters(x.device).abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [s for s in GPU_SHAPES if s[0] != "nvfp4"])
+def test_gpu_subnormal_decode(scheme, n, k, monkeypatch):
+    """NINFER_KW_DENORM=1 (the int formats' decode as f16 subnormals, the bias out through each
+    run's init pairs) on every config kind at M = 1..4: within rounding of dequantize-then-matmul
+    and of the decode without it, bit-equal repeats, counters reset; x with outliers 2^12 above
+    its bulk (the scaling puts the largest at 2^14..2^15, the bulk's products far into the
+    subnormal range) no worse than without it; and in a CUDA graph, equal to eager."""
+    torch.manual_seed(n + k + 1)
+    p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+    deq = deq.float()
+    cfgs = (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(16, 64, 1, 4, 1), KW.KWConfig(16, 128, 4),
+            KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(8, 128, 2, 2), KW.KWConfig(16, 128, 1, 4, 2, pin=True))
+    for m in (1, 2, 3, 4):
+        x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
+        wild = x.clone()
+        wild[:, ::997] = 8192.0
+        for cfg in cfgs:
+            if not KW.supports(p, cfg):
+                continue
+            K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
+            for xin in (x, wild):
+                ref = xin.float() @ deq.T
+                monkeypatch.delenv("NINFER_KW_DENORM", raising=False)
+                plain = KW.launch(xin, p, cfg)
+                monkeypatch.setenv("NINFER_KW_DENORM", "1")
+                y = KW.launch(xin, p, cfg)
+                assert rel_err(y, ref) < 6e-3, (m, cfg.describe())
+                assert rel_err(y, ref) < 1.5 * rel_err(plain, ref) + 1e-3, (m, cfg.describe())
+                assert torch.equal(y, KW.launch(xin, p, cfg))
+                assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
+                assert int(KW.ready_counters(x.device).abs().sum()) == 0
+    monkeypatch.setenv("NINFER_KW_DENORM", "1")
+    cfg = KW.KWConfig(16, 128, 1, 4, 2)
+    if KW.supports(p, cfg):
+        x = (torch.randn(1, k, device="cuda") * 2).to(torch.bfloat16)
+        eager = KW.launch(x, p, cfg)
+        for out in replayed(lambda: KW.launch(x, p, cfg)):
+            assert torch.equal(out, eager)
 
 
 @pytest.mark.gpu
@@ -709,10 +829,17 @@ def _scratch_after(fn, device, fmt, k):
 @pytest.mark.parametrize("fmt", [4, 5, 8, 16])
 @pytest.mark.parametrize("n,k", [(1, 640), (2, 384), (4, 1152), (1, 5120)])  # 5120: the 27B's rows (40 of 64 blocks)
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
+@pytest.mark.parametrize("denorm", [False, True])
+def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual, denorm, monkeypatch):
     # the norm's output to the bit (residual updated alike), and the pairs it leaves in x_scratch
-    # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes
+    # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes (with
+    # NINFER_KW_DENORM=1 the init pairs too)
     from ninfer.kernels.triton.norms import rmsnorm
+
+    if denorm:
+        if fmt == 16 or with_residual:
+            pytest.skip("NVFP4 has no subnormal decode; the residual path is the same with it")
+        monkeypatch.setenv("NINFER_KW_DENORM", "1")
 
     x, w, res_a, res_b = norm_inputs(n, k, n * 100 + k + fmt, with_residual, DEV)
     fast = not INTERPRET
@@ -725,9 +852,13 @@ def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
     assert torch.equal(h, want)
     if res_a is not None:
         assert torch.equal(res_a, res_b)
-    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), x.device, fmt, k)
+    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast, denorm=KW.denorm_on(fmt)), x.device, fmt, k)
     for got, exp in zip(fused, apart):
         assert torch.equal(got, exp)
+    if denorm:  # the init pairs were written (the sentinel is gone from row 0's)
+        kw = KW.row_words(fmt, k)
+        inits = fused[0][16 * kw:17 * kw].view(-1, 4)
+        assert not torch.equal(inits[:, 0], torch.full_like(inits[:, 0], -7)) and torch.equal(inits[:, 2], torch.zeros_like(inits[:, 2]))
 
 
 def test_norm_pairs_refuses_what_the_gemv_does_not_take():
