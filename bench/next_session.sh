@@ -58,7 +58,7 @@
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else kwnv (AUTO_OTHER)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
-#   bash bench/next_session.sh denorm  # the K-walk's subnormal int decode (NINFER_KW_DENORM=1): GPU tests, 27B step and round A/B
+#   bash bench/next_session.sh denorm  # the K-walk's subnormal int decode (NINFER_DENORM=1): GPU tests, 27B step and round A/B
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
 #   bash bench/next_session.sh dqkw    # short: the NVFP4 dequant test + dq_bench, kw_bench on three NVFP4 shapes at M = 1 (~6 min)
@@ -890,18 +890,18 @@ case "${1:-}" in
   nvtile) nvtile_run ;;
   kwdq) kwdq_run ;;
   denorm)
-    # the int formats' subnormal decode in the K-walk (NINFER_KW_DENORM=1, written without a GPU; SASS
+    # the int formats' subnormal decode in the K-walk and f16x2 GEMV (NINFER_DENORM=1, written without a GPU; SASS
     # q4 M = 1 2.43 -> 1.94 instructions a weight): its GPU tests, then the 27B int4 step alternated
     # with and without it, then the MTP round if time is left (~9 min warm)
     t0=$(date +%s)
     timeout ${DN_T:-170} python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py \
-      -k "subnormal or fast_path_on_the_gpu or tuned_table or 35b_kw_entries" > "$OUT/t.txt" 2>&1
+      tests/plugins/quant_int/test_gemv_h2.py -k "subnormal or fast_path_on_the_gpu or tuned_table or 35b_kw_entries" > "$OUT/t.txt" 2>&1
     echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
     left=$(( ${DN_S:-560} - ($(date +%s) - t0) ))
     steps qwen3.6-27b $(( left * 6 / 10 )) $(( left * 6 / 10 - 40 )) dn.txt "27B int4 step" \
-      "X=1" "NINFER_KW_DENORM=1" "X=1" "NINFER_KW_DENORM=1"
+      "X=1" "NINFER_DENORM=1" "X=1" "NINFER_DENORM=1"
     left=$(( ${DN_S:-560} - ($(date +%s) - t0) ))
-    [ "$left" -gt 130 ] && rounds $left "X=1" "NINFER_KW_DENORM=1"
+    [ "$left" -gt 130 ] && rounds $left "X=1" "NINFER_DENORM=1"
     ;;
   kwnv)
     # kwdq then nvtile, one call (~8.5 min): auto's call on a card that is not an H200

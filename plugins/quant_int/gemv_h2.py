@@ -71,7 +71,7 @@ HWORDS = {5: 4, 6: 8}
 # exponent and mantissa: exact, subnormals included) and an E4M3 scale to its value times 2^-8
 # (its seven bits under an f16's): the fast path's sums carry 2^-22, undone with x's scaling
 NVFP4_UNDO = 22
-# The int formats' subnormal decode (`denorm`, gemv_kw's NINFER_KW_DENORM): the same bit tricks
+# The int formats' subnormal decode (`denorm`, NINFER_DENORM, gemv_h2 and gemv_kw): the same bit tricks
 # without the exponent 0x6400 under each lane, so a lane reads (code + bias) x 2^-24 exactly, an
 # f16 subnormal (every biased code times its lane's factor is below 1024), and no subtraction
 # follows: four sub.f16x2 a word fewer. The bias comes back out through the accumulators, which
@@ -80,6 +80,12 @@ NVFP4_UNDO = 22
 # is the accumulator's, as before. The fast path's sums carry 2^-24, undone with x's scaling.
 DENORM_HEAD = 14
 DENORM_UNDO = 24
+
+
+def denorm_on(fmt: int) -> bool:
+    """Whether the f16x2 decode kernels take `fmt` with the subnormal decode: the int formats under
+    NINFER_DENORM=1 (read at each launch, for in-process A/Bs; gemv_h2 and gemv_kw)."""
+    return fmt in FORMATS and os.environ.get("NINFER_DENORM", "0") == "1"
 
 
 def _mag(const: str, denorm: bool) -> str:
@@ -438,6 +444,53 @@ def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, 
 
 
 @triton.jit
+def _lanes(pair):
+    """An f16x2 int32 pair -> its two halves as fp32 (low, high)."""
+    lo = (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = ((pair >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def pairs_init(xa, xb, xc, xd, FMT: tl.constexpr, ASM: tl.constexpr):
+    """The subnormal decode's init pairs (dot_asm, denorm) from one x row's pairs per word column
+    ([C] or [R, C], runs of four along the last axis): per run, word 0 holds -2^-24 x sum(bias x
+    pair) over A and C lane by lane (the low group's accumulator start), word 1 the same over B and
+    D (the high group's; q8: zero, one group a run), words 2 and 3 zero. The biases are
+    denorm_bias's: q4 8 / 128, q5 16 / 256 / 32 / 512, q6 32 / 512, q8 128. gemv_kw's x pairs
+    launch stores the same."""
+    BA: tl.constexpr = 8 if FMT == 4 else 16 if FMT == 5 else 32 if FMT == 6 else 128
+    BC: tl.constexpr = 8 if FMT == 4 else 32 if FMT == 5 else 32 if FMT == 6 else 128
+    BB: tl.constexpr = 128 if FMT == 4 else 256 if FMT == 5 else 512
+    BD: tl.constexpr = 128 if FMT == 4 else 512
+    ONE_D: tl.constexpr = len(xa.shape) == 1
+    if ONE_D:
+        xa, xb, xc, xd = xa[None, :], xb[None, :], xc[None, :], xd[None, :]
+    R: tl.constexpr = xa.shape[0]
+    C: tl.constexpr = xa.shape[1]
+    a0, a1 = _lanes(xa)
+    b0, b1 = _lanes(xb)
+    c0, c1 = _lanes(xc)
+    d0, d1 = _lanes(xd)
+    NEG: tl.constexpr = -5.9604644775390625e-08  # -2^-24
+    lo0 = tl.sum(tl.reshape(BA * a0 + BC * c0, (R, C // 4, 4)), 2) * NEG
+    lo1 = tl.sum(tl.reshape(BA * a1 + BC * c1, (R, C // 4, 4)), 2) * NEG
+    lo = _pair(lo0, lo1, ASM)
+    j = tl.arange(0, 4)[None, None, :]
+    if FMT == 8:
+        init = tl.where(j == 0, lo[:, :, None], 0)
+    else:
+        hi0 = tl.sum(tl.reshape(BB * b0 + BD * d0, (R, C // 4, 4)), 2) * NEG
+        hi1 = tl.sum(tl.reshape(BB * b1 + BD * d1, (R, C // 4, 4)), 2) * NEG
+        hi = _pair(hi0, hi1, ASM)
+        init = tl.where(j == 0, lo[:, :, None], tl.where(j == 1, hi[:, :, None], 0))
+    if ONE_D:
+        return tl.reshape(init, (C,))
+    else:
+        return tl.reshape(init, (R, C))
+
+
+@triton.jit
 def _plain_codes(w, i, hl, hh, j, FMT: tl.constexpr):
     """Interpreter path: byte i of each word -> (low-group code, high-group code) as fp32
     (q8: the byte's code twice). j: the word's place in its run (for the q5/q6 bit words)."""
@@ -664,8 +717,9 @@ def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2,
 @triton.jit
 def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
           xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
+          xi0, xi1, xi2, xi3,
           FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
-          ABLATE: tl.constexpr = 0):
+          ABLATE: tl.constexpr = 0, DENORM: tl.constexpr = False):
     """One trip: a tile's partial sums for every x row, stored to the workspace. ABLATE = 1 (a
     measurement, never dispatched: bench/h2_ablate.py) replaces the decode and multiply-adds with
     one xor of the tile's words, keeping the loads, the reduction and the stores."""
@@ -675,7 +729,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     elif FAST:
         out = _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                       xa0, xa1, xa2, xa3, FMT, BLOCK_M, ASM, CONSTR)
+                       xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, DENORM)
         # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     else:
@@ -826,6 +880,7 @@ def _gemv_h2_kernel(
     ABLATE: tl.constexpr = 0,
     L2PF: tl.constexpr = 0,
     PIN: tl.constexpr = False,
+    DENORM: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -859,6 +914,18 @@ def _gemv_h2_kernel(
     if BLOCK_M < 4:
         xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
         xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
+    if DENORM:
+        # the subnormal decode (HEAD is DENORM_HEAD): each row's init pairs, its sums' 2^-24 undone
+        xi0 = pairs_init(xa0, xb0, xc0, xd0, FMT, FAST)
+        xi1 = pairs_init(xa1, xb1, xc1, xd1, FMT, FAST)
+        xi2 = pairs_init(xa2, xb2, xc2, xd2, FMT, FAST)
+        xi3 = pairs_init(xa3, xb3, xc3, xd3, FMT, FAST)
+        inv0 = inv0 * 16777216.0
+        inv1 = inv1 * 16777216.0
+        inv2 = inv2 * 16777216.0
+        inv3 = inv3 * 16777216.0
+    else:
+        xi0, xi1, xi2, xi3 = xa0, xa1, xa2, xa3  # not read
     if PREFETCH != 0 and not (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     cols4 = tl.arange(0, 4)[:, None]
@@ -878,7 +945,7 @@ def _gemv_h2_kernel(
             w_n = _pinned(w_n, ZERO, PIN and FAST)
             _trip(w_n, hl_n, hh_n, s_n, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+                  xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
             d2 = (tl.minimum(r0 + 2 * BLOCK_N, last) - r0).to(tl.int64)
             wp += d2 * stride_wn
             sp += d2 * stride_sn
@@ -887,7 +954,7 @@ def _gemv_h2_kernel(
             w_b = _pinned(w_b, ZERO, PIN and FAST)
             _trip(w_b, hl_b, hh_b, s_b, r1, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+                  xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
     else:
         for r0 in range(row_lo, row_hi, BLOCK_N):
             if PREFETCH == 1:
@@ -909,7 +976,7 @@ def _gemv_h2_kernel(
                 hp += BLOCK_N * stride_hn
             _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
+                  xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
     # the last slice of this row chunk to arrive sums all slices, in slice order
     tl.debug_barrier()
     arrived = SY.arrive(CNT + pid_c)
@@ -1073,7 +1140,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     s = scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
     fast = (p.fast if fast is None else fast) and not QK.interpreting()
-    asm, constr = _asm(p.fmt, block_m)
+    dn = fast and denorm_on(p.fmt)
+    asm, constr = _asm(p.fmt, block_m, dn)
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
     _gemv_h2_kernel[(chunks, n_slices)](
         x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout, zero_word(x2.device) if cfg.pin else ws.counters,
@@ -1085,7 +1153,8 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         KBS=cfg.kbs,
         SLICES_P2=slices_p2,
         BLOCK_M=block_m,
-        HEAD=HEAD[p.fmt],
+        HEAD=DENORM_HEAD if dn else HEAD[p.fmt],
+        DENORM=dn,
         ASM=asm,
         CONSTR=constr,
         FAST=fast,

@@ -35,7 +35,7 @@ Timed on an H100 (BENCHMARKS.md, seventeenth run): at M = 1 q4 gate+up 85% of co
 q5 70-75% (55-61%), the q6 head at a read-only stream's rate; the 27B step +23% with it on every
 M <= 4 launch. Its measured winners (tuned.TUNED_KW) are dispatched by default (NINFER_KW=0 turns
 them off; NINFER_KW=1 also sends every other launch it fits to default_config).
-The subnormal decode (NINFER_KW_DENORM=1, int formats; gemv_h2.DENORM_HEAD): the decode keeps each
+The subnormal decode (NINFER_DENORM=1, int formats; gemv_h2.DENORM_HEAD): the decode keeps each
 lane's biased code as an f16 subnormal ((code + bias) x 2^-24, exact) and skips the four sub.f16x2
 a word; x's pairs launch also writes, per run and x row, init pairs (-2^-24 x the run's sum of
 bias x x, lane by lane) that start the f16 accumulators, so the bias cancels inside the same
@@ -202,12 +202,6 @@ def _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
 
 
 @triton.jit
-def _run_sums(v, R: tl.constexpr, WPB: tl.constexpr):
-    """v [R, WPB] -> the sum over each run of four words, [R, WPB // 4]."""
-    return tl.sum(tl.reshape(v, (R, WPB // 4, 4)), 2)
-
-
-@triton.jit
 def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
                    FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr,
                    DENORM: tl.constexpr = False):
@@ -237,34 +231,12 @@ def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
     tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), mask=ok)
     tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), mask=ok)
     if DENORM:
-        # the lanes' biases (gemv_h2.denorm_bias: q4 8 / 128, q5 16 / 256 / 32 / 512, q6 32 / 512,
-        # q8 128) times the pairs as the FMAs see them (rounded to fp16), summed over each run
-        BA: tl.constexpr = 8 if FMT == 4 else 16 if FMT == 5 else 32 if FMT == 6 else 128
-        BC: tl.constexpr = 8 if FMT == 4 else 32 if FMT == 5 else 32 if FMT == 6 else 128
-        BB: tl.constexpr = 128 if FMT == 4 else 256 if FMT == 5 else 512
-        BD: tl.constexpr = 128 if FMT == 4 else 512
-        R: tl.constexpr = kb.shape[0]
-        lo0 = _run_sums(BA * _f16(l0 * f) + BC * _f16(l1 * fc), R, WPB)
-        lo1 = _run_sums(BA * _f16(l2 * f) + BC * _f16(l3 * fc), R, WPB)
-        hi0 = _run_sums(BB * _f16(h0 * fb) + BD * _f16(h1 * fd), R, WPB)
-        hi1 = _run_sums(BB * _f16(h2 * fb) + BD * _f16(h3 * fd), R, WPB)
-        NEG: tl.constexpr = -5.9604644775390625e-08  # -2^-24
-        lo = H2._pair(lo0 * NEG, lo1 * NEG, ASM_PAIRS)
-        hi = H2._pair(hi0 * NEG, hi1 * NEG, ASM_PAIRS)
-        j = tl.arange(0, 4)[None, None, :]
-        if FMT == 8:  # one group a run: word 1's pair is not read either
-            init = tl.where(j == 0, lo[:, :, None], 0)
-        else:
-            init = tl.where(j == 0, lo[:, :, None], tl.where(j == 1, hi[:, :, None], 0))
-        tl.store(XP + 16 * KW + m * KW + col, tl.reshape(init, (R, WPB)), mask=ok)
+        # the inits from the pairs as stored (gemv_h2.pairs_init: the same fp16 roundings the FMAs see)
+        init = H2.pairs_init(H2._pair(l0 * f, l2 * f, ASM_PAIRS), H2._pair(h0 * fb, h2 * fb, ASM_PAIRS),
+                             H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), FMT, ASM_PAIRS)
+        tl.store(XP + 16 * KW + m * KW + col, init, mask=ok)
     tl.store(INV + col, tl.broadcast_to(inv_fast, col.shape), mask=ok & ((t % 4) == m))
     tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
-
-
-@triton.jit
-def _f16(v):
-    """v rounded to fp16, as fp32 (what _pair stores of it)."""
-    return v.to(tl.float16).to(tl.float32)
 
 
 @triton.jit
@@ -318,9 +290,8 @@ def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: 
 
 
 def denorm_on(fmt: int) -> bool:
-    """Whether the K-walk decodes `fmt` with the subnormal decode (gemv_h2.DENORM_HEAD): the int
-    formats under NINFER_KW_DENORM=1 (read at each launch, for in-process A/Bs)."""
-    return fmt in H2.FORMATS and os.environ.get("NINFER_KW_DENORM", "0") == "1"
+    """Whether the K-walk decodes `fmt` with the subnormal decode: gemv_h2.denorm_on (NINFER_DENORM=1)."""
+    return H2.denorm_on(fmt)
 
 
 def head(fmt: int, denorm: bool) -> int:
@@ -769,7 +740,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
     # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
     fast_dot = fast and (not interp or EMULATED_DOT)
-    # the subnormal decode (NINFER_KW_DENORM=1): x's pairs scaled for it, with their init pairs;
+    # the subnormal decode (NINFER_DENORM=1): x's pairs scaled for it, with their init pairs;
     # the plain decode reads the same pairs (their scale is in INVM) and not the inits
     dn = denorm_on(p.fmt) and fast
     reuse = reuse_inputs()

@@ -394,6 +394,66 @@ def test_gpu_h2_every_shape_class(scheme):
 
 @gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_gpu_h2_subnormal_decode(scheme, monkeypatch):
+    """NINFER_DENORM=1 in the f16x2 GEMV (each CTA's init pairs from its x pairs, pairs_init on
+    [C]): within rounding of the reference and of the decode without it, at M = 1..4, every shape
+    class, x with outliers 2^12 above its bulk; bit-equal repeats."""
+    torch.manual_seed(1)
+    for n, k in SHAPES:
+        p, deq = packed_and_ref(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), scheme)
+        for cfg in (H.default_config(p.fmt, n, k), H.H2Config(16, 2, 8), H.H2Config(64, 1, 2, 8, 2)):
+            if cfg is None or not H.supports(p, cfg):
+                continue
+            K.Workspace.get(p.device).reserve(*H.workspace_need(p, cfg))
+            for m in (1, 2, 3, 4):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                wild = x.clone()
+                wild[:, ::997] = 8192.0
+                for xin in (x, wild):
+                    ref = xin.float() @ deq.T
+                    monkeypatch.delenv("NINFER_DENORM", raising=False)
+                    plain = H.launch(xin, p, cfg)
+                    monkeypatch.setenv("NINFER_DENORM", "1")
+                    y = H.launch(xin, p, cfg)
+                    assert rel_err(y, ref) < 6e-3, (scheme, n, k, m, cfg)
+                    assert rel_err(y, ref) < 1.5 * rel_err(plain, ref) + 1e-3, (scheme, n, k, m, cfg)
+                    assert torch.equal(y, H.launch(xin, p, cfg))
+
+
+@interp
+@pytest.mark.parametrize("fmt", [4, 5, 6, 8])
+def test_pairs_init_on_one_row_of_columns(fmt):
+    """pairs_init on [C] (the f16x2 GEMV's x pairs: one CTA's word columns) against the formula
+    run by run: word 0 the A/C sum, word 1 the B/D sum (q8: zero), words 2 and 3 zero."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(XA, XB, XC, XD, OUT, C: tl.constexpr, FMT: tl.constexpr):
+        c = tl.arange(0, C)
+        out = H.pairs_init(tl.load(XA + c), tl.load(XB + c), tl.load(XC + c), tl.load(XD + c), FMT, False)
+        tl.store(OUT + c, out)
+
+    g = torch.Generator().manual_seed(fmt)
+    C = 32
+    vals = (torch.randn(4, C, 2, generator=g) * 3000).to(torch.float16)
+    packed = (vals.view(torch.int16).to(torch.int32) & 0xFFFF)
+    words = packed[..., 0] | (packed[..., 1] << 16)
+    out = torch.zeros(C, dtype=torch.int32)
+    kernel[(1,)](words[0], words[1], words[2], words[3], out, C=C, FMT=fmt)
+    for run in range(C // 4):
+        pairs = {p: [(float(vals[i, run * 4 + j, 0]), float(vals[i, run * 4 + j, 1])) for j in range(4)]
+                 for i, p in enumerate("ABCD")}
+        if fmt == 8:
+            pairs = {p: pairs[p] for p in "AC"}
+        lo, hi = _denorm_init(fmt, pairs)
+        got = [int(v) & 0xFFFFFFFF for v in out[run * 4:run * 4 + 4]]
+        assert got == [lo, 0 if fmt == 8 else hi, 0, 0], (fmt, run)
+
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
 def test_gpu_h2_graph_replay_and_bit_equal_repeats():
     torch.manual_seed(1)
     p, deq = packed_and_ref(torch.randn(5120, 17408, device="cuda", dtype=torch.bfloat16), "q5_g64")

@@ -194,11 +194,11 @@ def test_interpreted_fast_path_with_the_ptx_emulated(scheme, m, n, k, cfg, monke
 @pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32)), (4, 40, 512, KW.KWConfig(32, 32, 1, prefetch=2)),
                                        (3, 48, 512, KW.KWConfig(16, 32, 2, inline=True))])
 def test_interpreted_subnormal_decode_with_the_ptx_emulated(scheme, m, n, k, cfg, monkeypatch):
-    """NINFER_KW_DENORM=1: x's pairs scaled for the subnormal decode with their init pairs, the
+    """NINFER_DENORM=1: x's pairs scaled for the subnormal decode with their init pairs, the
     PTX's contract emulated (biased codes, sums times 2^-24, each run's inits added once with
     their group's scale): the reference within rounding, and the plain path's result on the same
     pairs. An init pair of the wrong run, sign or group is off by the bias times x's sum."""
-    monkeypatch.setenv("NINFER_KW_DENORM", "1")
+    monkeypatch.setenv("NINFER_DENORM", "1")
     monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
     monkeypatch.setattr(KW, "EMULATED_DOT", True)
     g = torch.Generator().manual_seed(m * 100 + n + k + 7)
@@ -213,11 +213,11 @@ def test_interpreted_subnormal_decode_with_the_ptx_emulated(scheme, m, n, k, cfg
 
 
 def test_subnormal_decode_switch_and_heads(monkeypatch):
-    """The subnormal decode is the int formats' only, under NINFER_KW_DENORM=1; its x scaling keeps
+    """The subnormal decode is the int formats' only, under NINFER_DENORM=1; its x scaling keeps
     |x| < 2^15 and every biased code times its lane's factor under 2^10 (an f16 subnormal)."""
-    monkeypatch.delenv("NINFER_KW_DENORM", raising=False)
+    monkeypatch.delenv("NINFER_DENORM", raising=False)
     assert not any(KW.denorm_on(f) for f in (4, 5, 6, 8, 16))
-    monkeypatch.setenv("NINFER_KW_DENORM", "1")
+    monkeypatch.setenv("NINFER_DENORM", "1")
     assert all(KW.denorm_on(f) for f in (4, 5, 6, 8)) and not KW.denorm_on(16)
     assert KW.head(4, True) == H.DENORM_HEAD == 14 and KW.head(4, False) == H.HEAD[4]
     for fmt in (4, 5, 6, 8):
@@ -496,7 +496,7 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("scheme,n,k", [s for s in GPU_SHAPES if s[0] != "nvfp4"])
 def test_gpu_subnormal_decode(scheme, n, k, monkeypatch):
-    """NINFER_KW_DENORM=1 (the int formats' decode as f16 subnormals, the bias out through each
+    """NINFER_DENORM=1 (the int formats' decode as f16 subnormals, the bias out through each
     run's init pairs) on every config kind at M = 1..4: within rounding of dequantize-then-matmul
     and of the decode without it, bit-equal repeats, counters reset; x with outliers 2^12 above
     its bulk (the scaling puts the largest at 2^14..2^15, the bulk's products far into the
@@ -516,16 +516,16 @@ def test_gpu_subnormal_decode(scheme, n, k, monkeypatch):
             K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
             for xin in (x, wild):
                 ref = xin.float() @ deq.T
-                monkeypatch.delenv("NINFER_KW_DENORM", raising=False)
+                monkeypatch.delenv("NINFER_DENORM", raising=False)
                 plain = KW.launch(xin, p, cfg)
-                monkeypatch.setenv("NINFER_KW_DENORM", "1")
+                monkeypatch.setenv("NINFER_DENORM", "1")
                 y = KW.launch(xin, p, cfg)
                 assert rel_err(y, ref) < 6e-3, (m, cfg.describe())
                 assert rel_err(y, ref) < 1.5 * rel_err(plain, ref) + 1e-3, (m, cfg.describe())
                 assert torch.equal(y, KW.launch(xin, p, cfg))
                 assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
                 assert int(KW.ready_counters(x.device).abs().sum()) == 0
-    monkeypatch.setenv("NINFER_KW_DENORM", "1")
+    monkeypatch.setenv("NINFER_DENORM", "1")
     cfg = KW.KWConfig(16, 128, 1, 4, 2)
     if KW.supports(p, cfg):
         x = (torch.randn(1, k, device="cuda") * 2).to(torch.bfloat16)
@@ -833,13 +833,13 @@ def _scratch_after(fn, device, fmt, k):
 def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual, denorm, monkeypatch):
     # the norm's output to the bit (residual updated alike), and the pairs it leaves in x_scratch
     # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes (with
-    # NINFER_KW_DENORM=1 the init pairs too)
+    # NINFER_DENORM=1 the init pairs too)
     from ninfer.kernels.triton.norms import rmsnorm
 
     if denorm:
         if fmt == 16 or with_residual:
             pytest.skip("NVFP4 has no subnormal decode; the residual path is the same with it")
-        monkeypatch.setenv("NINFER_KW_DENORM", "1")
+        monkeypatch.setenv("NINFER_DENORM", "1")
 
     x, w, res_a, res_b = norm_inputs(n, k, n * 100 + k + fmt, with_residual, DEV)
     fast = not INTERPRET
