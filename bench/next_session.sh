@@ -58,6 +58,7 @@
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else kwnv (AUTO_OTHER)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
+#   bash bench/next_session.sh dnbars  # short: the subnormal decode's GPU tests, quant_bars' decode rows without / with it
 #   bash bench/next_session.sh denorm  # the K-walk's subnormal int decode (NINFER_DENORM=1): GPU tests, 27B step and round A/B
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
@@ -905,6 +906,22 @@ case "${1:-}" in
     [ "$share" = 10 ] && exit 0
     left=$(( ${DN_S:-560} - ($(date +%s) - t0) ))
     [ "$left" -gt 130 ] && rounds $left "X=1" "NINFER_DENORM=1"
+    ;;
+  dnbars)
+    # a short call: the subnormal decode's GPU tests, then issue 3's decode rows (M = 1 and 4, every
+    # 27B int4 shape as dispatched) without and with NINFER_DENORM=1, a process each (~5 min)
+    t0=$(date +%s)
+    timeout ${DN_T:-100} python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py \
+      tests/plugins/quant_int/test_gemv_h2.py -k "${DN_K:-subnormal}" > "$OUT/t.txt" 2>&1
+    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
+    for dn in 0 1; do
+      left=$(( ${DN_S:-300} - ($(date +%s) - t0) ))
+      [ "$dn" = 0 ] && left=$(( left / 2 ))
+      NINFER_DENORM=$dn timeout $left python3 bench/quant_bars.py --out "$OUT/dn$dn" --decode-only --formats int4 \
+        --models ${DN_MODELS:-27b} --budget-s $(( left - 25 )) > "$OUT/qb$dn.txt" 2>&1
+      echo "quant_bars NINFER_DENORM=$dn rc=$? $(( $(date +%s) - t0 )) s"; grep -E "M=1 " "$OUT/qb$dn.txt" | cut -c1-120
+    done
+    exit 0
     ;;
   kwnv)
     # kwdq then nvtile, one call (~8.5 min): auto's call on a card that is not an H200

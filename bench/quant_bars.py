@@ -78,7 +78,7 @@ def kernel_name(p, m: int) -> str:
     return "tile " + K.pick_config(p.fmt, m, p.n, p.k, p.sm_count).describe()
 
 
-def measure(label: str, n: int, k: int, fmt: str, bw: float, cublas_tf: float) -> dict:
+def measure(label: str, n: int, k: int, fmt: str, bw: float, cublas_tf: float, decode_only: bool = False) -> dict:
     import torch
     from quant_linear import L2_DEFEAT_BYTES, clone_prepared, cuda_ms, graph_ms_per_call, make_prepared, prepared_bytes
 
@@ -91,6 +91,9 @@ def measure(label: str, n: int, k: int, fmt: str, bw: float, cublas_tf: float) -
     copies = [p] + [clone_prepared(p) for _ in range(max(1, min(64, math.ceil(L2_DEFEAT_BYTES / nb))) - 1)]
     row: dict = {"shape": label, "fmt": fmt, "n": n, "k": k, "weight_bytes": nb, "copies": len(copies)}
     for m in DECODE_M:
+        if decode_only and m > 4:
+            row[f"m{m}_us"] = row[f"m{m}_share"] = math.nan
+            continue
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ms = graph_ms_per_call([lambda c=c: K.launch(x, c) for c in copies])
         moved = nb + 2 * m * (n + k)
@@ -99,6 +102,9 @@ def measure(label: str, n: int, k: int, fmt: str, bw: float, cublas_tf: float) -
         row[f"m{m}_kernel"] = kernel_name(p, m)
     row["m4_over_m1"] = row["m4_us"] / row["m1_us"]
     copies.clear()
+    if decode_only:
+        row["m1024_us"] = row["m1024_tflops"] = row["m1024_share_cublas"] = math.nan
+        return row
     D.reserve(p)
     x = torch.randn(PREFILL_M, k, device="cuda", dtype=torch.bfloat16)
     ms = cuda_ms(lambda: D.matmul(x, p), reps=10)
@@ -159,6 +165,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting rows after this many seconds")
     ap.add_argument("--formats", default="int4,nvfp4", help="int4 (the recipe's scheme a shape), nvfp4, int8, or a scheme")
     ap.add_argument("--models", default="27b,35b")
+    ap.add_argument("--decode-only", action="store_true", help="M = 1 and 4 only (an A/B of a decode switch)")
     args = ap.parse_args()
     import torch
     from quant_linear import copy_bandwidth, cublas_prefill_tflops, torch_int4_ms
@@ -181,8 +188,8 @@ def main() -> int:
             fmt = scheme(fmt_arg, row_fmt)
             try:
                 if (n, k) not in cublas:
-                    cublas[(n, k)] = cublas_prefill_tflops(n, k, PREFILL_M)
-                r = measure(label, n, k, fmt, bw, cublas[(n, k)])
+                    cublas[(n, k)] = math.nan if args.decode_only else cublas_prefill_tflops(n, k, PREFILL_M)
+                r = measure(label, n, k, fmt, bw, cublas[(n, k)], args.decode_only)
                 r["format_arg"] = fmt_arg
             except Exception as e:  # one shape's failure must not cost the rest
                 r = {"shape": label, "fmt": fmt, "format_arg": fmt_arg, "error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -196,7 +203,7 @@ def main() -> int:
                       f"M=1024 {r['m1024_tflops']:4.0f} TFLOP/s ({r['m1024_share_cublas']:.0%} of cuBLAS)", flush=True)
             (out / "quant_bars.json").write_text(json.dumps(res, indent=1))
     for label, n, k, _, big, _ in rows:
-        if big and time.time() - t0 < args.budget_s + 60:
+        if big and not args.decode_only and time.time() - t0 < args.budget_s + 60:
             t = torch_int4_ms(n, k)
             res["torch_int4"][label] = {"error": t} if isinstance(t, str) else {
                 "us": t[0] * 1e3, "share": t[1] / t[0] / 1e9 / bw}
