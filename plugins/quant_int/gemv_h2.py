@@ -251,7 +251,7 @@ X_FACTORS = {4: (1.0, 0.0625, 1.0, 0.0625), 5: (1.0, 0.0625, 0.5, 0.03125), 6: (
 HI_OFFSET = {4: 64, 5: 64, 6: 64, 8: 64, 16: 8}
 
 
-def dot_asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, int]:
+def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> tuple[str, int]:
     """The inline PTX of one run (four words) for `block_m` activation rows, and its input count
     (tensors of four registers each). Operands, in order: outputs $0..$3 (fp32: $m is row m's
     partial, zero past block_m); the four words; for q5/q6 the low- and high-group bit words
@@ -259,7 +259,9 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, int]:
     2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others), and with denorm
     (int formats: the subnormal decode, DENORM_HEAD) the row's init pairs I: word 0's starts the
     low group's accumulator, word 1's the high group's (q8: word 0's its one), words 2 and 3's
-    are not read."""
+    are not read. acc (gemv_kw's accumulator through the asm): then per word the inverse x scale V
+    (lane m's is word m's: row m's) and the running fp32 sum Q; output m is Q_m + V_m x row m's
+    partial, Q_m unchanged past block_m (three FFMAs a run fewer at M = 1 than the sum outside)."""
     denorm = denorm and fmt in FORMATS
     names: list[str] = [f"W{j}" for j in range(4)]
     if fmt in (5, 6):
@@ -271,6 +273,8 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, int]:
     for m in range(block_m):
         for part in parts + (("I",) if denorm else ()):
             names += [f"X{part}{m}_{j}" for j in range(4)]
+    if acc:
+        names += [f"V{j}" for j in range(4)] + [f"Q{j}" for j in range(4)]
     reg = {name: f"${4 + i}" for i, name in enumerate(names) if name != "_"}
     n_inputs = len(names) // 4
     lines = [
@@ -278,7 +282,7 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, int]:
         ".reg .b32 w8, pa, pb, pc, pd, ul, uh, hb, t1, sa, sb, ka, kb, kc, kd;",
         ".reg .b32 " + ", ".join(f"al{m}, ah{m}" for m in range(block_m)) + ";",
         ".reg .b16 h0, h1;",
-        ".reg .f32 f0, f1, s0, s1, lo, hi;",
+        ".reg .f32 f0, f1, s0, s1, lo, hi, tt;",
     ]
     if fmt in _SUB and not denorm:  # the int formats' magic-number bias (NVFP4 decodes without one)
         lines += [f"mov.b32 k{r}, {_SUB[fmt][i]};" for i, r in enumerate("abcd")]
@@ -310,14 +314,17 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, int]:
         lines += ["mov.b32 {h0, h1}, %S;", "cvt.f32.f16 s0, h0;", "cvt.f32.f16 s1, h1;"]
     for m in range(4):
         if m >= block_m:
-            lines.append(f"mov.b32 ${m}, 0;")
+            lines.append(f"mov.b32 ${m}, %Q{m};" if acc else f"mov.b32 ${m}, 0;")
             continue
+        dst = "tt" if acc else f"${m}"
         lines += [f"mov.b32 {{h0, h1}}, al{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 lo, f0, f1;"]
         if fmt == 8:
-            lines.append(f"mul.f32 ${m}, lo, s0;")
+            lines.append(f"mul.f32 {dst}, lo, s0;")
         else:
             lines += [f"mov.b32 {{h0, h1}}, ah{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 hi, f0, f1;",
-                      "mul.f32 lo, lo, s0;", f"fma.rn.f32 ${m}, hi, s1, lo;"]
+                      "mul.f32 lo, lo, s0;", f"fma.rn.f32 {dst}, hi, s1, lo;"]
+        if acc:
+            lines.append(f"fma.rn.f32 ${m}, tt, %V{m}, %Q{m};")
     lines.append("}")
     text = "\n".join(lines)
     for name, r in sorted(reg.items(), key=lambda kv: -len(kv[0])):
@@ -615,13 +622,14 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
 
 @triton.jit
 def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-             xi0, xi1, xi2, xi3, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr,
-             DENORM: tl.constexpr = False):
+             xi0, xi1, xi2, xi3, invt, acc, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr,
+             CONSTR: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
     """The fast path's dot of a word tile [C, BLOCK_N] with x pairs per word ([C] each): fp32
     [C, BLOCK_N] where lane m of each run of four words holds row m's partial of the run (scales
     applied, x's power-of-two scaling not undone). DENORM (int formats, ASM from _asm(..., True)):
-    the subnormal decode, each row's init pairs xi (gemv_kw's XI); else xi is not read. gemv_kw.py
-    shares it."""
+    the subnormal decode, each row's init pairs xi (gemv_kw's XI); else xi is not read. ACC (ASM
+    from _asm(..., acc=True)): returns acc + invt x the partials instead (invt, acc: [C, BLOCK_N]
+    fp32; else not read). gemv_kw.py shares it."""
     sb = s
     if FMT == 8:
         sb = s.to(tl.float32)
@@ -710,6 +718,8 @@ def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2,
                 args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
                         _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w), _bx(xa3, w),
                         _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+    if ACC:
+        args = args + [invt, acc]
     out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
     return out
 
@@ -729,7 +739,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     elif FAST:
         out = _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                       xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, DENORM)
+                       xi0, xi1, xi2, xi3, inv, inv, FMT, BLOCK_M, ASM, CONSTR, DENORM)
         # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     else:
@@ -1026,13 +1036,13 @@ class H2Config:
         return launch(x2, p, self, fast)
 
 
-_ASM: dict[tuple[int, int, bool], tuple[str, str]] = {}
+_ASM: dict[tuple[int, int, bool, bool], tuple[str, str]] = {}
 
 
-def _asm(fmt: int, block_m: int, denorm: bool = False) -> tuple[str, str]:
-    key = (fmt, block_m, denorm and fmt in FORMATS)
+def _asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> tuple[str, str]:
+    key = (fmt, block_m, denorm and fmt in FORMATS, acc)
     if key not in _ASM:
-        text, n_inputs = dot_asm(fmt, block_m, denorm)
+        text, n_inputs = dot_asm(fmt, block_m, denorm, acc)
         _ASM[key] = (text, ",".join(["=r"] * 4 + ["r"] * (4 * n_inputs)))
     return _ASM[key]
 

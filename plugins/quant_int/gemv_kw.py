@@ -473,7 +473,7 @@ def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr, DENORM: tl
 @triton.jit
 def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
              FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
-             ABLATE: tl.constexpr, DENORM: tl.constexpr = False):
+             ABLATE: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
     """One trip's words into the accumulator: fast, acc [BW, BLOCK_N] += each run's partials
     (lane m: x row m's) times 1/x's scale; plain (interpreter), acc [4, BLOCK_N] += the rows' sums."""
     if FAST and ABLATE == 1:
@@ -488,9 +488,15 @@ def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4
         xa1, xb1, xc1, xd1, xi1 = _x_operands(XP, cols, KW, 1, BLOCK_M, DENORM)
         xa2, xb2, xc2, xd2, xi2 = _x_operands(XP, cols, KW, 2, BLOCK_M, DENORM)
         xa3, xb3, xc3, xd3, xi3 = _x_operands(XP, cols, KW, 3, BLOCK_M, DENORM)
-        out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
-                          xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, DENORM)
-        acc += out * tl.load(INV + cols)
+        if ACC:
+            # the accumulator through the asm (dot_asm acc): lanes past BLOCK_M pass unchanged
+            acc = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
+                              xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, tl.load(INV + cols), acc, FMT, BLOCK_M, ASM, CONSTR,
+                              DENORM, True)
+        else:
+            out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
+                              xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, acc, acc, FMT, BLOCK_M, ASM, CONSTR, DENORM)
+            acc += out * tl.load(INV + cols)
     else:
         acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
     return acc
@@ -541,6 +547,7 @@ def _gemv_kw_kernel(
     PIN: tl.constexpr = False,
     TAIL_S: tl.constexpr = 0,
     DENORM: tl.constexpr = False,
+    ACC: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -606,7 +613,7 @@ def _gemv_kw_kernel(
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
             H2._pin_loads(PIN and ASM_PAIRS)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC)
             d2 = tl.minimum(i + 2, n_it - 1) - i
             wp += d2 * BW
             sp += d2 * GSTEP
@@ -615,7 +622,7 @@ def _gemv_kw_kernel(
             H2._pin_loads(PIN and ASM_PAIRS)
             if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
-                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
+                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC)
             cols += 2 * BW
     else:
         for i in range(n_it):
@@ -637,7 +644,7 @@ def _gemv_kw_kernel(
                 sp += GSTEP
                 hp += HSTEP
             acc = _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC)
             cols += BW
     if FAST:
         # lane m of each run is x row m's: [BW // 4, 4, BLOCK_N] -> [4, BLOCK_N], the one cross-lane sum
@@ -761,7 +768,12 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = H2.scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
-    asm, constr = H2._asm(p.fmt, block_m, dn)
+    # with it, the fp32 accumulator through the asm where that saves instructions (sm_90 SASS: q4-q6
+    # at M = 1 and 2, e.g. q4 pp 1.94 -> 1.88 a weight, 124 -> 94 registers; not q8, whose pf
+    # configs then spill, nor M = 4); NINFER_DENORM_ACC=0 keeps the sum outside (an A/B)
+    acc_in_asm = (dn and fast and block_m < 4 and p.fmt != 8
+                  and os.environ.get("NINFER_DENORM_ACC", "1") == "1")
+    asm, constr = H2._asm(p.fmt, block_m, dn and fast, acc_in_asm)
     grid, main = grid_of(p, cfg)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
     # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
@@ -792,6 +804,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         PIN=bool(cfg.pin),
         TAIL_S=cfg.tail_splits if cfg.tail else 0,
         DENORM=dn and fast,
+        ACC=acc_in_asm,
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )

@@ -110,17 +110,18 @@ def _denorm_init(fmt: int, pairs: dict[str, list[tuple[float, float]]]) -> tuple
     return out[0], out[1]
 
 
-@pytest.mark.parametrize("denorm", [False, True])
+@pytest.mark.parametrize("denorm,acc", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("fmt", [4, 5, 6, 8])
 @pytest.mark.parametrize("block_m", [1, 2, 4])
-def test_ptx_decode_and_dot_exact(fmt, block_m, denorm):
+def test_ptx_decode_and_dot_exact(fmt, block_m, denorm, acc):
     """Random words, bit words and small-integer x: the asm's fp32 outputs equal the exact sums
     of code * x * scale (every product and partial sum is an integer that fp16 holds exactly).
     denorm: the subnormal decode, whose lanes hold (code + bias) x 2^-24 and whose accumulators
     start at the init pairs; its outputs carry 2^-24. Exact where every running sum stays under
     2^11 units of 2^-24 (x in [-3, 3] for q4 / q5, [-1, 1] for q6); q8's biased codes reach 255,
-    so its sums are checked to fp16 accumulation's rounding."""
-    asm, n_in = H.dot_asm(fmt, block_m, denorm)
+    so its sums are checked to fp16 accumulation's rounding. acc: the accumulator through the asm,
+    output m = Q_m + V_m x row m's sum (V a power of two), Q_m past block_m."""
+    asm, n_in = H.dot_asm(fmt, block_m, denorm, acc)
     g = torch.Generator().manual_seed(fmt * 10 + block_m)
     parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
     xmax = 1 if denorm and fmt in (6, 8) else 3
@@ -166,14 +167,23 @@ def test_ptx_decode_and_dot_exact(fmt, block_m, denorm):
                 lo, hi = _denorm_init(fmt, pairs)
                 ops[slot], ops[slot + 1], ops[slot + 2], ops[slot + 3] = lo, hi, 0x7C00, 0x7C00  # words 2, 3: unread (inf)
                 slot += 4
+        acc_in = [0.25 * (trial + 1) * (m + 1) for m in range(4)]
+        inv_v = [2.0 ** (24 + m) for m in range(4)] if denorm else [1.0] * 4
+        if acc:
+            for j in range(4):
+                ops[slot + j] = f32_bits(inv_v[j])
+                ops[slot + 4 + j] = f32_bits(acc_in[j])
+            slot += 8
         assert slot == 4 + 4 * n_in
         regs = run_ptx(asm, ops)
         for m in range(4):
             got = f32_value(regs[f"${m}"])
             if m >= block_m:
-                assert got == 0.0
+                assert got == (acc_in[m] if acc else 0.0)
                 continue
-            if denorm:
+            if acc:
+                got = (got - acc_in[m]) / 2.0 ** m  # V_m = 2^(24 + m): the 2^-24 and m undone
+            elif denorm:
                 got *= 2.0 ** H.DENORM_UNDO
             want = 0.0
             mass = 0.0

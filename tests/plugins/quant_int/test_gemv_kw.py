@@ -129,8 +129,8 @@ def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, xi, FMT: tl.constexpr, D
 
 @triton.jit
 def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                 xi0, xi1, xi2, xi3, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr,
-                 DENORM: tl.constexpr = False):
+                 xi0, xi1, xi2, xi3, invt, acc, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr,
+                 CONSTR: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
     """gemv_h2._dot_out's contract in plain Triton: lane m of each run of four words holds x row
     m's partial of the run (zero past BLOCK_M); scales and bit words from the run's first word."""
     C: tl.constexpr = w.shape[0]
@@ -163,6 +163,8 @@ def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, 
         out = tl.where(lane == 2, tl.broadcast_to(r[:, None, :], out.shape), out)
         r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, xi3, FMT, DENORM), (C // 4, 4, N)), 1)
         out = tl.where(lane == 3, tl.broadcast_to(r[:, None, :], out.shape), out)
+    if ACC:
+        return acc + tl.reshape(out, (C, N)) * invt
     return tl.reshape(out, (C, N))
 
 
