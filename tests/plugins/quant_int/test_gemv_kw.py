@@ -26,7 +26,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import SCHEME_OF, count_launches, norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
+from test_gemv_h2 import (  # noqa: E402  (same folder)
+    SCHEME_OF, count_launches, norm_inputs, packed_and_ref, rel_err, replayed, subnormal_against_plain)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -178,9 +179,15 @@ def test_interpreted_fast_path_with_the_ptx_emulated(scheme, m, n, k, cfg, monke
     accumulator and its one reduction, first-word-only scale and bit-word loads, the ping-pong
     walk, the splits), with the PTX of gemv_h2._dot_out replaced by an emulation of its contract:
     the plain path's result within rounding. An INV one word off gives errors near 1."""
+    _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, m * 100 + n + k)
+
+
+def _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, seed):
+    """The K-walk's fast path with the PTX emulated (_emu_dot_out) on random weights and x: the
+    reference within rounding, the plain path's result on the same pairs, counters reset."""
     monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
     monkeypatch.setattr(KW, "EMULATED_DOT", True)
-    g = torch.Generator().manual_seed(m * 100 + n + k)
+    g = torch.Generator().manual_seed(seed)
     p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
     x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
     K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
@@ -199,19 +206,10 @@ def test_interpreted_subnormal_decode_with_the_ptx_emulated(scheme, m, n, k, cfg
     """NINFER_DENORM=1: x's pairs scaled for the subnormal decode with their init pairs, the
     PTX's contract emulated (biased codes, sums times 2^-24, each run's inits added once with
     their group's scale): the reference within rounding, and the plain path's result on the same
-    pairs. An init pair of the wrong run, sign or group is off by the bias times x's sum."""
+    pairs. An init pair of the wrong run, sign or group is off by the bias times x's sum. At
+    M = 1 (q4-q6) the accumulator goes through the asm (its emulation: acc + scale x partial)."""
     monkeypatch.setenv("NINFER_DENORM", "1")
-    monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
-    monkeypatch.setattr(KW, "EMULATED_DOT", True)
-    g = torch.Generator().manual_seed(m * 100 + n + k + 7)
-    p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
-    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
-    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
-    y = KW.launch(x, p, cfg)
-    assert rel_err(y, x.float() @ deq.T) < 6e-3
-    monkeypatch.setattr(KW, "EMULATED_DOT", False)
-    assert rel_err(y, KW.launch(x, p, cfg).float()) < 6e-3
-    assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
+    _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, m * 100 + n + k + 7)
 
 
 def test_subnormal_decode_switch_and_heads(monkeypatch):
@@ -517,14 +515,8 @@ def test_gpu_subnormal_decode(scheme, n, k, monkeypatch):
                 continue
             K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
             for xin in (x, wild):
-                ref = xin.float() @ deq.T
-                monkeypatch.delenv("NINFER_DENORM", raising=False)
-                plain = KW.launch(xin, p, cfg)
-                monkeypatch.setenv("NINFER_DENORM", "1")
-                y = KW.launch(xin, p, cfg)
-                assert rel_err(y, ref) < 6e-3, (m, cfg.describe())
-                assert rel_err(y, ref) < 1.5 * rel_err(plain, ref) + 1e-3, (m, cfg.describe())
-                assert torch.equal(y, KW.launch(xin, p, cfg))
+                subnormal_against_plain(lambda xin=xin: KW.launch(xin, p, cfg), xin.float() @ deq.T, monkeypatch,
+                                        (m, cfg.describe()))
                 assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
                 assert int(KW.ready_counters(x.device).abs().sum()) == 0
     monkeypatch.setenv("NINFER_DENORM", "1")
