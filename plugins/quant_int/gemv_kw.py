@@ -68,6 +68,8 @@ from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
 MAX_M = 4
+# where the subnormal decode's init pairs start in XP: after every row's four pair vectors
+XI_AT = tl.constexpr(MAX_M * 4)
 # tests only: the interpreter runs the fast path, with gemv_h2._dot_out replaced by an emulation
 EMULATED_DOT = False
 DECODES = H2.DECODES
@@ -217,6 +219,25 @@ def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
         base = kbc * 128 + t * 4
     l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = H2._x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED,
                                                                     True)
+    if DENORM:
+        # scaled per run of four words (32 elements) rather than per K block: the subnormal decode's
+        # sums are fixed-point below 2^-14 (a step of 2^-24), so a run far below its block's largest
+        # |x| (an outlier elsewhere in the block) would keep few significant bits
+        R: tl.constexpr = kb.shape[0]
+        v = tl.maximum(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))),
+                       tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))))
+        vr = tl.max(tl.reshape(v, (R, WPB // 4, 4)), 2)
+        vr = tl.reshape(tl.broadcast_to(vr[:, :, None], (R, WPB // 4, 4)), (R, WPB))
+        ex = ((vr.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
+        f = H2._pow2(e)
+        fb = f * 0.0625
+        if FMT == 5:
+            fc = f * 0.5
+            fd = f * 0.03125
+        else:
+            fc = f
+            fd = fb
     inv = H2._pow2(-e)
     if FMT == 16:
         inv_fast = H2._pow2(22 - e)  # NVFP4: the decode's 2^-22 undone with the scaling
@@ -234,9 +255,12 @@ def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
         # the inits from the pairs as stored (gemv_h2.pairs_init: the same fp16 roundings the FMAs see)
         init = H2.pairs_init(H2._pair(l0 * f, l2 * f, ASM_PAIRS), H2._pair(h0 * fb, h2 * fb, ASM_PAIRS),
                              H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), FMT, ASM_PAIRS)
-        tl.store(XP + 16 * KW + m * KW + col, init, mask=ok)
+        tl.store(XP + XI_AT * KW + m * KW + col, init, mask=ok)
+        # INVM per run (KW // 4 a row) for the plain decode
+        tl.store(INVM + m * (KW // 4) + col // 4, inv, mask=ok & ((t % 4) == 0))
+    else:
+        tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
     tl.store(INV + col, tl.broadcast_to(inv_fast, col.shape), mask=ok & ((t % 4) == m))
-    tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
 
 
 @triton.jit
@@ -261,7 +285,8 @@ def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...
         # four pairs a row, then (the subnormal decode's) one init pair a row
         return (torch.zeros(MAX_M * 5 * kw, dtype=torch.int32, device=device),
                 torch.zeros(kw, dtype=torch.float32, device=device),
-                torch.zeros(MAX_M * nkb, dtype=torch.float32, device=device))
+                # 1/scale per row and K block, or per row and run (the subnormal decode's scaling)
+                torch.zeros(MAX_M * max(nkb, kw // 4), dtype=torch.float32, device=device))
 
     return lasting("gemv_kw_x", device, (fmt, k), make)
 
@@ -394,7 +419,7 @@ def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, resi
     xp, inv, invm = x_scratch(x.device, fmt, k)
     block = triton.next_power_of_2(k)
     nkb = k // 128
-    dn = denorm_on(fmt)
+    dn = denorm_on(fmt) and fast
     _norm_pairs_kernel[(n,)](
         x, res, weight, out, xp, inv, invm, x.stride(0), res.stride(0), out.stride(0), k, eps, row_words(fmt, k), nkb,
         BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb), FMT=fmt, HEAD=head(fmt, dn),
@@ -421,7 +446,7 @@ def _half(pair, hi: tl.constexpr):
 
 @triton.jit
 def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
-                FMT: tl.constexpr, BLOCK_M: tl.constexpr):
+                FMT: tl.constexpr, BLOCK_M: tl.constexpr, RUNSCALE: tl.constexpr = False):
     """Interpreter path: the tile's sums for every x row added to acc [4, BLOCK_N], x unpacked
     from the prepared pairs with the decode's factors (gemv_h2.X_FACTORS) and the scaling undone."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
@@ -445,7 +470,10 @@ def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
         b = tl.load(xp + KW)
         c = tl.load(xp + 2 * KW)
         d = tl.load(xp + 3 * KW)
-        im = tl.load(INVM + mm * NKB + cols // WPB)
+        if RUNSCALE:  # x's pairs made for the subnormal decode: scaled per run
+            im = tl.load(INVM + mm * (KW // 4) + cols // 4)
+        else:
+            im = tl.load(INVM + mm * NKB + cols // WPB)
         r = H2._plain_row(w, hl, hh, jj, s_lo, s_hi,
                           _half(a, False) * im, _half(c, False) * fc * im, _half(a, True) * im, _half(c, True) * fc * im,
                           _half(b, False) * fb * im, _half(d, False) * fd * im, _half(b, True) * fb * im, _half(d, True) * fd * im,
@@ -464,7 +492,7 @@ def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr, DENORM: tl
     xp = XP + mm * 4 * KW + cols
     xa = tl.load(xp)
     if DENORM:
-        xi = tl.load(XP + 16 * KW + mm * KW + cols)
+        xi = tl.load(XP + XI_AT * KW + mm * KW + cols)
     else:
         xi = xa
     return xa, tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW), xi
@@ -473,7 +501,8 @@ def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr, DENORM: tl
 @triton.jit
 def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
              FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
-             ABLATE: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
+             ABLATE: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False,
+             XDENORM: tl.constexpr = False):
     """One trip's words into the accumulator: fast, acc [BW, BLOCK_N] += each run's partials
     (lane m: x row m's) times 1/x's scale; plain (interpreter), acc [4, BLOCK_N] += the rows' sums."""
     if FAST and ABLATE == 1:
@@ -498,7 +527,7 @@ def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4
                               xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, acc, acc, FMT, BLOCK_M, ASM, CONSTR, DENORM)
             acc += out * tl.load(INV + cols)
     else:
-        acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
+        acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M, XDENORM)
     return acc
 
 
@@ -548,6 +577,7 @@ def _gemv_kw_kernel(
     TAIL_S: tl.constexpr = 0,
     DENORM: tl.constexpr = False,
     ACC: tl.constexpr = False,
+    XDENORM: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -596,7 +626,7 @@ def _gemv_kw_kernel(
         if lin < PRODUCERS:
             for item in range(lin, BLOCK_M * NKB, PRODUCERS):
                 _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, item // NKB, item % NKB,
-                             FMT, HEAD, ASM_PAIRS, GATED, DENORM)
+                             FMT, HEAD, ASM_PAIRS, GATED, XDENORM)
             tl.debug_barrier()
             tl.atomic_add(RDY, 1, sem="release")
         # (without ASM_PAIRS, the interpreter: one producer, run first)
@@ -613,7 +643,7 @@ def _gemv_kw_kernel(
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
             H2._pin_loads(PIN and ASM_PAIRS)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC, XDENORM)
             d2 = tl.minimum(i + 2, n_it - 1) - i
             wp += d2 * BW
             sp += d2 * GSTEP
@@ -622,7 +652,7 @@ def _gemv_kw_kernel(
             H2._pin_loads(PIN and ASM_PAIRS)
             if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
-                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC)
+                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC, XDENORM)
             cols += 2 * BW
     else:
         for i in range(n_it):
@@ -644,7 +674,7 @@ def _gemv_kw_kernel(
                 sp += GSTEP
                 hp += HSTEP
             acc = _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC, XDENORM)
             cols += BW
     if FAST:
         # lane m of each run is x row m's: [BW // 4, 4, BLOCK_N] -> [4, BLOCK_N], the one cross-lane sum
@@ -803,8 +833,9 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         L2PF=l2pf,
         PIN=bool(cfg.pin),
         TAIL_S=cfg.tail_splits if cfg.tail else 0,
-        DENORM=dn and fast,
+        DENORM=dn and fast,  # the decode (fast is the fast path's here)
         ACC=acc_in_asm,
+        XDENORM=dn,  # x's pairs (inline producers, the plain decode's scales)
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )
