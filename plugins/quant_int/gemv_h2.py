@@ -263,6 +263,7 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> 
     (lane m's is word m's: row m's) and the running fp32 sum Q; output m is Q_m + V_m x row m's
     partial, Q_m unchanged past block_m (three FFMAs a run fewer at M = 1 than the sum outside)."""
     denorm = denorm and fmt in FORMATS
+    acc_io = acc  # (the NVFP4 loop below names its accumulator register `acc`)
     names: list[str] = [f"W{j}" for j in range(4)]
     if fmt in (5, 6):
         names += ["HL"] + ["_"] * 3 + ["HH"] + ["_"] * 3
@@ -273,7 +274,7 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> 
     for m in range(block_m):
         for part in parts + (("I",) if denorm else ()):
             names += [f"X{part}{m}_{j}" for j in range(4)]
-    if acc:
+    if acc_io:
         names += [f"V{j}" for j in range(4)] + [f"Q{j}" for j in range(4)]
     reg = {name: f"${4 + i}" for i, name in enumerate(names) if name != "_"}
     n_inputs = len(names) // 4
@@ -314,16 +315,16 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> 
         lines += ["mov.b32 {h0, h1}, %S;", "cvt.f32.f16 s0, h0;", "cvt.f32.f16 s1, h1;"]
     for m in range(4):
         if m >= block_m:
-            lines.append(f"mov.b32 ${m}, %Q{m};" if acc else f"mov.b32 ${m}, 0;")
+            lines.append(f"mov.b32 ${m}, %Q{m};" if acc_io else f"mov.b32 ${m}, 0;")
             continue
-        dst = "tt" if acc else f"${m}"
+        dst = "tt" if acc_io else f"${m}"
         lines += [f"mov.b32 {{h0, h1}}, al{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 lo, f0, f1;"]
         if fmt == 8:
             lines.append(f"mul.f32 {dst}, lo, s0;")
         else:
             lines += [f"mov.b32 {{h0, h1}}, ah{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 hi, f0, f1;",
                       "mul.f32 lo, lo, s0;", f"fma.rn.f32 {dst}, hi, s1, lo;"]
-        if acc:
+        if acc_io:
             lines.append(f"fma.rn.f32 ${m}, tt, %V{m}, %Q{m};")
     lines.append("}")
     text = "\n".join(lines)

@@ -447,6 +447,22 @@ def test_gpu_h2_subnormal_decode(scheme, monkeypatch):
                 subnormal_against_plain(lambda: H.launch(x, p, cfg), x.float() @ deq.T, monkeypatch, (scheme, n, k, m, cfg))
 
 
+@pytest.mark.parametrize("fmt", [4, 5, 6, 8, 16])
+@pytest.mark.parametrize("block_m", [1, 2, 4])
+@pytest.mark.parametrize("denorm,acc", [(False, False), (True, False), (True, True), (False, True)])
+def test_dot_asm_names_every_operand(fmt, block_m, denorm, acc):
+    """Every %NAME in the asm text became a $N operand, and the operand count is what the
+    constraint string declares (a stray name is a ptxas error only a GPU compile would show)."""
+    import re
+
+    text, n_in = H.dot_asm(fmt, block_m, denorm, acc)
+    assert not re.search(r"%[A-Za-z]", text), re.findall(r"%[A-Za-z]\w*", text)[:5]
+    used = {int(v) for v in re.findall(r"\$(\d+)", text)}
+    assert max(used) < 4 + 4 * n_in and set(range(4)) <= used
+    _, constr = H._asm(fmt, block_m, denorm, acc)
+    assert constr.count("r") == 4 + 4 * n_in
+
+
 @interp
 @pytest.mark.parametrize("fmt", [4, 5, 6, 8])
 def test_pairs_init_on_one_row_of_columns(fmt):
