@@ -35,14 +35,18 @@ Timed on an H100 (BENCHMARKS.md, seventeenth run): at M = 1 q4 gate+up 85% of co
 q5 70-75% (55-61%), the q6 head at a read-only stream's rate; the 27B step +23% with it on every
 M <= 4 launch. Its measured winners (tuned.TUNED_KW) are dispatched by default (NINFER_KW=0 turns
 them off; NINFER_KW=1 also sends every other launch it fits to default_config).
-The subnormal decode (NINFER_DENORM=1, int formats; gemv_h2.DENORM_HEAD): the decode keeps each
+The subnormal decode (NINFER_DENORM=1, off by default; int formats; gemv_h2.DENORM_HEAD): the decode keeps each
 lane's biased code as an f16 subnormal ((code + bias) x 2^-24, exact) and skips the four sub.f16x2
 a word; x's pairs launch also writes, per run and x row, init pairs (-2^-24 x the run's sum of
 bias x x, lane by lane) that start the f16 accumulators, so the bias cancels inside the same
-chain of FMAs. sm_90 SASS, q4 M = 1 at BW128 pp: 2.43 -> 1.94 instructions a weight (M = 4: 4.98
--> 4.58, 211 -> 168 registers); q5 3.49 -> 3.04; q8 3.18 -> 2.68. One more 16-byte x load a run
-and row. The running sums hold (code + bias) x x, about twice the magnitude of code x x, so the
-fp16 accumulation's rounding is about twice that of the magic-number decode.
+chain of FMAs. x is then scaled per run of four words (32 elements), not per K block: a run's
+fp16 sum is fixed-point below 2^-14, and an outlier elsewhere in the block would leave it few
+bits. At M = 1-2 (q4-q6) the asm also adds each run's partial into the fp32 accumulator (no
+zero-lane FFMAs). sm_90 SASS, q4 M = 1 at BW128 pp: 2.43 -> 1.88 instructions a weight (M = 4:
+4.98 -> 4.58, 211 -> 168 registers); q5 3.49 -> 2.94; q8 3.18 -> 2.68. One more 16-byte x load a
+run and row. The running sums hold (code + bias) x x, about twice the magnitude of code x x, so
+the fp16 accumulation's rounding is about twice that of the magic-number decode. Not yet run
+on a GPU (BENCHMARKS.md, thirty-second run).
 Known costs: x's pairs are a launch of their own (~2 µs before the GEMV can read x; written by
 the kernels that produce x, they would not be), and each trip re-reads x's pairs from L1/L2
 (16 B a word and x row, against 64 B of weights a word column at BLOCK_N = 16).
