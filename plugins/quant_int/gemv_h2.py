@@ -411,6 +411,14 @@ def _x_scaled(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, G
         h1 = l1
         h2 = l2
         h3 = l3
+    e, f, fb, fc, fd = x_factors(amax, FMT, HEAD)
+    return l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd
+
+
+@triton.jit
+def x_factors(amax, FMT: tl.constexpr, HEAD: tl.constexpr):
+    """From max |x| (any shape): the power of two e that brings it under 2^(HEAD + 1), and the
+    factors of the pairs A, B, C, D (2^e times X_FACTORS)."""
     ex = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
     f = _pow2(e)
@@ -424,7 +432,7 @@ def _x_scaled(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, G
     else:
         fc = f
         fd = fb
-    return l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd
+    return e, f, fb, fc, fd
 
 
 @triton.jit

@@ -232,16 +232,7 @@ def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
                        tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))))
         vr = tl.max(tl.reshape(v, (R, WPB // 4, 4)), 2)
         vr = tl.reshape(tl.broadcast_to(vr[:, :, None], (R, WPB // 4, 4)), (R, WPB))
-        ex = ((vr.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
-        f = H2._pow2(e)
-        fb = f * 0.0625
-        if FMT == 5:
-            fc = f * 0.5
-            fd = f * 0.03125
-        else:
-            fc = f
-            fd = fb
+        e, f, fb, fc, fd = H2.x_factors(vr, FMT, HEAD)
     inv = H2._pow2(-e)
     if FMT == 16:
         inv_fast = H2._pow2(22 - e)  # NVFP4: the decode's 2^-22 undone with the scaling
