@@ -630,6 +630,19 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
 
 
 @triton.jit
+def _row_operands(w, xa, xb, xc, xd, xi, FMT: tl.constexpr, DENORM: tl.constexpr):
+    """One x row's asm operands, each spread over the word tile: its pairs (q8: A and C) and, with
+    DENORM, its init pairs."""
+    if FMT == 8:
+        ops = [_bx(xa, w), _bx(xc, w)]
+    else:
+        ops = [_bx(xa, w), _bx(xb, w), _bx(xc, w), _bx(xd, w)]
+    if DENORM:
+        ops = ops + [_bx(xi, w)]
+    return ops
+
+
+@triton.jit
 def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
              xi0, xi1, xi2, xi3, invt, acc, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr,
              CONSTR: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
@@ -644,89 +657,20 @@ def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2,
         sb = s.to(tl.float32)
     if FMT == 16:
         sb = s.to(tl.int32)  # the run's two E4M3 bytes (an int16 load)
-    # the asm's operands are fixed per (FMT, BLOCK_M, DENORM): see dot_asm
-    if FMT == 8:
-        if DENORM:
-            if BLOCK_M == 1:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xi0, w)]
-            elif BLOCK_M == 2:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xi0, w), _bx(xa1, w), _bx(xc1, w), _bx(xi1, w)]
-            else:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xi0, w), _bx(xa1, w), _bx(xc1, w), _bx(xi1, w),
-                        _bx(xa2, w), _bx(xc2, w), _bx(xi2, w), _bx(xa3, w), _bx(xc3, w), _bx(xi3, w)]
-        else:
-            if BLOCK_M == 1:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
-            elif BLOCK_M == 2:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
-            else:
-                args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w), _bx(xa2, w), _bx(xc2, w),
-                        _bx(xa3, w), _bx(xc3, w)]
-    elif FMT == 4 or FMT == 16:
-        if DENORM:
-            if BLOCK_M == 1:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w)]
-            elif BLOCK_M == 2:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
-                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w)]
-            else:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
-                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w),
-                        _bx(xd2, w), _bx(xi2, w), _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w), _bx(xi3, w)]
-        else:
-            if BLOCK_M == 1:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-            elif BLOCK_M == 2:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
-                        _bx(xc1, w), _bx(xd1, w)]
-            else:
-                args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
-                        _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w), _bx(xa3, w),
-                        _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
-    elif FMT == 5:
-        shb = tl.broadcast_to(h_shift[:, None], w.shape)
-        if DENORM:
-            if BLOCK_M == 1:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w)]
-            elif BLOCK_M == 2:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w)]
-            else:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w),
-                        _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w), _bx(xa2, w), _bx(xb2, w),
-                        _bx(xc2, w), _bx(xd2, w), _bx(xi2, w), _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w),
-                        _bx(xi3, w)]
-        else:
-            if BLOCK_M == 1:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-            elif BLOCK_M == 2:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w),
-                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
-            else:
-                args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w),
-                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
-                        _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+    # the asm's operands, in dot_asm's order: the words (and q5/q6 bit words, q5's shift), the
+    # scales, then per row its pairs (A, C for q8; A, B, C, D) and, with DENORM, its init pairs
+    if FMT == 5:
+        args = [w, hl, hh, tl.broadcast_to(h_shift[:, None], w.shape), sb]
+    elif FMT == 6:
+        args = [w, hl, hh, sb]
     else:
-        if DENORM:
-            if BLOCK_M == 1:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w)]
-            elif BLOCK_M == 2:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
-                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w)]
-            else:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xi0, w), _bx(xa1, w),
-                        _bx(xb1, w), _bx(xc1, w), _bx(xd1, w), _bx(xi1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w),
-                        _bx(xd2, w), _bx(xi2, w), _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w), _bx(xi3, w)]
-        else:
-            if BLOCK_M == 1:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
-            elif BLOCK_M == 2:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
-                        _bx(xc1, w), _bx(xd1, w)]
-            else:
-                args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w), _bx(xa1, w), _bx(xb1, w),
-                        _bx(xc1, w), _bx(xd1, w), _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w), _bx(xa3, w),
-                        _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+        args = [w, sb]
+    args = args + _row_operands(w, xa0, xb0, xc0, xd0, xi0, FMT, DENORM)
+    if BLOCK_M > 1:
+        args = args + _row_operands(w, xa1, xb1, xc1, xd1, xi1, FMT, DENORM)
+    if BLOCK_M > 2:
+        args = args + _row_operands(w, xa2, xb2, xc2, xd2, xi2, FMT, DENORM)
+        args = args + _row_operands(w, xa3, xb3, xc3, xd3, xi3, FMT, DENORM)
     if ACC:
         args = args + [invt, acc]
     out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
