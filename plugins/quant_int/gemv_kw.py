@@ -309,9 +309,8 @@ def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: 
     return xp, inv, invm
 
 
-def denorm_on(fmt: int) -> bool:
-    """Whether the K-walk decodes `fmt` with the subnormal decode: gemv_h2.denorm_on (NINFER_DENORM=1)."""
-    return H2.denorm_on(fmt)
+# whether the K-walk decodes a format with the subnormal decode (NINFER_DENORM=1): gemv_h2's rule
+denorm_on = H2.denorm_on
 
 
 def head(fmt: int, denorm: bool) -> int:
