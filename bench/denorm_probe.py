@@ -1,6 +1,6 @@
 """The subnormal int decode's error on the GPU, printed rather than asserted (for the thirty-first
 session's failing test_gpu_subnormal_decode): for a few int shapes, K-walk configs and M, the
-relative error of the K-walk without and with NINFER_DENORM=1 against dequantize-then-matmul,
+relative error of the K-walk without NINFER_DENORM=1, with it, and with it but NINFER_DENORM_ACC=0 against dequantize-then-matmul,
 plain x and x with outliers on zeroed weight columns; and whether a repeat is bit-equal.
 
     python bench/denorm_probe.py [--shapes q4_g64:34816x5120,...] [--budget-s 100]
@@ -51,8 +51,9 @@ def main() -> None:
                 row = []
                 for xx, pp, ref in ((x, p, x.float() @ deq.T), (wild, p_out, wild.float() @ deq_out.T)):
                     errs = []
-                    for dn in ("0", "1"):
-                        os.environ["NINFER_DENORM"] = dn
+                    for dn in ("0", "1", "1 acc0"):
+                        os.environ["NINFER_DENORM"] = dn[0]
+                        os.environ["NINFER_DENORM_ACC"] = "0" if "acc0" in dn else "1"
                         try:
                             y = KW.launch(xx, pp, cfg)
                             same = torch.equal(y, KW.launch(xx, pp, cfg))
@@ -65,6 +66,7 @@ def main() -> None:
                             errs.append(f"{type(exc).__name__}: {str(exc)[:120]}")
                     row.append(" | ".join(errs))
                 os.environ.pop("NINFER_DENORM", None)
+                os.environ.pop("NINFER_DENORM_ACC", None)
                 print(f"{scheme} {n}x{k} M={m} {cfg.describe()}\n  plain x: {row[0]}\n  outliers: {row[1]}", flush=True)
 
 
