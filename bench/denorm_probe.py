@@ -1,7 +1,9 @@
 """The subnormal int decode's error on the GPU, printed rather than asserted (for the thirty-first
 session's failing test_gpu_subnormal_decode): for a few int shapes, K-walk configs and M, the
 relative error of the K-walk without NINFER_DENORM=1, with it, and with it but NINFER_DENORM_ACC=0 against dequantize-then-matmul,
-plain x and x with outliers on zeroed weight columns; and whether a repeat is bit-equal.
+plain x, x with outliers 2^12 above its bulk, 2^6 above it on zeroed weight columns (as
+test_gpu_subnormal_decode asks) and 2^12 on zeroed columns (past the decode, printed for the
+record); and whether a repeat is bit-equal.
 
     python bench/denorm_probe.py [--shapes q4_g64:34816x5120,...] [--budget-s 100]
 """
@@ -15,10 +17,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "plugins", "quant_int"))
-from test_gemv_h2 import packed_and_ref, rel_err, with_outliers  # noqa: E402
-
-from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
-from ninfer_plugins.quant_int import kernels as K  # noqa: E402
+from ninfer_plugins.quant_int import gemv_kw as KW
+from ninfer_plugins.quant_int import kernels as K
+from test_gemv_h2 import packed_and_ref, rel_err, with_outliers
 
 
 def main() -> None:
@@ -40,7 +41,8 @@ def main() -> None:
         deq_out = deq_out.float()
         for m in (1, 4):
             x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
-            wild, _ = with_outliers(x, w)
+            wild, _ = with_outliers(x, w)  # 2^12 above the bulk, on the weights as drawn
+            mild, _ = with_outliers(x, w, size=128.0)  # 2^6 above it, on zero columns (p_out)
             for cfg in cfgs:
                 if time.time() - t0 > a.budget_s:
                     print("out of budget", flush=True)
@@ -49,7 +51,8 @@ def main() -> None:
                     continue
                 K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
                 row = []
-                for xx, pp, ref in ((x, p, x.float() @ deq.T), (wild, p_out, wild.float() @ deq_out.T)):
+                for xx, pp, ref in ((x, p, x.float() @ deq.T), (wild, p, wild.float() @ deq.T),
+                                    (mild, p_out, mild.float() @ deq_out.T), (wild, p_out, wild.float() @ deq_out.T)):
                     errs = []
                     for dn in ("0", "1", "1 acc0"):
                         os.environ["NINFER_DENORM"] = dn[0]
@@ -63,11 +66,12 @@ def main() -> None:
                             errs.append(f"{e:.2e}{'' if same else '(rep!)'} worst col {worst} "
                                         f"y={float(y.float()[0, worst]):.3g} ref={float(ref[0, worst]):.3g}")
                         except Exception as exc:  # noqa: BLE001 (a probe: print and go on)
-                            errs.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+                            errs.append(f"{type(exc).__name__}: {str(exc)[:300]}")
                     row.append(" | ".join(errs))
                 os.environ.pop("NINFER_DENORM", None)
                 os.environ.pop("NINFER_DENORM_ACC", None)
-                print(f"{scheme} {n}x{k} M={m} {cfg.describe()}\n  plain x: {row[0]}\n  outliers: {row[1]}", flush=True)
+                print(f"{scheme} {n}x{k} M={m} {cfg.describe()}\n  plain x: {row[0]}\n  2^12: {row[1]}\n"
+                      f"  2^6 on zero columns: {row[2]}\n  2^12 on zero columns (past the decode): {row[3]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else kwnv (AUTO_OTHER)
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else dnprobe (AUTO_OTHER)
+#   bash bench/next_session.sh dnprobe # the subnormal decode's errors printed (bench/denorm_probe.py), then kwdq and nvtile (~9.5 min)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
 #   bash bench/next_session.sh dnbars  # short: the subnormal decode's GPU tests, quant_bars' decode rows without / with it
 #   bash bench/next_session.sh denorm  # the K-walk's subnormal int decode (NINFER_DENORM=1): GPU tests, 27B step and round A/B
@@ -206,14 +207,15 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts) runs the bars on an H200 (every bar is an H200 bar) and nvkw (the nvfp4 / int8 K-walk
-# candidates, never run) elsewhere, in this process, so the setup above and the cache packing below run once
+# starts) runs the bars on an H200 (every bar is an H200 bar) and dnprobe (the subnormal decode's
+# errors on the GPU, then the nvfp4 K-walk entries and tile A/B, never run) elsewhere, in this
+# process, so the setup above and the cache packing below run once
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
     *H200*) set -- ${AUTO_H200:-bars} ;;
-    *) set -- ${AUTO_OTHER:-kwnv} ;;
+    *) set -- ${AUTO_OTHER:-dnprobe} ;;
   esac
 fi
 

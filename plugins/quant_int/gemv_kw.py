@@ -45,8 +45,11 @@ bits. At M = 1-2 (q4-q6) the asm also adds each run's partial into the fp32 accu
 zero-lane FFMAs). sm_90 SASS, q4 M = 1 at BW128 pp: 2.43 -> 1.88 instructions a weight (M = 4:
 4.98 -> 4.58, 211 -> 168 registers); q5 3.49 -> 2.94; q8 3.18 -> 2.68. One more 16-byte x load a
 run and row. The running sums hold (code + bias) x x, about twice the magnitude of code x x, so
-the fp16 accumulation's rounding is about twice that of the magic-number decode. Not yet run
-on a GPU (BENCHMARKS.md, thirty-second run).
+the fp16 accumulation's rounding is about twice that of the magic-number decode; and a run
+holding an x outlier carries bias x outlier through its sum, so an outlier 2^12 above the rest of x
+on a near-zero weight column leaves that run's partial with an error of its own order (emulated:
+1.4e-2 to 1.6e-1 relative, against 2-4e-3 without the decode). On an H100 the 27B int4 step is
+3% slower with it (8.21 -> 8.46 ms, BENCHMARKS.md, thirty-third run); the H200 is not measured.
 Known costs: x's pairs are a launch of their own (~2 µs before the GEMV can read x; written by
 the kernels that produce x, they would not be), and each trip re-reads x's pairs from L1/L2
 (16 B a word and x row, against 64 B of weights a word column at BLOCK_N = 16).
