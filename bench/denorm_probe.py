@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "plugins", "quant_int"))
 from ninfer_plugins.quant_int import gemv_kw as KW
 from ninfer_plugins.quant_int import kernels as K
-from test_gemv_h2 import packed_and_ref, rel_err, with_outliers
+from test_gemv_h2 import outlier_weights, rel_err, with_outliers
 
 
 def main() -> None:
@@ -34,11 +34,7 @@ def main() -> None:
         n, k = map(int, nk.split("x"))
         torch.manual_seed(n + k + 1)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        p, deq = packed_and_ref(w, scheme)
-        deq = deq.float()
-        _, w_out = with_outliers(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16), w)
-        p_out, deq_out = packed_and_ref(w_out, scheme)
-        deq_out = deq_out.float()
+        p, deq, p_out, deq_out = outlier_weights(w, scheme)
         for m in (1, 4):
             x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
             wild, _ = with_outliers(x, w)  # 2^12 above the bulk, on the weights as drawn

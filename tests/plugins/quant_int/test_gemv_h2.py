@@ -112,6 +112,17 @@ def with_outliers(x: torch.Tensor, w: torch.Tensor, every: int = 997, size: floa
     return x, w
 
 
+def outlier_weights(w: torch.Tensor, scheme: str) -> tuple:
+    """(p, deq, p_out, deq_out): w packed with its dequantized reference (fp32), and the same with
+    with_outliers' columns zeroed (checked zero after quantization too), for the subnormal decode's
+    outlier cases (test_gemv_kw, bench/denorm_probe.py)."""
+    p, deq = packed_and_ref(w, scheme)
+    _, w_out = with_outliers(torch.zeros(1, w.shape[1], device=w.device, dtype=torch.bfloat16), w)
+    p_out, deq_out = packed_and_ref(w_out, scheme)
+    assert not deq_out.float()[:, ::997].any()
+    return p, deq.float(), p_out, deq_out.float()
+
+
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 

@@ -27,7 +27,8 @@ from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
 from test_gemv_h2 import (  # noqa: E402  (same folder)
-    SCHEME_OF, count_launches, norm_inputs, packed_and_ref, rel_err, replayed, subnormal_against_plain, with_outliers)
+    SCHEME_OF, count_launches, norm_inputs, outlier_weights, packed_and_ref, rel_err, replayed, subnormal_against_plain,
+    with_outliers)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -228,17 +229,14 @@ def test_interpreted_subnormal_decode_outliers(scheme, m, monkeypatch):
     g = torch.Generator().manual_seed(m + 31)
     n, k = 40, 2048
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    p, deq = packed_and_ref(w, scheme)
-    _, w_out = with_outliers(torch.zeros(1, k, dtype=torch.bfloat16), w)
-    p_out, deq_out = packed_and_ref(w_out, scheme)
-    assert not deq_out.float()[:, ::997].any()
+    p, deq, p_out, deq_out = outlier_weights(w, scheme)
     x = (torch.randn(m, k, generator=g) * 2).to(torch.bfloat16)
     wild, _ = with_outliers(x, w)
     mild, _ = with_outliers(x, w, size=128.0)
     cfg = KW.KWConfig(16, 128, 1, 4, 2)
     K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
-    subnormal_against_plain(lambda: KW.launch(wild, p, cfg), wild.float() @ deq.float().T, monkeypatch, "2^12")
-    subnormal_against_plain(lambda: KW.launch(mild, p_out, cfg), mild.float() @ deq_out.float().T, monkeypatch,
+    subnormal_against_plain(lambda: KW.launch(wild, p, cfg), wild.float() @ deq.T, monkeypatch, "2^12")
+    subnormal_against_plain(lambda: KW.launch(mild, p_out, cfg), mild.float() @ deq_out.T, monkeypatch,
                             "2^6 on zero columns")
 
 
@@ -546,12 +544,7 @@ def test_gpu_subnormal_decode(scheme, n, k, monkeypatch):
     test_interpreted_subnormal_decode_outliers.)"""
     torch.manual_seed(n + k + 1)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    p, deq = packed_and_ref(w, scheme)
-    deq = deq.float()
-    _, w_out = with_outliers(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16), w)
-    p_out, deq_out = packed_and_ref(w_out, scheme)
-    deq_out = deq_out.float()
-    assert not deq_out[:, ::997].any()  # the outliers' columns are zero after quantization too
+    p, deq, p_out, deq_out = outlier_weights(w, scheme)
     cfgs = (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(16, 64, 1, 4, 1), KW.KWConfig(16, 128, 4),
             KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(8, 128, 2, 2), KW.KWConfig(16, 128, 1, 4, 2, pin=True))
     for m in (1, 2, 3, 4):
