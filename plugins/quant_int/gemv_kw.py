@@ -798,9 +798,9 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     # with it, the fp32 accumulator through the asm where that saves instructions (sm_90 SASS: q4-q6
     # at M = 1 and 2, e.g. q4 pp 1.94 -> 1.88 a weight, 124 -> 94 registers; not q8, whose pf
     # configs then spill, nor M = 4); NINFER_DENORM_ACC=0 keeps the sum outside (an A/B)
-    acc_in_asm = (dn and fast and block_m < 4 and p.fmt != 8
-                  and os.environ.get("NINFER_DENORM_ACC", "1") == "1")
-    asm, constr = H2._asm(p.fmt, block_m, dn and fast, acc_in_asm)
+    dn_dot = dn and fast  # the decode itself: only where the fast dot runs (fast is fast_dot here)
+    acc_in_asm = dn_dot and block_m < 4 and p.fmt != 8 and os.environ.get("NINFER_DENORM_ACC", "1") == "1"
+    asm, constr = H2._asm(p.fmt, block_m, dn_dot, acc_in_asm)
     grid, main = grid_of(p, cfg)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
     # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
@@ -830,7 +830,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         L2PF=l2pf,
         PIN=bool(cfg.pin),
         TAIL_S=cfg.tail_splits if cfg.tail else 0,
-        DENORM=dn and fast,  # the decode (fast is the fast path's here)
+        DENORM=dn_dot,
         ACC=acc_in_asm,
         XDENORM=dn,  # x's pairs (inline producers, the plain decode's scales)
         num_warps=cfg.num_warps,
