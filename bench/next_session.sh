@@ -58,6 +58,7 @@
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
 #   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else dnprobe (AUTO_OTHER)
 #   bash bench/next_session.sh dnprobe # the subnormal decode's errors printed (bench/denorm_probe.py), then kwdq and nvtile (~9.5 min)
+#   bash bench/next_session.sh h2ring  # an H200's second call: the TKW ring at M = 1 (tkw_bench), then the 27B step +-NINFER_DENORM
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
 #   bash bench/next_session.sh dnbars  # short: the subnormal decode's GPU tests, quant_bars' decode rows without / with it
 #   bash bench/next_session.sh denorm  # the K-walk's subnormal int decode (NINFER_DENORM=1): GPU tests, 27B step and round A/B
@@ -932,6 +933,21 @@ case "${1:-}" in
     timeout ${DP_S:-110} python3 bench/denorm_probe.py --budget-s $(( ${DP_S:-110} - 30 )) > "$OUT/dp.txt" 2>&1
     echo "denorm_probe rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-220 "$OUT/dp.txt" | tail -40
     KWDQ_S=${KWDQ_S:-200} kwdq_run; nvtile_run
+    ;;
+  h2ring)
+    # an H200's second call (~9.5 min): the tensor-core K-walk's cp.async ring at M = 1, never timed on
+    # an H200 (on the H100 the ring tied the K-walk on gate+up, 43.78 against 43.77 us, and beat the f16x2
+    # head 153.6 against 192.1; the H200's K-walk sits at 67% of copy against the H100's 73%, and the
+    # ring's bytes in flight cost no registers), tkw_bench --set ring over the 27B's shapes with the
+    # dispatched kernel in the same run; then the subnormal decode's step A/B (NINFER_DENORM=1: -3% on
+    # the H100, kept only if the H200 says otherwise)
+    t0=$(date +%s)
+    timeout ${H2R_T:-230} python3 bench/tkw_bench.py --out "$OUT" --ms 1 --set ring --budget-s $(( ${H2R_T:-230} - 30 )) \
+      > "$OUT/tkw.txt" 2>&1
+    echo "tkw_bench M=1 ring rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|best M|^copy" "$OUT/tkw.txt" | cut -c1-110
+    sed -n '/paste into/,$p' "$OUT/tkw.txt"
+    left=$(( ${H2R_S:-575} - ($(date +%s) - t0) ))
+    steps qwen3.6-27b $left $(( left - 40 )) dn.txt "27B int4 step" "X=1" "NINFER_DENORM=1" "X=1" "NINFER_DENORM=1"
     ;;
   kwnv)
     # kwdq then nvtile, one call (~8.5 min): auto's call on a card that is not an H200
