@@ -516,6 +516,9 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 # head and q+k+v; the 27B MTP drafter's q8 layer and q4 shortlist head; the 27B nvfp4 model's NVFP4
 # gate+up, qkv+z, q+v and q8 head) won and moved into TUNED_KW.
 TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
+    # the 27B's q5 down at M = 1 in 4 K shares: 23.42 against the entry's 24.90 us (S1) in one kw_bench
+    # run on an H200 (thirty-fourth run); to be confirmed in the step
+    (5, 5120, 17408, 'm1'): (8, 128, 4, 2, 1, False, False, 0, 0),
     # the --quant int8 27B's q8 qkv+z, q+v and o_proj at M = 1 (its gate+up and down have the MTP
     # drafter's entries of the same shapes), with the configs of the drafter's q8 entries
     (8, 16384, 5120, 'm1'): (16, 128, 1, 4, 1, False),
