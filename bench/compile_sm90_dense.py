@@ -105,9 +105,6 @@ def cases():
         yield f"norm_pairs q{fmt} K={k} M={n}", lambda fmt=fmt, k=k, n=n: KW.norm_pairs(
             e(n, k, dtype=BF), e(k, dtype=BF), 1e-6, fmt, residual=e(n, k, dtype=BF))
         yield f"xpairs q{fmt} K={k} M={n}", lambda fmt=fmt, k=k, n=n: KW.xpairs(e(n, k, dtype=BF), fmt, k, n, True)
-        if fmt != 16:  # with the subnormal decode's scaling and init pairs (NINFER_DENORM=1)
-            yield f"xpairs q{fmt} K={k} M={n} denorm", lambda fmt=fmt, k=k, n=n: KW.xpairs(
-                e(n, k, dtype=BF), fmt, k, n, True, denorm=True)
     from ninfer_plugins.quant_int import gemv_tkw as TKW
 
     for fmt, k, n in ((4, 5120, 4), (5, 5120, 4), (5, 17408, 1)):

@@ -56,12 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else dnprobe (AUTO_OTHER)
-#   bash bench/next_session.sh dnprobe # the subnormal decode's errors printed (bench/denorm_probe.py), then kwdq and nvtile (~9.5 min)
-#   bash bench/next_session.sh h2ring  # an H200's second call: the TKW ring at M = 1 (tkw_bench), then the 27B step +-NINFER_DENORM
+#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else kwnv (AUTO_OTHER)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
-#   bash bench/next_session.sh dnbars  # short: the subnormal decode's GPU tests, quant_bars' decode rows without / with it
-#   bash bench/next_session.sh denorm  # the K-walk's subnormal int decode (NINFER_DENORM=1): GPU tests, 27B step and round A/B
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
 #   bash bench/next_session.sh dqkw    # short: the NVFP4 dequant test + dq_bench, kw_bench on three NVFP4 shapes at M = 1 (~6 min)
@@ -182,7 +178,7 @@ early_tests() {
   grep -E "FAILED|ERROR|^control" "$OUT/t.txt" | cut -c1-200 | head -20
 }
 
-# kwdq and nvtile as functions, so kwnv (auto's call on an H100) runs both in one call
+# kwdq and nvtile as functions, so kwnv (auto's call on a card not an H200) runs both in one call
 nvtile_run() {
     # NVFP4 at M = 8..64 on the fused tile kernel (2.2x q4's time at M = 8-16 on an H100): its block
     # scales broadcast (as committed) against gathered per column (NINFER_NV_SG=1), the NVFP4 GPU
@@ -208,15 +204,15 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts) runs the bars on an H200 (every bar is an H200 bar) and dnprobe (the subnormal decode's
-# errors on the GPU, then the nvfp4 K-walk entries and tile A/B, never run) elsewhere, in this
-# process, so the setup above and the cache packing below run once
+# starts) runs the bars on an H200 (every bar is an H200 bar) and kwnv (the nvfp4 K-walk entries
+# and the tile A/B, never run) elsewhere, in this process, so the setup above and the cache
+# packing below run once
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
     *H200*) set -- ${AUTO_H200:-bars} ;;
-    *) set -- ${AUTO_OTHER:-dnprobe} ;;
+    *) set -- ${AUTO_OTHER:-kwnv} ;;
   esac
 fi
 
@@ -893,62 +889,6 @@ case "${1:-}" in
     ;;
   nvtile) nvtile_run ;;
   kwdq) kwdq_run ;;
-  denorm)
-    # the int formats' subnormal decode in the K-walk and f16x2 GEMV (NINFER_DENORM=1, written without a GPU; SASS
-    # q4 M = 1 2.43 -> 1.94 instructions a weight): its GPU tests, then the 27B int4 step alternated
-    # with and without it, then the MTP round if time is left (~9 min warm)
-    t0=$(date +%s)
-    timeout ${DN_T:-170} python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py \
-      tests/plugins/quant_int/test_gemv_h2.py -k "${DN_K:-subnormal or fast_path_on_the_gpu or tuned_table or 35b_kw_entries}" > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    left=$(( ${DN_S:-560} - ($(date +%s) - t0) ))
-    # a short call (DN_S under 450): the step takes what is left, no round
-    share=6; [ "${DN_S:-560}" -lt 450 ] && share=10
-    steps qwen3.6-27b $(( left * share / 10 )) $(( left * share / 10 - 40 )) dn.txt "27B int4 step" \
-      "X=1" "NINFER_DENORM=1" "X=1" "NINFER_DENORM=1"
-    [ "$share" = 10 ] && exit 0
-    left=$(( ${DN_S:-560} - ($(date +%s) - t0) ))
-    [ "$left" -gt 130 ] && rounds $left "X=1" "NINFER_DENORM=1"
-    ;;
-  dnbars)
-    # a short call: the subnormal decode's GPU tests, then issue 3's decode rows (M = 1 and 4, every
-    # 27B int4 shape as dispatched) without and with NINFER_DENORM=1, a process each (~5 min)
-    t0=$(date +%s)
-    timeout ${DN_T:-100} python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py \
-      tests/plugins/quant_int/test_gemv_h2.py -k "${DN_K:-subnormal}" > "$OUT/t.txt" 2>&1
-    echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-    for dn in 0 1; do
-      left=$(( ${DN_S:-300} - ($(date +%s) - t0) ))
-      [ "$dn" = 0 ] && left=$(( left / 2 ))
-      NINFER_DENORM=$dn timeout $left python3 bench/quant_bars.py --out "$OUT/dn$dn" --decode-only --formats int4 \
-        --models ${DN_MODELS:-27b} --budget-s $(( left - 25 )) > "$OUT/qb$dn.txt" 2>&1
-      echo "quant_bars NINFER_DENORM=$dn rc=$? $(( $(date +%s) - t0 )) s"; grep -E "M=1 " "$OUT/qb$dn.txt" | cut -c1-120
-    done
-    exit 0
-    ;;
-  dnprobe)
-    # the subnormal decode's errors printed (bench/denorm_probe.py; its GPU test failed on an H100 in
-    # the thirty-first session), then kwdq and nvtile shortened to fit one call (~9.5 min)
-    t0=$(date +%s)
-    timeout ${DP_S:-110} python3 bench/denorm_probe.py --budget-s $(( ${DP_S:-110} - 30 )) > "$OUT/dp.txt" 2>&1
-    echo "denorm_probe rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-220 "$OUT/dp.txt" | tail -40
-    KWDQ_S=${KWDQ_S:-200} kwdq_run; nvtile_run
-    ;;
-  h2ring)
-    # an H200's second call (~9.5 min): the tensor-core K-walk's cp.async ring at M = 1, never timed on
-    # an H200 (on the H100 the ring tied the K-walk on gate+up, 43.78 against 43.77 us, and beat the f16x2
-    # head 153.6 against 192.1; the H200's K-walk sits at 67% of copy against the H100's 73%, and the
-    # ring's bytes in flight cost no registers), tkw_bench --set ring over the 27B's shapes with the
-    # dispatched kernel in the same run; then the subnormal decode's step A/B (NINFER_DENORM=1: -3% on
-    # the H100, kept only if the H200 says otherwise)
-    t0=$(date +%s)
-    timeout ${H2R_T:-230} python3 bench/tkw_bench.py --out "$OUT" --ms 1 --set ring --budget-s $(( ${H2R_T:-230} - 30 )) \
-      > "$OUT/tkw.txt" 2>&1
-    echo "tkw_bench M=1 ring rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^  q|best M|^copy" "$OUT/tkw.txt" | cut -c1-110
-    sed -n '/paste into/,$p' "$OUT/tkw.txt"
-    left=$(( ${H2R_S:-575} - ($(date +%s) - t0) ))
-    steps qwen3.6-27b $left $(( left - 40 )) dn.txt "27B int4 step" "X=1" "NINFER_DENORM=1" "X=1" "NINFER_DENORM=1"
-    ;;
   kwnv)
     # kwdq then nvtile, one call (~8.5 min): auto's call on a card that is not an H200
     KWDQ_S=${KWDQ_S:-220} kwdq_run; nvtile_run

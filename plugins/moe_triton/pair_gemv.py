@@ -186,7 +186,7 @@ def _slice_partials(X_row, W0, H0, S0, W1, H1, S1, sw, sh, ss, WS_p, N_SLICES, p
             H2._trip(w, hl, hh, s, r_base + r0, rn, r_base + rows, h_shift, jj, cols4, inv, WS_p, N_SLICES, pid_s,
                      xa, xb, xc, xd, p0, p1, p2, p3, xa, xb, xc, xd, p0, p1, p2, p3,
                      xa, xb, xc, xd, p0, p1, p2, p3, xa, xb, xc, xd, p0, p1, p2, p3,
-                     xa, xa, xa, xa, FMT, 1, ASM, CONSTR, FAST)
+                     FMT, 1, ASM, CONSTR, FAST)
 
 
 @triton.jit

@@ -71,69 +71,38 @@ HWORDS = {5: 4, 6: 8}
 # exponent and mantissa: exact, subnormals included) and an E4M3 scale to its value times 2^-8
 # (its seven bits under an f16's): the fast path's sums carry 2^-22, undone with x's scaling
 NVFP4_UNDO = 22
-# The int formats' subnormal decode (`denorm`, NINFER_DENORM, gemv_h2 and gemv_kw): the same bit tricks
-# without the exponent 0x6400 under each lane, so a lane reads (code + bias) x 2^-24 exactly, an
-# f16 subnormal (every biased code times its lane's factor is below 1024), and no subtraction
-# follows: four sub.f16x2 a word fewer. The bias comes back out through the accumulators, which
-# start at -2^-24 x sum(bias x x) over the run (x's prepared "init" pair a row, gemv_kw.py). x is
-# scaled to [2^14, 2^15) (DENORM_HEAD): the products are then at most 2^-1 and the sums' rounding
-# is the accumulator's, as before. The fast path's sums carry 2^-24, undone with x's scaling.
-DENORM_HEAD = 14
-DENORM_UNDO = 24
 
 
-def denorm_on(fmt: int) -> bool:
-    """Whether the f16x2 decode kernels take `fmt` with the subnormal decode: the int formats under
-    NINFER_DENORM=1 (read at each launch, for in-process A/Bs; gemv_h2 and gemv_kw)."""
-    return fmt in FORMATS and os.environ.get("NINFER_DENORM", "0") == "1"
-
-
-def _mag(const: str, denorm: bool) -> str:
-    """A lop3 constant holding the f16 exponent 0x6400 under each lane, without it when denorm."""
-    return f"0x{int(const, 16) ^ 0x64006400:08X}" if denorm else const
-
-
-def denorm_bias(fmt: int) -> tuple[int, int, int, int]:
-    """Per pair register A, B, C, D of an int format: the bias its lanes carry under the subnormal
-    decode, in the lane's own units (code + bias = the lane's bits; x's pair of that register
-    carries the lane's factor, so bias x that pair's x is the bias's share of the products)."""
-    a, b, c, d = (int(k, 16) & 0xFFFF for k in _SUB[fmt])
-    return a - 0x6400, b - 0x6400, c - 0x6400, d - 0x6400
-
-
-def _word_asm(fmt: int, j: int, denorm: bool = False) -> list[str]:
+def _word_asm(fmt: int, j: int) -> list[str]:
     """PTX decoding word j of a run (operand $W{j}) into the f16x2 registers pa, pb, pc, pd
     (q8: pa, pc): pa/pc lanes are low-nibble codes (pa: bytes 0 and 2, pc: bytes 1 and 3), pb/pd
-    the high-nibble codes times 16. NVFP4: see _word_asm_nvfp4. denorm (int formats): the lanes
-    keep code + bias as f16 subnormals, no subtraction (DENORM_HEAD)."""
+    the high-nibble codes times 16. NVFP4: see _word_asm_nvfp4."""
     w = f"%W{j}"
     if fmt == NVFP4:
         return _word_asm_nvfp4(w)
     if fmt == 8:
-        fill = "0" if denorm else "0x64646464"
-        out = [
-            f"prmt.b32 pa, {w}, {fill}, 0x4240;",
-            f"prmt.b32 pc, {w}, {fill}, 0x4341;",
+        return [
+            f"prmt.b32 pa, {w}, 0x64646464, 0x4240;",
+            f"prmt.b32 pc, {w}, 0x64646464, 0x4341;",
             "xor.b32 pa, pa, 0x00800080;",
             "xor.b32 pc, pc, 0x00800080;",
+            "sub.f16x2 pa, pa, kb;",
+            "sub.f16x2 pc, pc, kb;",
         ]
-        return out if denorm else out + ["sub.f16x2 pa, pa, kb;", "sub.f16x2 pc, pc, kb;"]
     if fmt == 5:
-        return _word_asm_q5(j, denorm)
+        return _word_asm_q5(j)
     out = [f"shr.b32 w8, {w}, 8;"]
     if fmt == 4:
-        lo, hi = _mag("0x64086408", denorm), _mag("0x64806480", denorm)
         out += [
-            f"lop3.b32 pa, {w}, 0x000F000F, {lo}, 0x6a;",
-            f"lop3.b32 pb, {w}, 0x00F000F0, {hi}, 0x6a;",
-            f"lop3.b32 pc, w8, 0x000F000F, {lo}, 0x6a;",
-            f"lop3.b32 pd, w8, 0x00F000F0, {hi}, 0x6a;",
+            f"lop3.b32 pa, {w}, 0x000F000F, 0x64086408, 0x6a;",
+            f"lop3.b32 pb, {w}, 0x00F000F0, 0x64806480, 0x6a;",
+            "lop3.b32 pc, w8, 0x000F000F, 0x64086408, 0x6a;",
+            "lop3.b32 pd, w8, 0x00F000F0, 0x64806480, 0x6a;",
         ]
     else:
         # q6 (q5 has its own, _word_asm_q5): u = this word's four elements' two high bits each,
         # low and high group; one multiply puts a pair's bits under both of its lanes
-        mask_ac, mask_bd = "0x00300030", "0x03000300"
-        mag_ac, mag_bd = _mag("0x64206420", denorm), _mag("0x66006600", denorm)
+        mask_ac, mask_bd, mag_ac, mag_bd = "0x00300030", "0x03000300", "0x64206420", "0x66006600"
         mul = {"a": (1 << 4) + (1 << 16), "c": (1 << 2) + (1 << 14), "b": (1 << 8) + (1 << 20), "d": (1 << 6) + (1 << 18)}
         if j == 0:
             out += ["and.b32 ul, %HL, 255;", "and.b32 uh, %HH, 255;"]
@@ -151,8 +120,7 @@ def _word_asm(fmt: int, j: int, denorm: bool = False) -> list[str]:
                 f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;",
                 f"lop3.b32 {reg}, hb, {hmask}, t1, 0x6a;",
             ]
-    if not denorm:
-        out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
+    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
 
 
@@ -208,7 +176,7 @@ def _shift(dst: str, src: str, right: int) -> str:
     return f"shr.b32 {dst}, {src}, {right};" if right > 0 else f"shl.b32 {dst}, {src}, {-right};"
 
 
-def _word_asm_q5(j: int, denorm: bool = False) -> list[str]:
+def _word_asm_q5(j: int) -> list[str]:
     """q5, word j of a run: nibbles from the word (pa: low nibbles of bytes 0, 2 on bits 0-3; pb:
     their high nibbles in place, x16) and from the word >> 7 (pc: low nibbles of bytes 1, 3 on
     bits 1-4, x2; pd: their high nibbles on bits 5-8, x32); each pair's fifth bit sits right
@@ -216,13 +184,12 @@ def _word_asm_q5(j: int, denorm: bool = False) -> list[str]:
     k = 1, 16, 2, 32; x's pairs carry 1/k."""
     w = f"%W{j}"
     out = [f"shr.b32 w8, {w}, 7;", _shift("ul", "sa", 4 * j - 4), _shift("uh", "sb", 4 * j - 8)]
-    out += q5_pair_lines(w, denorm)
-    if not denorm:
-        out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
+    out += q5_pair_lines(w)
+    out += ["sub.f16x2 pa, pa, ka;", "sub.f16x2 pb, pb, kb;", "sub.f16x2 pc, pc, kc;", "sub.f16x2 pd, pd, kd;"]
     return out
 
 
-def q5_pair_lines(w: str, denorm: bool = False) -> list[str]:
+def q5_pair_lines(w: str) -> list[str]:
     """q5: the four biased f16x2 pairs of word `w` (and w8 = w >> 7) with their fifth bits from
     ul / uh (elements 4j, 4j+1 on bits 4, 5 and 20, 21 of ul; the high group's on 8, 9, 24, 25
     of uh); gemv_tc.py shares it."""
@@ -233,7 +200,7 @@ def q5_pair_lines(w: str, denorm: bool = False) -> list[str]:
         ("pb", w, "uh", "0x00F000F0", "0x65006500", "0x01000100"),
         ("pd", "w8", "uh", "0x01E001E0", "0x66006600", "0x02000200"),
     ):
-        out += [f"lop3.b32 t1, {src}, {nmask}, {_mag(mag, denorm)}, 0xea;", f"lop3.b32 {reg}, {u}, {hmask}, t1, 0x6a;"]
+        out += [f"lop3.b32 t1, {src}, {nmask}, {mag}, 0xea;", f"lop3.b32 {reg}, {u}, {hmask}, t1, 0x6a;"]
     return out
 
 
@@ -251,19 +218,12 @@ X_FACTORS = {4: (1.0, 0.0625, 1.0, 0.0625), 5: (1.0, 0.0625, 0.5, 0.03125), 6: (
 HI_OFFSET = {4: 64, 5: 64, 6: 64, 8: 64, 16: 8}
 
 
-def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> tuple[str, int]:
+def dot_asm(fmt: int, block_m: int) -> tuple[str, int]:
     """The inline PTX of one run (four words) for `block_m` activation rows, and its input count
     (tensors of four registers each). Operands, in order: outputs $0..$3 (fp32: $m is row m's
     partial, zero past block_m); the four words; for q5/q6 the low- and high-group bit words
     (q6: shifted to this run; q5: as loaded, with the shift to the run next); the scales (q4-q6: an int32 holding the fp16 pair (group 2kb,
-    2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others), and with denorm
-    (int formats: the subnormal decode, DENORM_HEAD) the row's init pairs I: word 0's starts the
-    low group's accumulator, word 1's the high group's (q8: word 0's its one), words 2 and 3's
-    are not read. acc (gemv_kw's accumulator through the asm): then per word the inverse x scale V
-    (lane m's is word m's: row m's) and the running fp32 sum Q; output m is Q_m + V_m x row m's
-    partial, Q_m unchanged past block_m (three FFMAs a run fewer at M = 1 than the sum outside)."""
-    denorm = denorm and fmt in FORMATS
-    acc_io = acc  # (the NVFP4 loop below names its accumulator register `acc`)
+    2kb+1); q8: fp32); then per row the x pairs A, C (q8) or A, B, C, D (others)."""
     names: list[str] = [f"W{j}" for j in range(4)]
     if fmt in (5, 6):
         names += ["HL"] + ["_"] * 3 + ["HH"] + ["_"] * 3
@@ -272,10 +232,8 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> 
     names += ["S"] + ["_"] * 3
     parts = ("A", "C") if fmt == 8 else ("A", "B", "C", "D")
     for m in range(block_m):
-        for part in parts + (("I",) if denorm else ()):
+        for part in parts:
             names += [f"X{part}{m}_{j}" for j in range(4)]
-    if acc_io:
-        names += [f"V{j}" for j in range(4)] + [f"Q{j}" for j in range(4)]
     reg = {name: f"${4 + i}" for i, name in enumerate(names) if name != "_"}
     n_inputs = len(names) // 4
     lines = [
@@ -283,19 +241,16 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> 
         ".reg .b32 w8, pa, pb, pc, pd, ul, uh, hb, t1, sa, sb, ka, kb, kc, kd;",
         ".reg .b32 " + ", ".join(f"al{m}, ah{m}" for m in range(block_m)) + ";",
         ".reg .b16 h0, h1;",
-        ".reg .f32 f0, f1, s0, s1, lo, hi, tt;",
+        ".reg .f32 f0, f1, s0, s1, lo, hi;",
     ]
-    if fmt in _SUB and not denorm:  # the int formats' magic-number bias (NVFP4 decodes without one)
+    if fmt in _SUB:  # the int formats' magic-number bias (NVFP4 decodes without one)
         lines += [f"mov.b32 k{r}, {_SUB[fmt][i]};" for i, r in enumerate("abcd")]
     if fmt == 5:
         lines += _q5_run_prologue()
     for m in range(block_m):
-        if denorm:
-            lines += [f"mov.b32 al{m}, %XI{m}_0;", f"mov.b32 ah{m}, %XI{m}_1;"]
-        else:
-            lines += [f"mov.b32 al{m}, 0;", f"mov.b32 ah{m}, 0;"]
+        lines += [f"mov.b32 al{m}, 0;", f"mov.b32 ah{m}, 0;"]
     for j in range(4):
-        lines += _word_asm(fmt, j, denorm)
+        lines += _word_asm(fmt, j)
         for m in range(block_m):
             if fmt == NVFP4:
                 # a word's eight codes share one block scale: words 0-1 chain into al (block 0 of
@@ -315,17 +270,14 @@ def dot_asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> 
         lines += ["mov.b32 {h0, h1}, %S;", "cvt.f32.f16 s0, h0;", "cvt.f32.f16 s1, h1;"]
     for m in range(4):
         if m >= block_m:
-            lines.append(f"mov.b32 ${m}, %Q{m};" if acc_io else f"mov.b32 ${m}, 0;")
+            lines.append(f"mov.b32 ${m}, 0;")
             continue
-        dst = "tt" if acc_io else f"${m}"
         lines += [f"mov.b32 {{h0, h1}}, al{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 lo, f0, f1;"]
         if fmt == 8:
-            lines.append(f"mul.f32 {dst}, lo, s0;")
+            lines.append(f"mul.f32 ${m}, lo, s0;")
         else:
             lines += [f"mov.b32 {{h0, h1}}, ah{m};", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;", "add.f32 hi, f0, f1;",
-                      "mul.f32 lo, lo, s0;", f"fma.rn.f32 {dst}, hi, s1, lo;"]
-        if acc_io:
-            lines.append(f"fma.rn.f32 ${m}, tt, %V{m}, %Q{m};")
+                      "mul.f32 lo, lo, s0;", f"fma.rn.f32 ${m}, hi, s1, lo;"]
     lines.append("}")
     text = "\n".join(lines)
     for name, r in sorted(reg.items(), key=lambda kv: -len(kv[0])):
@@ -411,14 +363,6 @@ def _x_scaled(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, G
         h1 = l1
         h2 = l2
         h3 = l3
-    e, f, fb, fc, fd = x_factors(amax, FMT, HEAD)
-    return l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd
-
-
-@triton.jit
-def x_factors(amax, FMT: tl.constexpr, HEAD: tl.constexpr):
-    """From max |x| (any shape): the power of two e that brings it under 2^(HEAD + 1), and the
-    factors of the pairs A, B, C, D (2^e times X_FACTORS)."""
     ex = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     e = HEAD - tl.minimum(tl.maximum(ex, -100), 100)
     f = _pow2(e)
@@ -432,7 +376,7 @@ def x_factors(amax, FMT: tl.constexpr, HEAD: tl.constexpr):
     else:
         fc = f
         fd = fb
-    return e, f, fb, fc, fd
+    return l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd
 
 
 @triton.jit
@@ -457,53 +401,6 @@ def _xrow_prep(X, m, stride_xm, M, base, FMT: tl.constexpr, HEAD: tl.constexpr, 
                 (l2 * f).to(tl.float16).to(tl.float32), (l3 * f).to(tl.float16).to(tl.float32),
                 (h0 * f).to(tl.float16).to(tl.float32), (h1 * f).to(tl.float16).to(tl.float32),
                 (h2 * f).to(tl.float16).to(tl.float32), (h3 * f).to(tl.float16).to(tl.float32), inv)
-
-
-@triton.jit
-def _lanes(pair):
-    """An f16x2 int32 pair -> its two halves as fp32 (low, high)."""
-    lo = (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    hi = ((pair >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
-
-
-@triton.jit
-def pairs_init(xa, xb, xc, xd, FMT: tl.constexpr, ASM: tl.constexpr):
-    """The subnormal decode's init pairs (dot_asm, denorm) from one x row's pairs per word column
-    ([C] or [R, C], runs of four along the last axis): per run, word 0 holds -2^-24 x sum(bias x
-    pair) over A and C lane by lane (the low group's accumulator start), word 1 the same over B and
-    D (the high group's; q8: zero, one group a run), words 2 and 3 zero. The biases are
-    denorm_bias's: q4 8 / 128, q5 16 / 256 / 32 / 512, q6 32 / 512, q8 128. gemv_kw's x pairs
-    launch stores the same."""
-    BA: tl.constexpr = 8 if FMT == 4 else 16 if FMT == 5 else 32 if FMT == 6 else 128
-    BC: tl.constexpr = 8 if FMT == 4 else 32 if FMT == 5 else 32 if FMT == 6 else 128
-    BB: tl.constexpr = 128 if FMT == 4 else 256 if FMT == 5 else 512
-    BD: tl.constexpr = 128 if FMT == 4 else 512
-    ONE_D: tl.constexpr = len(xa.shape) == 1
-    if ONE_D:
-        xa, xb, xc, xd = xa[None, :], xb[None, :], xc[None, :], xd[None, :]
-    R: tl.constexpr = xa.shape[0]
-    C: tl.constexpr = xa.shape[1]
-    a0, a1 = _lanes(xa)
-    b0, b1 = _lanes(xb)
-    c0, c1 = _lanes(xc)
-    d0, d1 = _lanes(xd)
-    NEG: tl.constexpr = -5.9604644775390625e-08  # -2^-24
-    lo0 = tl.sum(tl.reshape(BA * a0 + BC * c0, (R, C // 4, 4)), 2) * NEG
-    lo1 = tl.sum(tl.reshape(BA * a1 + BC * c1, (R, C // 4, 4)), 2) * NEG
-    lo = _pair(lo0, lo1, ASM)
-    j = tl.arange(0, 4)[None, None, :]
-    if FMT == 8:
-        init = tl.where(j == 0, lo[:, :, None], 0)
-    else:
-        hi0 = tl.sum(tl.reshape(BB * b0 + BD * d0, (R, C // 4, 4)), 2) * NEG
-        hi1 = tl.sum(tl.reshape(BB * b1 + BD * d1, (R, C // 4, 4)), 2) * NEG
-        hi = _pair(hi0, hi1, ASM)
-        init = tl.where(j == 0, lo[:, :, None], tl.where(j == 1, hi[:, :, None], 0))
-    if ONE_D:
-        return tl.reshape(init, (C,))
-    else:
-        return tl.reshape(init, (R, C))
 
 
 @triton.jit
@@ -630,49 +527,59 @@ def _load_tile(wp, sp, hp, h_shift, lead, FMT: tl.constexpr, FAST: tl.constexpr)
 
 
 @triton.jit
-def _row_operands(w, xa, xb, xc, xd, xi, FMT: tl.constexpr, DENORM: tl.constexpr):
-    """One x row's asm operands, each spread over the word tile: its pairs (q8: A and C) and, with
-    DENORM, its init pairs."""
-    if FMT == 8:
-        ops = [_bx(xa, w), _bx(xc, w)]
-    else:
-        ops = [_bx(xa, w), _bx(xb, w), _bx(xc, w), _bx(xd, w)]
-    if DENORM:
-        ops = ops + [_bx(xi, w)]
-    return ops
-
-
-@triton.jit
 def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-             xi0, xi1, xi2, xi3, invt, acc, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr,
-             CONSTR: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
+             FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr):
     """The fast path's dot of a word tile [C, BLOCK_N] with x pairs per word ([C] each): fp32
     [C, BLOCK_N] where lane m of each run of four words holds row m's partial of the run (scales
-    applied, x's power-of-two scaling not undone). DENORM (int formats, ASM from _asm(..., True)):
-    the subnormal decode, each row's init pairs xi (gemv_kw's XI); else xi is not read. ACC (ASM
-    from _asm(..., acc=True)): returns acc + invt x the partials instead (invt, acc: [C, BLOCK_N]
-    fp32; else not read). gemv_kw.py shares it."""
+    applied, x's power-of-two scaling not undone). gemv_kw.py shares it."""
     sb = s
     if FMT == 8:
         sb = s.to(tl.float32)
     if FMT == 16:
         sb = s.to(tl.int32)  # the run's two E4M3 bytes (an int16 load)
-    # the asm's operands, in dot_asm's order: the words (and q5/q6 bit words, q5's shift), the
-    # scales, then per row its pairs (A, C for q8; A, B, C, D) and, with DENORM, its init pairs
-    if FMT == 5:
-        args = [w, hl, hh, tl.broadcast_to(h_shift[:, None], w.shape), sb]
-    elif FMT == 6:
-        args = [w, hl, hh, sb]
+    # the asm's operands are fixed per (FMT, BLOCK_M): see dot_asm
+    if FMT == 8:
+        if BLOCK_M == 1:
+            args = [w, sb, _bx(xa0, w), _bx(xc0, w)]
+        elif BLOCK_M == 2:
+            args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w)]
+        else:
+            args = [w, sb, _bx(xa0, w), _bx(xc0, w), _bx(xa1, w), _bx(xc1, w),
+                    _bx(xa2, w), _bx(xc2, w), _bx(xa3, w), _bx(xc3, w)]
+    elif FMT == 4 or FMT == 16:
+        if BLOCK_M == 1:
+            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+        elif BLOCK_M == 2:
+            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        else:
+            args = [w, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
+    elif FMT == 5:
+        shb = tl.broadcast_to(h_shift[:, None], w.shape)
+        if BLOCK_M == 1:
+            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+        elif BLOCK_M == 2:
+            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        else:
+            args = [w, hl, hh, shb, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
     else:
-        args = [w, sb]
-    args = args + _row_operands(w, xa0, xb0, xc0, xd0, xi0, FMT, DENORM)
-    if BLOCK_M > 1:
-        args = args + _row_operands(w, xa1, xb1, xc1, xd1, xi1, FMT, DENORM)
-    if BLOCK_M > 2:
-        args = args + _row_operands(w, xa2, xb2, xc2, xd2, xi2, FMT, DENORM)
-        args = args + _row_operands(w, xa3, xb3, xc3, xd3, xi3, FMT, DENORM)
-    if ACC:
-        args = args + [invt, acc]
+        if BLOCK_M == 1:
+            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w)]
+        elif BLOCK_M == 2:
+            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w)]
+        else:
+            args = [w, hl, hh, sb, _bx(xa0, w), _bx(xb0, w), _bx(xc0, w), _bx(xd0, w),
+                    _bx(xa1, w), _bx(xb1, w), _bx(xc1, w), _bx(xd1, w),
+                    _bx(xa2, w), _bx(xb2, w), _bx(xc2, w), _bx(xd2, w),
+                    _bx(xa3, w), _bx(xb3, w), _bx(xc3, w), _bx(xd3, w)]
     out = tl.inline_asm_elementwise(ASM, CONSTR, args, dtype=tl.float32, is_pure=True, pack=4)
     return out
 
@@ -680,9 +587,8 @@ def _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2,
 @triton.jit
 def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
           xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-          xi0, xi1, xi2, xi3,
           FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
-          ABLATE: tl.constexpr = 0, DENORM: tl.constexpr = False):
+          ABLATE: tl.constexpr = 0):
     """One trip: a tile's partial sums for every x row, stored to the workspace. ABLATE = 1 (a
     measurement, never dispatched: bench/h2_ablate.py) replaces the decode and multiply-adds with
     one xor of the tile's words, keeping the loads, the reduction and the stores."""
@@ -692,7 +598,7 @@ def _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, p
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     elif FAST:
         out = _dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                       xi0, xi1, xi2, xi3, inv, inv, FMT, BLOCK_M, ASM, CONSTR, DENORM)
+                       FMT, BLOCK_M, ASM, CONSTR)
         # lane m of each run's four outputs is row m's partial: [C // 4, 4, BLOCK_N] -> [4, BLOCK_N]
         part = tl.sum(tl.reshape(out, (w.shape[0] // 4, 4, w.shape[1])), 0)
     else:
@@ -843,7 +749,6 @@ def _gemv_h2_kernel(
     ABLATE: tl.constexpr = 0,
     L2PF: tl.constexpr = 0,
     PIN: tl.constexpr = False,
-    DENORM: tl.constexpr = False,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -877,18 +782,6 @@ def _gemv_h2_kernel(
     if BLOCK_M < 4:
         xa2, xb2, xc2, xd2, p20, p21, p22, p23, inv2 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
         xa3, xb3, xc3, xd3, p30, p31, p32, p33, inv3 = xa1, xb1, xc1, xd1, p10, p11, p12, p13, inv1
-    if DENORM:
-        # the subnormal decode (HEAD is DENORM_HEAD): each row's init pairs, its sums' 2^-24 undone
-        xi0 = pairs_init(xa0, xb0, xc0, xd0, FMT, FAST)
-        xi1 = pairs_init(xa1, xb1, xc1, xd1, FMT, FAST)
-        xi2 = pairs_init(xa2, xb2, xc2, xd2, FMT, FAST)
-        xi3 = pairs_init(xa3, xb3, xc3, xd3, FMT, FAST)
-        inv0 = inv0 * 16777216.0
-        inv1 = inv1 * 16777216.0
-        inv2 = inv2 * 16777216.0
-        inv3 = inv3 * 16777216.0
-    else:
-        xi0, xi1, xi2, xi3 = xa0, xa1, xa2, xa3  # not read
     if PREFETCH != 0 and not (PDL or EARLY):
         w_n, hl_n, hh_n, s_n = _load_tile(wp, sp, hp, h_shift, lead, FMT, FAST)
     cols4 = tl.arange(0, 4)[:, None]
@@ -908,7 +801,7 @@ def _gemv_h2_kernel(
             w_n = _pinned(w_n, ZERO, PIN and FAST)
             _trip(w_n, hl_n, hh_n, s_n, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
+                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             d2 = (tl.minimum(r0 + 2 * BLOCK_N, last) - r0).to(tl.int64)
             wp += d2 * stride_wn
             sp += d2 * stride_sn
@@ -917,7 +810,7 @@ def _gemv_h2_kernel(
             w_b = _pinned(w_b, ZERO, PIN and FAST)
             _trip(w_b, hl_b, hh_b, s_b, r1, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
+                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
     else:
         for r0 in range(row_lo, row_hi, BLOCK_N):
             if PREFETCH == 1:
@@ -939,7 +832,7 @@ def _gemv_h2_kernel(
                 hp += BLOCK_N * stride_hn
             _trip(w, hl, hh, s, r0, rn, row_hi, h_shift, jj, cols4, inv, WS, N_SLICES, pid_s,
                   xa0, xb0, xc0, xd0, p00, p01, p02, p03, xa1, xb1, xc1, xd1, p10, p11, p12, p13, xa2, xb2, xc2, xd2, p20, p21, p22, p23, xa3, xb3, xc3, xd3, p30, p31, p32, p33,
-                  xi0, xi1, xi2, xi3, FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM)
+                  FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
     # the last slice of this row chunk to arrive sums all slices, in slice order
     tl.debug_barrier()
     arrived = SY.arrive(CNT + pid_c)
@@ -989,13 +882,13 @@ class H2Config:
         return launch(x2, p, self, fast)
 
 
-_ASM: dict[tuple[int, int, bool, bool], tuple[str, str]] = {}
+_ASM: dict[tuple[int, int], tuple[str, str]] = {}
 
 
-def _asm(fmt: int, block_m: int, denorm: bool = False, acc: bool = False) -> tuple[str, str]:
-    key = (fmt, block_m, denorm and fmt in FORMATS, acc)
+def _asm(fmt: int, block_m: int) -> tuple[str, str]:
+    key = (fmt, block_m)
     if key not in _ASM:
-        text, n_inputs = dot_asm(fmt, block_m, denorm, acc)
+        text, n_inputs = dot_asm(fmt, block_m)
         _ASM[key] = (text, ",".join(["=r"] * 4 + ["r"] * (4 * n_inputs)))
     return _ASM[key]
 
@@ -1103,10 +996,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     s = scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
     fast = (p.fast if fast is None else fast) and not QK.interpreting()
-    # x is scaled per CTA slice here: an outlier leaves the slice's other runs few bits under the
-    # subnormal decode (BENCHMARKS.md, thirty-second run), so it takes NINFER_DENORM_H2=1 as well
-    dn = fast and denorm_on(p.fmt) and os.environ.get("NINFER_DENORM_H2", "0") == "1"
-    asm, constr = _asm(p.fmt, block_m, dn)
+    asm, constr = _asm(p.fmt, block_m)
     slices_p2 = 1 << max(0, (n_slices - 1).bit_length())
     _gemv_h2_kernel[(chunks, n_slices)](
         x2, w, h, s, y, ws.partials, ws.counters, g, res, nw, hout, zero_word(x2.device) if cfg.pin else ws.counters,
@@ -1118,8 +1008,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
         KBS=cfg.kbs,
         SLICES_P2=slices_p2,
         BLOCK_M=block_m,
-        HEAD=DENORM_HEAD if dn else HEAD[p.fmt],
-        DENORM=dn,
+        HEAD=HEAD[p.fmt],
         ASM=asm,
         CONSTR=constr,
         FAST=fast,

@@ -35,21 +35,6 @@ Timed on an H100 (BENCHMARKS.md, seventeenth run): at M = 1 q4 gate+up 85% of co
 q5 70-75% (55-61%), the q6 head at a read-only stream's rate; the 27B step +23% with it on every
 M <= 4 launch. Its measured winners (tuned.TUNED_KW) are dispatched by default (NINFER_KW=0 turns
 them off; NINFER_KW=1 also sends every other launch it fits to default_config).
-The subnormal decode (NINFER_DENORM=1, off by default; int formats; gemv_h2.DENORM_HEAD): the decode keeps each
-lane's biased code as an f16 subnormal ((code + bias) x 2^-24, exact) and skips the four sub.f16x2
-a word; x's pairs launch also writes, per run and x row, init pairs (-2^-24 x the run's sum of
-bias x x, lane by lane) that start the f16 accumulators, so the bias cancels inside the same
-chain of FMAs. x is then scaled per run of four words (32 elements), not per K block: a run's
-fp16 sum is fixed-point below 2^-14, and an outlier elsewhere in the block would leave it few
-bits. At M = 1-2 (q4-q6) the asm also adds each run's partial into the fp32 accumulator (no
-zero-lane FFMAs). sm_90 SASS, q4 M = 1 at BW128 pp: 2.43 -> 1.88 instructions a weight (M = 4:
-4.98 -> 4.58, 211 -> 168 registers); q5 3.49 -> 2.94; q8 3.18 -> 2.68. One more 16-byte x load a
-run and row. The running sums hold (code + bias) x x, about twice the magnitude of code x x, so
-the fp16 accumulation's rounding is about twice that of the magic-number decode; and a run
-holding an x outlier carries bias x outlier through its sum, so an outlier 2^12 above the rest of x
-on a near-zero weight column leaves that run's partial with an error of its own order (emulated:
-1.4e-2 to 1.6e-1 relative, against 2-4e-3 without the decode). On an H100 the 27B int4 step is
-3% slower with it (8.21 -> 8.46 ms, BENCHMARKS.md, thirty-third run); the H200 is not measured.
 Known costs: x's pairs are a launch of their own (~2 µs before the GEMV can read x; written by
 the kernels that produce x, they would not be), and each trip re-reads x's pairs from L1/L2
 (16 B a word and x row, against 64 B of weights a word column at BLOCK_N = 16).
@@ -75,8 +60,6 @@ from ninfer_plugins.quant_int import gemv_h2 as H2
 from ninfer_plugins.quant_int import kernels as QK
 
 MAX_M = 4
-# where the subnormal decode's init pairs start in XP: after every row's four pair vectors
-XI_AT = tl.constexpr(MAX_M * 4)
 # tests only: the interpreter runs the fast path, with gemv_h2._dot_out replaced by an emulation
 EMULATED_DOT = False
 DECODES = H2.DECODES
@@ -195,25 +178,18 @@ def workspace_need(p: QK.Prepared, cfg: KWConfig) -> tuple[int, int]:
 
 @triton.jit
 def _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
-                 FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr,
-                 DENORM: tl.constexpr = False):
+                 FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr):
     """Row m of x over K block kb -> per word column c of the block, the f16x2 pairs A, B, C, D
     (XP [4 rows][4 parts][KW words]); INVM [4, NKB]: 1/scale of (m, kb); INV [KW]: the 1/scale the
-    fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's 2^22, or the subnormal
-    decode's 2^24). Rows m >= M are zeros. ASM_PAIRS: the fp32 -> f16x2 conversions in PTX (else
-    plain Triton, same rounding). DENORM (int formats; HEAD is then gemv_h2.DENORM_HEAD): also the
-    init pairs XI, after every row's pairs (XP + 16 KW + m KW): per run of four words, word 0 holds
-    -2^-24 x sum(bias x x) of the run's low group, lane by lane, over the pairs A and C as rounded
-    to fp16 (gemv_h2.denorm_bias), word 1 the high group's over B and D (q8: zero, one group a
-    run), words 2 and 3 zero."""
+    fast path applies to word c's output lane, i.e. row c % 4's (with NVFP4's 2^22). Rows m >= M
+    are zeros. ASM_PAIRS: the fp32 -> f16x2 conversions in PTX (else plain Triton, same rounding)."""
     _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb + tl.zeros([1, 1], tl.int32),
-                   FMT, HEAD, ASM_PAIRS, GATED, DENORM)
+                   FMT, HEAD, ASM_PAIRS, GATED)
 
 
 @triton.jit
 def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
-                   FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr,
-                   DENORM: tl.constexpr = False):
+                   FMT: tl.constexpr, HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, GATED: tl.constexpr):
     """_xpairs_item for the K blocks kb [R, 1] at once, each scaled on its own; blocks kb >= NKB
     (a power-of-two tile's padding) store nothing."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
@@ -226,50 +202,26 @@ def _xpairs_blocks(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb,
         base = kbc * 128 + t * 4
     l0, l1, l2, l3, h0, h1, h2, h3, e, f, fb, fc, fd = H2._x_scaled(X, m, stride_xm, M, base, FMT, HEAD, GOFF, GATED,
                                                                     True)
-    if DENORM:
-        # scaled per run of four words (32 elements) rather than per K block: the subnormal decode's
-        # sums are fixed-point below 2^-14 (a step of 2^-24), so a run far below its block's largest
-        # |x| (an outlier elsewhere in the block) would keep few significant bits
-        R: tl.constexpr = kb.shape[0]
-        v = tl.maximum(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))),
-                       tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))))
-        vr = tl.max(tl.reshape(v, (R, WPB // 4, 4)), 2)
-        vr = tl.reshape(tl.broadcast_to(vr[:, :, None], (R, WPB // 4, 4)), (R, WPB))
-        e, f, fb, fc, fd = H2.x_factors(vr, FMT, HEAD)
     inv = H2._pow2(-e)
-    if FMT == 16:
-        inv_fast = H2._pow2(22 - e)  # NVFP4: the decode's 2^-22 undone with the scaling
-    elif DENORM:
-        inv_fast = H2._pow2(24 - e)  # the subnormal decode's 2^-24 (gemv_h2.DENORM_UNDO)
-    else:
-        inv_fast = inv
+    inv_fast = H2._pow2(22 - e) if FMT == 16 else inv  # NVFP4: the decode's 2^-22 undone with the scaling
     col = kbc * WPB + t
     xp = XP + m * 4 * KW + col
     tl.store(xp, H2._pair(l0 * f, l2 * f, ASM_PAIRS), mask=ok)
     tl.store(xp + KW, H2._pair(h0 * fb, h2 * fb, ASM_PAIRS), mask=ok)
     tl.store(xp + 2 * KW, H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), mask=ok)
     tl.store(xp + 3 * KW, H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), mask=ok)
-    if DENORM:
-        # the inits from the pairs as stored (gemv_h2.pairs_init: the same fp16 roundings the FMAs see)
-        init = H2.pairs_init(H2._pair(l0 * f, l2 * f, ASM_PAIRS), H2._pair(h0 * fb, h2 * fb, ASM_PAIRS),
-                             H2._pair(l1 * fc, l3 * fc, ASM_PAIRS), H2._pair(h1 * fd, h3 * fd, ASM_PAIRS), FMT, ASM_PAIRS)
-        tl.store(XP + XI_AT * KW + m * KW + col, init, mask=ok)
-        # INVM per run (KW // 4 a row) for the plain decode
-        tl.store(INVM + m * (KW // 4) + col // 4, inv, mask=ok & ((t % 4) == 0))
-    else:
-        tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
     tl.store(INV + col, tl.broadcast_to(inv_fast, col.shape), mask=ok & ((t % 4) == m))
+    tl.store(INVM + m * NKB + kbc, inv, mask=kb < NKB)
 
 
 @triton.jit
 def _xpairs_kernel(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF,
-                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False,
-                   DENORM: tl.constexpr = False):
+                   FMT: tl.constexpr, HEAD: tl.constexpr, FAST: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
     """Program (m, kb): _xpairs_item."""
     m = tl.program_id(0)
     kb = tl.program_id(1)
     pdl_prologue(PDL)
-    _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb, FMT, HEAD, FAST, GATED, DENORM)
+    _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, m, kb, FMT, HEAD, FAST, GATED)
 
 
 def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...]:
@@ -280,11 +232,9 @@ def x_scratch(device: torch.device, fmt: int, k: int) -> tuple[torch.Tensor, ...
     nkb = k // 128
 
     def make():
-        # four pairs a row, then (the subnormal decode's) one init pair a row
-        return (torch.zeros(MAX_M * 5 * kw, dtype=torch.int32, device=device),
+        return (torch.zeros(MAX_M * 4 * kw, dtype=torch.int32, device=device),
                 torch.zeros(kw, dtype=torch.float32, device=device),
-                # 1/scale per row and K block, or per row and run (the subnormal decode's scaling)
-                torch.zeros(MAX_M * max(nkb, kw // 4), dtype=torch.float32, device=device))
+                torch.zeros(MAX_M * nkb, dtype=torch.float32, device=device))
 
     return lasting("gemv_kw_x", device, (fmt, k), make)
 
@@ -295,30 +245,19 @@ def ready_counters(device: torch.device) -> torch.Tensor:
     return lasting("gemv_kw_ready", device, (), lambda: torch.zeros(2, dtype=torch.int32, device=device))
 
 
-def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False,
-           denorm: bool = False) -> tuple[torch.Tensor, ...]:
+def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
     """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XP, INV, INVM) for _gemv_kw_kernel, in
-    x_scratch; denorm: for the subnormal decode (its scaling and init pairs, _xpairs_item)."""
+    x_scratch."""
     kw = row_words(fmt, k)
     nkb = k // 128
     xp, inv, invm = x_scratch(x2.device, fmt, k)
     _xpairs_kernel[(block_m, nkb)](
         x2, xp, inv, invm, x2.shape[0], kw, nkb, x2.stride(0), k if gated else 0,
-        FMT=fmt, HEAD=head(fmt, denorm), FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device, scoped=False),
-        DENORM=denorm,
+        FMT=fmt, HEAD=H2.HEAD[fmt], FAST=fast, GATED=gated, num_warps=1, **pdl_kwargs(x2.device, scoped=False),
     )
     if reuse_inputs():
-        note_input(_pairs_key(x2.device, fmt, k), x2, (block_m, gated, denorm))
+        note_input(_pairs_key(x2.device, fmt, k), x2, (block_m, gated))
     return xp, inv, invm
-
-
-# whether the K-walk decodes a format with the subnormal decode (NINFER_DENORM=1): gemv_h2's rule
-denorm_on = H2.denorm_on
-
-
-def head(fmt: int, denorm: bool) -> int:
-    """log2 of x's largest |value| after its scaling: gemv_h2.HEAD's, or the subnormal decode's."""
-    return H2.DENORM_HEAD if denorm else H2.HEAD[fmt]
 
 
 # --- x's pairs made once an x (NINFER_KW_XREUSE=1) -----------------------------------------------------
@@ -387,8 +326,7 @@ def holds_input(key: tuple, x2: torch.Tensor, tag: tuple) -> bool:
 @triton.jit
 def _norm_pairs_kernel(X, RES, W, Y, XP, INV, INVM, sx, sr, sy, n_cols, eps, KW, NKB,
                        BLOCK: tl.constexpr, HAS_RES: tl.constexpr, NKB_P2: tl.constexpr, FMT: tl.constexpr,
-                       HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, PDL: tl.constexpr = False,
-                       DENORM: tl.constexpr = False):
+                       HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, PDL: tl.constexpr = False):
     """Row m: norms.rmsnorm's (1 + w) RMSNorm (after residual += x with HAS_RES) into Y, then the
     K-walk GEMV's pairs of that row over all its K blocks at once, read back from Y as xpairs
     reads x (a barrier between: this CTA's own stores)."""
@@ -397,7 +335,7 @@ def _norm_pairs_kernel(X, RES, W, Y, XP, INV, INVM, sx, sr, sy, n_cols, eps, KW,
     rmsnorm_row(X, RES, W, Y, m.to(tl.int64), sx, sr, sy, n_cols, eps, BLOCK, True, HAS_RES)
     tl.debug_barrier()
     _xpairs_blocks(Y, XP, INV, INVM, tl.num_programs(0), KW, NKB, sy, 0, m, tl.arange(0, NKB_P2)[:, None],
-                   FMT, HEAD, ASM_PAIRS, False, DENORM)
+                   FMT, HEAD, ASM_PAIRS, False)
 
 
 def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, residual: torch.Tensor | None = None,
@@ -416,15 +354,13 @@ def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, resi
     xp, inv, invm = x_scratch(x.device, fmt, k)
     block = triton.next_power_of_2(k)
     nkb = k // 128
-    dn = denorm_on(fmt) and fast
     _norm_pairs_kernel[(n,)](
         x, res, weight, out, xp, inv, invm, x.stride(0), res.stride(0), out.stride(0), k, eps, row_words(fmt, k), nkb,
-        BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb), FMT=fmt, HEAD=head(fmt, dn),
+        BLOCK=block, HAS_RES=residual is not None, NKB_P2=triton.next_power_of_2(nkb), FMT=fmt, HEAD=H2.HEAD[fmt],
         ASM_PAIRS=fast and not interpreting(), num_warps=min(16, max(1, block // 512)), **pdl_kwargs(x.device),
-        DENORM=dn,
     )
     if reuse_inputs():
-        note_input(_pairs_key(out.device, fmt, k), out, (n, False, dn))
+        note_input(_pairs_key(out.device, fmt, k), out, (n, False))
     return out
 
 
@@ -443,7 +379,7 @@ def _half(pair, hi: tl.constexpr):
 
 @triton.jit
 def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
-                FMT: tl.constexpr, BLOCK_M: tl.constexpr, RUNSCALE: tl.constexpr = False):
+                FMT: tl.constexpr, BLOCK_M: tl.constexpr):
     """Interpreter path: the tile's sums for every x row added to acc [4, BLOCK_N], x unpacked
     from the prepared pairs with the decode's factors (gemv_h2.X_FACTORS) and the scaling undone."""
     WPB: tl.constexpr = 32 if FMT == 8 else 16
@@ -467,10 +403,7 @@ def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
         b = tl.load(xp + KW)
         c = tl.load(xp + 2 * KW)
         d = tl.load(xp + 3 * KW)
-        if RUNSCALE:  # x's pairs made for the subnormal decode: scaled per run
-            im = tl.load(INVM + mm * (KW // 4) + cols // 4)
-        else:
-            im = tl.load(INVM + mm * NKB + cols // WPB)
+        im = tl.load(INVM + mm * NKB + cols // WPB)
         r = H2._plain_row(w, hl, hh, jj, s_lo, s_hi,
                           _half(a, False) * im, _half(c, False) * fc * im, _half(a, True) * im, _half(c, True) * fc * im,
                           _half(b, False) * fb * im, _half(d, False) * fd * im, _half(b, True) * fb * im, _half(d, True) * fd * im,
@@ -480,51 +413,38 @@ def _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc,
 
 
 @triton.jit
-def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr, DENORM: tl.constexpr = False):
+def _x_operands(XP, cols, KW, m: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row m's four pair vectors [BW, 1] of this trip (row 0's again past BLOCK_M: never used),
     loaded as columns so that they take the word tile's layout (a [BW] load is laid out on its
-    own, one word a thread across the warps, and costs a shared-memory shuffle a trip); and its
-    init pairs (DENORM; else the first vector again, not read)."""
+    own, one word a thread across the warps, and costs a shared-memory shuffle a trip)."""
     mm: tl.constexpr = m if m < BLOCK_M else 0
     xp = XP + mm * 4 * KW + cols
-    xa = tl.load(xp)
-    if DENORM:
-        xi = tl.load(XP + XI_AT * KW + mm * KW + cols)
-    else:
-        xi = xa
-    return xa, tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW), xi
+    return tl.load(xp), tl.load(xp + KW), tl.load(xp + 2 * KW), tl.load(xp + 3 * KW)
 
 
 @triton.jit
 def _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
              FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr, FAST: tl.constexpr,
-             ABLATE: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False,
-             XDENORM: tl.constexpr = False):
+             ABLATE: tl.constexpr):
     """One trip's words into the accumulator: fast, acc [BW, BLOCK_N] += each run's partials
     (lane m: x row m's) times 1/x's scale; plain (interpreter), acc [4, BLOCK_N] += the rows' sums."""
     if FAST and ABLATE == 1:
         # a measurement (bench/kw_bench.py), never dispatched: the walk, x's loads (row 0's only:
         # at M = 4 it understates them) and the accumulator, one xor a word in place of the
         # decode and multiply-adds
-        xa0, xb0, xc0, xd0, xi0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+        xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
         fold = w ^ hl ^ hh ^ s.to(tl.int32) ^ xa0 ^ xb0 ^ xc0 ^ xd0
         acc += fold.to(tl.float32, bitcast=True) * tl.load(INV + cols)
     elif FAST:
-        xa0, xb0, xc0, xd0, xi0 = _x_operands(XP, cols, KW, 0, BLOCK_M, DENORM)
-        xa1, xb1, xc1, xd1, xi1 = _x_operands(XP, cols, KW, 1, BLOCK_M, DENORM)
-        xa2, xb2, xc2, xd2, xi2 = _x_operands(XP, cols, KW, 2, BLOCK_M, DENORM)
-        xa3, xb3, xc3, xd3, xi3 = _x_operands(XP, cols, KW, 3, BLOCK_M, DENORM)
-        if ACC:
-            # the accumulator through the asm (dot_asm acc): lanes past BLOCK_M pass unchanged
-            acc = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
-                              xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, tl.load(INV + cols), acc, FMT, BLOCK_M, ASM, CONSTR,
-                              DENORM, True)
-        else:
-            out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
-                              xa3, xb3, xc3, xd3, xi0, xi1, xi2, xi3, acc, acc, FMT, BLOCK_M, ASM, CONSTR, DENORM)
-            acc += out * tl.load(INV + cols)
+        xa0, xb0, xc0, xd0 = _x_operands(XP, cols, KW, 0, BLOCK_M)
+        xa1, xb1, xc1, xd1 = _x_operands(XP, cols, KW, 1, BLOCK_M)
+        xa2, xb2, xc2, xd2 = _x_operands(XP, cols, KW, 2, BLOCK_M)
+        xa3, xb3, xc3, xd3 = _x_operands(XP, cols, KW, 3, BLOCK_M)
+        out = H2._dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2,
+                          xa3, xb3, xc3, xd3, FMT, BLOCK_M, ASM, CONSTR)
+        acc += out * tl.load(INV + cols)
     else:
-        acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M, XDENORM)
+        acc = _plain_trip(w, hl, hh, s, jj, cols, XP, INVM, KW, NKB, cols4, acc, FMT, BLOCK_M)
     return acc
 
 
@@ -572,9 +492,6 @@ def _gemv_kw_kernel(
     L2PF: tl.constexpr = 0,
     PIN: tl.constexpr = False,
     TAIL_S: tl.constexpr = 0,
-    DENORM: tl.constexpr = False,
-    ACC: tl.constexpr = False,
-    XDENORM: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -623,7 +540,7 @@ def _gemv_kw_kernel(
         if lin < PRODUCERS:
             for item in range(lin, BLOCK_M * NKB, PRODUCERS):
                 _xpairs_item(X, XP, INV, INVM, M, KW, NKB, stride_xm, GOFF, item // NKB, item % NKB,
-                             FMT, HEAD, ASM_PAIRS, GATED, XDENORM)
+                             FMT, HEAD, ASM_PAIRS, GATED)
             tl.debug_barrier()
             tl.atomic_add(RDY, 1, sem="release")
         # (without ASM_PAIRS, the interpreter: one producer, run first)
@@ -640,7 +557,7 @@ def _gemv_kw_kernel(
             w_b, hl_b, hh_b, s_b = H2._load_tile(wp + d1 * BW, sp + d1 * GSTEP, hp + d1 * HSTEP, h_shift, lead, FMT, FAST)
             H2._pin_loads(PIN and ASM_PAIRS)
             acc = _kw_math(acc, w_n, hl_n, hh_n, s_n, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC, XDENORM)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             d2 = tl.minimum(i + 2, n_it - 1) - i
             wp += d2 * BW
             sp += d2 * GSTEP
@@ -649,7 +566,7 @@ def _gemv_kw_kernel(
             H2._pin_loads(PIN and ASM_PAIRS)
             if i + 1 < n_it:
                 acc = _kw_math(acc, w_b, hl_b, hh_b, s_b, h_shift, jj, cols + BW, XP, INV, INVM, KW, NKB, cols4,
-                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC, XDENORM)
+                               FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             cols += 2 * BW
     else:
         for i in range(n_it):
@@ -671,7 +588,7 @@ def _gemv_kw_kernel(
                 sp += GSTEP
                 hp += HSTEP
             acc = _kw_math(acc, w, hl, hh, s, h_shift, jj, cols, XP, INV, INVM, KW, NKB, cols4,
-                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE, DENORM, ACC, XDENORM)
+                           FMT, BLOCK_M, ASM, CONSTR, FAST, ABLATE)
             cols += BW
     if FAST:
         # lane m of each run is x row m's: [BW // 4, 4, BLOCK_N] -> [4, BLOCK_N], the one cross-lane sum
@@ -771,19 +688,15 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     block_m = 1 if m == 1 else 2 if m == 2 else 4
     fast = p.fast if fast is None else fast
     interp = QK.interpreting()
-    # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
-    # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
-    fast_dot = fast and (not interp or EMULATED_DOT)
-    # the subnormal decode (NINFER_DENORM=1): x's pairs scaled for it, with their init pairs;
-    # the plain decode reads the same pairs (their scale is in INVM) and not the inits
-    dn = denorm_on(p.fmt) and fast
     reuse = reuse_inputs()
-    if cfg.inline or (reuse and holds_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated, dn))):
+    if cfg.inline or (reuse and holds_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))):
         # inline: the GEMV's first CTAs make them; else they are x2's already (NINFER_KW_XREUSE=1)
         xp, inv, invm = x_scratch(x2.device, p.fmt, p.k)
     else:
-        xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated, dn)
-    fast = fast_dot
+        xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
+    # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
+    # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
+    fast = fast and (not interp or EMULATED_DOT)
     kw = row_words(p.fmt, p.k)
     if cfg.splits > 1 or cfg.tail:
         ws = QK.Workspace.get(x2.device)
@@ -795,12 +708,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     h = p.qhigh.view(torch.int32) if p.qhigh is not None else w
     s = H2.scales_view(p.fmt, p.scales)
     g = p.gscale if p.gscale is not None else s
-    # with it, the fp32 accumulator through the asm where that saves instructions (sm_90 SASS: q4-q6
-    # at M = 1 and 2, e.g. q4 pp 1.94 -> 1.88 a weight, 124 -> 94 registers; not q8, whose pf
-    # configs then spill, nor M = 4); NINFER_DENORM_ACC=0 keeps the sum outside (an A/B)
-    dn_dot = dn and fast  # the decode itself: only where the fast dot runs (fast is fast_dot here)
-    acc_in_asm = dn_dot and block_m < 4 and p.fmt != 8 and os.environ.get("NINFER_DENORM_ACC", "1") == "1"
-    asm, constr = H2._asm(p.fmt, block_m, dn_dot, acc_in_asm)
+    asm, constr = H2._asm(p.fmt, block_m)
     grid, main = grid_of(p, cfg)
     # inline x pairs: one CTA makes them all in the interpreter (programs run one after another, in
     # order); on the GPU up to one an item, and no more than the SMs: the producers must all be
@@ -824,18 +732,15 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
         PREFETCH=int(cfg.prefetch),
         ABLATE=ablate,
         INLINE=bool(cfg.inline),
-        HEAD=head(p.fmt, dn),
+        HEAD=H2.HEAD[p.fmt],
         GATED=gated,
         ASM_PAIRS=fast and not interp,
         L2PF=l2pf,
         PIN=bool(cfg.pin),
         TAIL_S=cfg.tail_splits if cfg.tail else 0,
-        DENORM=dn_dot,
-        ACC=acc_in_asm,
-        XDENORM=dn,  # x's pairs (inline producers, the plain decode's scales)
         num_warps=cfg.num_warps,
         **pdl_kwargs(x2.device),
     )
     if cfg.inline and reuse:
-        note_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated, dn))  # its first CTAs wrote x2's pairs
+        note_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))  # its first CTAs wrote x2's pairs
     return y

@@ -26,9 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ninfer_plugins.quant_int import gemv_h2 as H  # noqa: E402
 from ninfer_plugins.quant_int import gemv_kw as KW  # noqa: E402
 from ninfer_plugins.quant_int import kernels as K  # noqa: E402
-from test_gemv_h2 import (  # noqa: E402  (same folder)
-    SCHEME_OF, count_launches, norm_inputs, outlier_weights, packed_and_ref, rel_err, replayed, subnormal_against_plain,
-    with_outliers)
+from test_gemv_h2 import SCHEME_OF, count_launches, norm_inputs, packed_and_ref, rel_err, replayed  # noqa: E402  (same folder)
 
 interp = pytest.mark.skipif(not INTERPRET, reason="interpreter tests run where there is no GPU (CI), or with TRITON_INTERPRET=1")
 SCHEMES = ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"]
@@ -92,11 +90,8 @@ def _lead(v, C: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, xi, FMT: tl.constexpr, DENORM: tl.constexpr):
-    """One x row's products a word, from the pairs as the PTX takes them (their factors undone).
-    DENORM: the subnormal decode's, each code plus its format's bias and the sums times 2^-24, the
-    init pairs (word 0 of a run: the low group's, word 1: the high group's) added with their
-    group's scale."""
+def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, FMT: tl.constexpr):
+    """One x row's products a word, from the pairs as the PTX takes them (their factors undone)."""
     if FMT == 5:
         kb, kc, kd = 16.0, 2.0, 32.0
     elif FMT == 4 or FMT == 6:
@@ -108,10 +103,6 @@ def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, xi, FMT: tl.constexpr, D
     a1, b1 = H._plain_codes(w, 1, hl, hh, jj, FMT)
     a2, b2 = H._plain_codes(w, 2, hl, hh, jj, FMT)
     a3, b3 = H._plain_codes(w, 3, hl, hh, jj, FMT)
-    if DENORM:
-        HALF: tl.constexpr = 1 << (FMT - 1)
-        a0, a1, a2, a3 = a0 + HALF, a1 + HALF, a2 + HALF, a3 + HALF
-        b0, b1, b2, b3 = b0 + HALF, b1 + HALF, b2 + HALF, b3 + HALF
     lo = a0 * KW._half(xa, False) + a1 * KW._half(xc, False) * kc + a2 * KW._half(xa, True) + a3 * KW._half(xc, True) * kc
     v = lo * s_lo
     if FMT != 8:
@@ -120,19 +111,12 @@ def _emu_row(w, hl, hh, jj, s_lo, s_hi, xa, xb, xc, xd, xi, FMT: tl.constexpr, D
         v = v + hi * s_hi
     if FMT == 16:
         v = v * 2.384185791015625e-07  # the PTX's NVFP4 sums carry 2^-22 (gemv_h2.NVFP4_UNDO)
-    if DENORM:
-        xi = H._bx(xi, w)
-        init = KW._half(xi, False) + KW._half(xi, True)
-        v = v * 5.9604644775390625e-08 + tl.where(jj == 0, init * s_lo, 0.0)  # 2^-24 (gemv_h2.DENORM_UNDO)
-        if FMT != 8:
-            v = v + tl.where(jj == 1, init * s_hi, 0.0)
     return v
 
 
 @triton.jit
 def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, xa2, xb2, xc2, xd2, xa3, xb3, xc3, xd3,
-                 xi0, xi1, xi2, xi3, invt, acc, FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr,
-                 CONSTR: tl.constexpr, DENORM: tl.constexpr = False, ACC: tl.constexpr = False):
+                 FMT: tl.constexpr, BLOCK_M: tl.constexpr, ASM: tl.constexpr, CONSTR: tl.constexpr):
     """gemv_h2._dot_out's contract in plain Triton: lane m of each run of four words holds x row
     m's partial of the run (zero past BLOCK_M); scales and bit words from the run's first word."""
     C: tl.constexpr = w.shape[0]
@@ -155,18 +139,16 @@ def _emu_dot_out(w, hl, hh, s, h_shift, xa0, xb0, xc0, xd0, xa1, xb1, xc1, xd1, 
         hh = _lead(hh, C, N) >> sh
     lane = tl.arange(0, 4)[None, :, None]
     out = tl.zeros((C // 4, 4, N), tl.float32)
-    r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, xi0, FMT, DENORM), (C // 4, 4, N)), 1)
+    r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa0, xb0, xc0, xd0, FMT), (C // 4, 4, N)), 1)
     out = tl.where(lane == 0, tl.broadcast_to(r[:, None, :], out.shape), out)
     if BLOCK_M > 1:
-        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, xi1, FMT, DENORM), (C // 4, 4, N)), 1)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa1, xb1, xc1, xd1, FMT), (C // 4, 4, N)), 1)
         out = tl.where(lane == 1, tl.broadcast_to(r[:, None, :], out.shape), out)
     if BLOCK_M > 2:
-        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, xi2, FMT, DENORM), (C // 4, 4, N)), 1)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa2, xb2, xc2, xd2, FMT), (C // 4, 4, N)), 1)
         out = tl.where(lane == 2, tl.broadcast_to(r[:, None, :], out.shape), out)
-        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, xi3, FMT, DENORM), (C // 4, 4, N)), 1)
+        r = tl.sum(tl.reshape(_emu_row(w, hl, hh, jj, s_lo, s_hi, xa3, xb3, xc3, xd3, FMT), (C // 4, 4, N)), 1)
         out = tl.where(lane == 3, tl.broadcast_to(r[:, None, :], out.shape), out)
-    if ACC:
-        return acc + tl.reshape(out, (C, N)) * invt
     return tl.reshape(out, (C, N))
 
 
@@ -180,15 +162,9 @@ def test_interpreted_fast_path_with_the_ptx_emulated(scheme, m, n, k, cfg, monke
     accumulator and its one reduction, first-word-only scale and bit-word loads, the ping-pong
     walk, the splits), with the PTX of gemv_h2._dot_out replaced by an emulation of its contract:
     the plain path's result within rounding. An INV one word off gives errors near 1."""
-    _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, m * 100 + n + k)
-
-
-def _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, seed):
-    """The K-walk's fast path with the PTX emulated (_emu_dot_out) on random weights and x: the
-    reference within rounding, the plain path's result on the same pairs, counters reset."""
     monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
     monkeypatch.setattr(KW, "EMULATED_DOT", True)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(m * 100 + n + k)
     p, deq = packed_and_ref(torch.randn(n, k, generator=g), scheme)
     x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
     K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
@@ -197,65 +173,6 @@ def _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, seed):
     monkeypatch.setattr(KW, "EMULATED_DOT", False)
     assert rel_err(y, KW.launch(x, p, cfg).float()) < 6e-3
     assert int(K.Workspace.get(torch.device("cpu")).counters.abs().sum()) == 0
-
-
-@interp
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q6_g64", "q8_g32"])
-@pytest.mark.parametrize("m,n,k,cfg", [(1, 70, 512, KW.KWConfig(16, 32)), (4, 40, 512, KW.KWConfig(32, 32, 1, prefetch=2)),
-                                       (3, 48, 512, KW.KWConfig(16, 32, 2, inline=True))])
-def test_interpreted_subnormal_decode_with_the_ptx_emulated(scheme, m, n, k, cfg, monkeypatch):
-    """NINFER_DENORM=1: x's pairs scaled for the subnormal decode with their init pairs, the
-    PTX's contract emulated (biased codes, sums times 2^-24, each run's inits added once with
-    their group's scale): the reference within rounding, and the plain path's result on the same
-    pairs. An init pair of the wrong run, sign or group is off by the bias times x's sum. At
-    M = 1 (q4-q6) the accumulator goes through the asm (its emulation: acc + scale x partial)."""
-    monkeypatch.setenv("NINFER_DENORM", "1")
-    _emulated_against_plain(scheme, m, n, k, cfg, monkeypatch, m * 100 + n + k + 7)
-
-
-@interp
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q6_g64", "q8_g32"])
-@pytest.mark.parametrize("m", [1, 4])
-def test_interpreted_subnormal_decode_outliers(scheme, m, monkeypatch):
-    """NINFER_DENORM=1 with outlying x, the PTX's contract emulated: outliers 2^12 above a bulk of
-    N(0, 4) on the weights as drawn, and 2^6 above it on zero weight columns, within 6e-3 of the
-    reference and of the decode without it (test_gpu_subnormal_decode asks the same on the GPU).
-    Not asked: outliers 2^12 above the bulk on zero columns. There each run's biased sum carries
-    bias x outlier, and the fp16 rounding of its init pair alone is of the order of the run's true
-    partial: 1.4e-2 to 1.6e-1 relative in this emulation at K = 4,096-6,144, against 2-4e-3
-    without the decode (BENCHMARKS.md, thirty-third run)."""
-    monkeypatch.setattr(H, "_dot_out", _emu_dot_out)
-    monkeypatch.setattr(KW, "EMULATED_DOT", True)
-    g = torch.Generator().manual_seed(m + 31)
-    n, k = 40, 2048
-    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    p, deq, p_out, deq_out = outlier_weights(w, scheme)
-    x = (torch.randn(m, k, generator=g) * 2).to(torch.bfloat16)
-    wild, _ = with_outliers(x, w)
-    mild, _ = with_outliers(x, w, size=128.0)
-    cfg = KW.KWConfig(16, 128, 1, 4, 2)
-    K.Workspace.get(torch.device("cpu")).reserve(*KW.workspace_need(p, cfg))
-    subnormal_against_plain(lambda: KW.launch(wild, p, cfg), wild.float() @ deq.T, monkeypatch, "2^12")
-    subnormal_against_plain(lambda: KW.launch(mild, p_out, cfg), mild.float() @ deq_out.T, monkeypatch,
-                            "2^6 on zero columns")
-
-
-def test_subnormal_decode_switch_and_heads(monkeypatch):
-    """The subnormal decode is the int formats' only, under NINFER_DENORM=1; its x scaling keeps
-    |x| < 2^15 and every biased code times its lane's factor under 2^10 (an f16 subnormal)."""
-    monkeypatch.delenv("NINFER_DENORM", raising=False)
-    assert not any(KW.denorm_on(f) for f in (4, 5, 6, 8, 16))
-    monkeypatch.setenv("NINFER_DENORM", "1")
-    assert all(KW.denorm_on(f) for f in (4, 5, 6, 8)) and not KW.denorm_on(16)
-    assert KW.head(4, True) == H.DENORM_HEAD == 14 and KW.head(4, False) == H.HEAD[4]
-    for fmt in (4, 5, 6, 8):
-        bias = H.denorm_bias(fmt)
-        lane_factor = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32), 6: (1, 16, 1, 16), 8: (1, 1, 1, 1)}[fmt]
-        for b, f in zip(bias, lane_factor):
-            assert b == (1 << (fmt - 1)) * f  # the code's bias in the lane's units
-            assert (2 * b - 1) < 1024 or fmt == 8 and 2 * b - 1 == 255  # the largest biased lane value
-        # the decode keeps no exponent bits
-        assert "0x64" not in H.dot_asm(fmt, 1, True)[0].replace("0x00640064", "")
 
 
 @interp
@@ -314,66 +231,33 @@ def test_interpreted_kw_large_and_tiny_x():
 
 @interp
 @pytest.mark.parametrize("fmt,scheme", [(4, "q4_g64"), (5, "q5_g64"), (8, "q8_g32"), (16, "nvfp4")])
-@pytest.mark.parametrize("denorm", [False, True])
-def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme, denorm):
+def test_interpreted_xpairs_follow_gemv_h2s_rules(fmt, scheme):
     """Each K block's pairs: x * 2^e (e from the block's max |x|, gemv_h2's HEAD) times the
     decode's factor for that pair (gemv_h2.X_FACTORS), rounded to fp16; INVM = 2^-e; INV[c] the
-    1/scale of row c % 4 (NVFP4: with 2^22). denorm (the int formats' subnormal decode): HEAD 14,
-    e from each run of four words' max |x| (INVM per run), INV with 2^24, and each run's init
-    pairs: word 0 -2^-24 x sum(bias x pair) over A and C, lane by lane, word 1 over B and D,
-    rounded to fp16; words 2 and 3 zero. Row 1 has an outlier 2^12 above its bulk in block 0."""
-    if denorm and fmt == 16:
-        pytest.skip("NVFP4 has no subnormal decode")
+    1/scale of row c % 4 (NVFP4: with 2^22)."""
     g = torch.Generator().manual_seed(fmt)
     k = 256
     x = (torch.randn(3, k, generator=g) * torch.tensor([1.0, 50.0, 1e-3])[:, None]).to(torch.bfloat16)
-    x[1, 5] = 50.0 * 4096
-    xp, inv, invm = KW.xpairs(x, fmt, k, 4, fast=False, denorm=denorm)
+    xp, inv, invm = KW.xpairs(x, fmt, k, 4, fast=False)
     kw = KW.row_words(fmt, k)
     wpb = KW.WORDS[fmt]
-    pairs = xp[:16 * kw].view(4, 4, kw)
-    inits = xp[16 * kw:20 * kw].view(4, kw)
-    head = H.DENORM_HEAD if denorm else H.HEAD[fmt]
-    bias = dict(zip("ABCD", H.denorm_bias(fmt))) if denorm else {}
-
-    def lanes(word: int) -> list[float]:
-        return [float(v) for v in torch.tensor([word & 0xFFFF, (word >> 16) & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.float16)]
-
-    if denorm:
-        for m in range(4):
-            for run in range(kw // 4):
-                c0 = run * 4
-                assert fmt != 8 or int(inits[m, c0 + 1]) == 0  # q8: one group a run
-                for j, group in ((0, "AC"), (1, "BD"))[:1 if fmt == 8 else 2]:
-                    want = [-sum(bias[p] * lanes(int(pairs[m, "ABCD".index(p), c0 + i]))[h] for p in group for i in range(4))
-                            * 2.0 ** -24 for h in (0, 1)]
-                    got = lanes(int(inits[m, c0 + j]))
-                    assert torch.equal(torch.tensor(got, dtype=torch.float16), torch.tensor(want).to(torch.float16)), (m, run, j)
-                assert int(inits[m, c0 + 2]) == 0 and int(inits[m, c0 + 3]) == 0
+    pairs = xp.view(4, 4, kw)
     fa, fb, fc, fd = H.X_FACTORS[fmt]
     hi = H.HI_OFFSET[fmt]
-    def exponent(amax: float) -> int:
-        ex = (torch.tensor([amax]).view(torch.int32).item() >> 23 & 0xFF) - 127
-        return head - min(max(ex, -100), 100)
-
     for m in range(4):
-        xv = torch.zeros(k) if m >= 3 else x[m].float()
         for kb in range(k // 128):
             blk = x[m, kb * 128:(kb + 1) * 128].float() if m < 3 else torch.zeros(128)
-            e = exponent(float(blk.abs().max()))
-            if not denorm:
-                assert float(invm[m * (k // 128) + kb]) == 2.0 ** -e  # INVM [4, NKB]
-            undo = 22 if fmt == 16 else 24 if denorm else 0
+            amax = float(blk.abs().max())
+            ex = (torch.tensor([amax]).view(torch.int32).item() >> 23 & 0xFF) - 127
+            e = H.HEAD[fmt] - min(max(ex, -100), 100)
+            assert float(invm.view(4, -1)[m, kb]) == 2.0 ** -e
+            undo = 22 if fmt == 16 else 0
             for t in range(wpb):
                 c = kb * wpb + t
                 base = kb * 128 + ((t // 2) * 16 + (t % 2) * 4 if fmt == 16 else t * 4)
-                if denorm:  # the run's own scale: its four words' low (and high) elements
-                    r0 = kb * 128 + (t // 4) * 16
-                    idx = list(range(r0, r0 + 16)) + ([] if fmt == 8 else list(range(r0 + hi, r0 + hi + 16)))
-                    e = exponent(float(xv[idx].abs().max()))
-                    assert float(invm[m * (kw // 4) + c // 4]) == 2.0 ** -e  # INVM [4, KW // 4]
                 if c % 4 == m:
                     assert float(inv[c]) == 2.0 ** (undo - e)
+                xv = torch.zeros(k) if m >= 3 else x[m].float()
                 lo = [xv[base + i] * 2.0 ** e for i in range(4)]
                 hv = [xv[base + (0 if fmt == 8 else hi) + i] * 2.0 ** e for i in range(4)]
                 want = {0: (lo[0] * fa, lo[2] * fa), 1: (hv[0] * fb, hv[2] * fb), 2: (lo[1] * fc, lo[3] * fc),
@@ -528,47 +412,6 @@ def test_kw_fast_path_on_the_gpu(scheme, n, k):
             assert torch.equal(y, KW.launch(x, p, cfg))  # bit-equal repeats
             assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
             assert int(KW.ready_counters(x.device).abs().sum()) == 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a GPU")
-@pytest.mark.parametrize("scheme,n,k", [s for s in GPU_SHAPES if s[0] != "nvfp4"])
-def test_gpu_subnormal_decode(scheme, n, k, monkeypatch):
-    """NINFER_DENORM=1 (the int formats' decode as f16 subnormals, the bias out through each
-    run's init pairs) on every config kind at M = 1..4: within rounding of dequantize-then-matmul
-    and of the decode without it, bit-equal repeats, counters reset; x with outliers 2^12 above
-    its bulk on the weights as drawn, and 2^6 above it on zero weight columns (the bulk alone then
-    makes the product), each within 6e-3 and of the decode without it; and in a CUDA graph, equal
-    to eager. (Outliers 2^12 above the bulk on zero columns are past this decode: the biased sum
-    carries bias x outlier, and its fp16 rounding is of the order of the run's true partial;
-    test_interpreted_subnormal_decode_outliers.)"""
-    torch.manual_seed(n + k + 1)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    p, deq, p_out, deq_out = outlier_weights(w, scheme)
-    cfgs = (KW.KWConfig(16, 128), KW.KWConfig(16, 128, 1, 4, 2), KW.KWConfig(16, 64, 1, 4, 1), KW.KWConfig(16, 128, 4),
-            KW.KWConfig(16, 128, 1, 4, 2, inline=True), KW.KWConfig(8, 128, 2, 2), KW.KWConfig(16, 128, 1, 4, 2, pin=True))
-    for m in (1, 2, 3, 4):
-        x = (torch.randn(m, k, device="cuda") * 2).to(torch.bfloat16)
-        wild, _ = with_outliers(x, w)
-        mild, _ = with_outliers(x, w, size=128.0)
-        for cfg in cfgs:
-            if not KW.supports(p, cfg):
-                continue
-            K.Workspace.get(x.device).reserve(*KW.workspace_need(p, cfg))
-            subnormal_against_plain(lambda: KW.launch(x, p, cfg), x.float() @ deq.T, monkeypatch, (m, cfg.describe()))
-            subnormal_against_plain(lambda: KW.launch(wild, p, cfg), wild.float() @ deq.T, monkeypatch,
-                                    (m, cfg.describe(), "outliers 2^12"))
-            subnormal_against_plain(lambda: KW.launch(mild, p_out, cfg), mild.float() @ deq_out.T, monkeypatch,
-                                    (m, cfg.describe(), "outliers 2^6 on zero columns"))
-            assert int(K.Workspace.get(x.device).counters.abs().sum()) == 0
-            assert int(KW.ready_counters(x.device).abs().sum()) == 0
-    monkeypatch.setenv("NINFER_DENORM", "1")
-    cfg = KW.KWConfig(16, 128, 1, 4, 2)
-    if KW.supports(p, cfg):
-        x = (torch.randn(1, k, device="cuda") * 2).to(torch.bfloat16)
-        eager = KW.launch(x, p, cfg)
-        for out in replayed(lambda: KW.launch(x, p, cfg)):
-            assert torch.equal(out, eager)
 
 
 @pytest.mark.gpu
@@ -866,24 +709,15 @@ def _scratch_after(fn, device, fmt, k):
 @pytest.mark.parametrize("fmt", [4, 5, 8, 16])
 @pytest.mark.parametrize("n,k", [(1, 640), (2, 384), (4, 1152), (1, 5120)])  # 5120: the 27B's rows (40 of 64 blocks)
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("denorm", [False, True])
-def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual, denorm, monkeypatch):
+def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
     # the norm's output to the bit (residual updated alike), and the pairs it leaves in x_scratch
-    # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes (with
-    # NINFER_DENORM=1 the init pairs too)
+    # equal to the x-pairs launch's on that output, every word, scale and 1/scale it writes
     from ninfer.kernels.triton.norms import rmsnorm
-
-    if denorm:
-        if fmt == 16 or with_residual:
-            pytest.skip("NVFP4 has no subnormal decode; the residual path is the same with it")
-        monkeypatch.setenv("NINFER_DENORM", "1")
 
     x, w, res_a, res_b = norm_inputs(n, k, n * 100 + k + fmt, with_residual, DEV)
     fast = not INTERPRET
     out = {}
-    # norm_pairs' `fast` is the weight's (prepared.fast: its PTX pairs only off the interpreter);
-    # xpairs' is the PTX pairs' own
-    fused = _scratch_after(lambda: out.setdefault("h", KW.norm_pairs(x, w, 1e-6, fmt, residual=res_a, fast=True)),
+    fused = _scratch_after(lambda: out.setdefault("h", KW.norm_pairs(x, w, 1e-6, fmt, residual=res_a, fast=fast)),
                            x.device, fmt, k)
     assert not torch.equal(fused[0], torch.full_like(fused[0], -7))  # the scratch the kernel wrote
     h = out["h"]
@@ -891,13 +725,9 @@ def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual, denorm, mon
     assert torch.equal(h, want)
     if res_a is not None:
         assert torch.equal(res_a, res_b)
-    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast, denorm=KW.denorm_on(fmt)), x.device, fmt, k)
+    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), x.device, fmt, k)
     for got, exp in zip(fused, apart):
         assert torch.equal(got, exp)
-    if denorm:  # the init pairs were written (the sentinel is gone from row 0's)
-        kw = KW.row_words(fmt, k)
-        inits = fused[0][16 * kw:17 * kw].view(-1, 4)
-        assert not torch.equal(inits[:, 0], torch.full_like(inits[:, 0], -7)) and torch.equal(inits[:, 2], torch.zeros_like(inits[:, 2]))
 
 
 def test_norm_pairs_refuses_what_the_gemv_does_not_take():
