@@ -1,6 +1,6 @@
 """Compile the dense decode/verify/prefill Triton kernels for sm_90 on a machine without a GPU.
 
-    /tmp/t36/bin/python bench/compile_sm90_dense.py [--regs]
+    /tmp/t36/bin/python bench/compile_sm90_dense.py [--regs] [--only TEXT]
 
 Catches what the CPU interpreter accepts and the GPU compiler rejects (a name retyped inside a
 runtime branch failed every dense GPU test on the H200 once) before device time is spent. Uses
@@ -196,6 +196,14 @@ def cases():
     for cfg in (TKW.TKWConfig(4, 3, 4, 1, pin=True), TKW.TKWConfig(2, 1, 4, 2), TKW.TKWConfig(2, 1, 4, 1, ring=3)):
         K.Workspace.get(p.device).reserve(*TKW.workspace_need(p, cfg))
         yield f"tkw q5 16384x5120 M=4 {cfg.describe()}", lambda cfg=cfg: TKW.launch(e(4, 5120, dtype=BF), p, cfg)
+    from ninfer_plugins.cuda_fast import dense_gemv as DG
+
+    # the one-token bf16 GEMV: the gated down projection and o_proj, at the bench's configs
+    for n, k, gated in ((5120, 17408, True), (5120, 6144, False)):
+        for cfg in (DG.DEFAULT_CFG, (4, 1024, 4), (16, 256, 4), (8, 1024, 8), (2, 1024, 2)):
+            yield f"dense gemv {n}x{k}{' gated' if gated else ''} BN{cfg[0]} BK{cfg[1]} w{cfg[2]}", (
+                lambda n=n, k=k, gated=gated, cfg=cfg: DG.gemv(e(1, 2 * k if gated else k, dtype=BF), e(n, k, dtype=BF),
+                                                            gated=gated, cfg=cfg))
 
 
 # launches that ask pdl_kwargs(..., scoped=False): x's preparation, never the last launch before a
@@ -218,6 +226,8 @@ def late_lint(k) -> None:
 def main() -> int:
     # --regs: each compiled kernel's registers, local (spilled) and shared bytes after its "ok" line
     regs = "--regs" in sys.argv[1:]
+    # --only TEXT: the cases whose name holds TEXT
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv[1:] else ""
     failed = 0
     # "late": every launch inside launch.late_dependents (PDL = 2: the trigger after the wait); each
     # kernel's PTX must then wait before any trigger (else a kernel after it could read early what
@@ -229,6 +239,8 @@ def main() -> int:
         L.pdl_enabled = (lambda device: True) if pdl else (lambda device: False)
         TC.COMPILE_ONLY = TKW.COMPILE_ONLY = "pdl" if pdl else True
         for name, run in cases():
+            if only not in name:
+                continue
             try:
                 before = len(S._compiled)
                 with L.late_dependents() if pdl == "late" else contextlib.nullcontext():

@@ -55,7 +55,7 @@ T0 = time.time()
 # they may differ between runs that share one model; see --variants
 PER_RUN_SWITCHES = {
     "X",  # a no-op name: the tree as committed
-    "NINFER_NV_SG",
+    "NINFER_NV_SG", "NINFER_DENSE_GEMV", "NINFER_DENSE_GEMV_CFG",
     "NINFER_GDN_COMMIT", "NINFER_ROUND_IO", "NINFER_GDN_VERIFY_BV", "NINFER_GDN_GATES_EARLY",
     "NINFER_MOE_COMBINE_LOOP", "NINFER_PAIR_GATE_UP", "NINFER_PAIR_DOWN", "NINFER_PAIR_GATE_UP1", "NINFER_PAIR_DOWN1",
     "NINFER_ROUTE_GEMV_T", "NINFER_ROUTE_GEMV_WARPS",

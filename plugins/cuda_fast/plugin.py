@@ -13,6 +13,8 @@ ask for, on CUDA sm_80+ with Triton:
 
 * the sampler: `TritonSampler` (sampler.py), the reference sampler whose captured-step pipeline
   (`sample_rows`) is two fused Triton launches.
+* the `bf16` linears: `DenseGemvKernel` (dense_gemv.py), F.linear, or at one token a Triton GEMV
+  that takes SwiGLU into the down projection (behind NINFER_DENSE_GEMV).
 
 Elsewhere (CPU, older GPUs) startup passes these over and the reference backends serve. The
 kernels live in `ninfer.kernels.triton` (generic) and here (the few that are this path's own).
@@ -43,6 +45,18 @@ def ninfer_attention_backend(kind, device, kv_dtype, head_dim):
 
         return TritonLinearAttention()
     return None
+
+
+@hookimpl(tryfirst=True)
+def ninfer_linear_kernel(scheme, device, n, k):
+    # bf16 weights: F.linear, with the one-token GEMV of dense_gemv.py behind NINFER_DENSE_GEMV
+    from ninfer.linear import DENSE
+
+    if scheme != DENSE:
+        return None
+    from ninfer_plugins.cuda_fast.dense_gemv import DenseGemvKernel
+
+    return DenseGemvKernel()
 
 
 @hookimpl(tryfirst=True)
