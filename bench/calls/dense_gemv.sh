@@ -11,6 +11,6 @@ echo "dense_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -vE "^    BN" "$OU
 CFG=$(grep -o "NINFER_DENSE_GEMV_CFG=[0-9:]*" "$OUT/db.txt" | cut -d= -f2); CFG=${CFG:-8:512:4}
 left=$(( ${DG_S:-290} - ($(date +%s) - t0) ))
 timeout $left python3 bench/dense_27b.py --skip-tests --only bf16_8k_alone --budget-s $(( left - 25 )) \
-  --variants "X=1|NINFER_DENSE_GEMV=gated NINFER_DENSE_GEMV_CFG=$CFG|NINFER_DENSE_GEMV=all NINFER_DENSE_GEMV_CFG=$CFG|X=1" \
+  --variants "${DG_V:-X=1|NINFER_DENSE_GEMV=gated NINFER_DENSE_GEMV_CFG=$CFG|NINFER_DENSE_GEMV=all NINFER_DENSE_GEMV_CFG=$CFG|X=1}" \
   > "$OUT/bf.txt" 2>&1
 echo "27B bf16 rc=$? $(( $(date +%s) - t0 )) s (cfg $CFG)"; grep -E "^bf16|^skipped|ERROR|Error" "$OUT/bf.txt" | cut -c1-160
