@@ -17,6 +17,8 @@ names) and tuned kernels apply to it unchanged.
 
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 import torch
@@ -110,6 +112,14 @@ class MtpLayer(nn.Module):
             raise UserError(f"the checkpoint's MTP layer lacks {missing[0]}; use --spec none.")
         for name, t in tensors.items():
             model.assign(name, t, targets)
+        # as the model does after its own weights: q|gate, k, v as one linear and gate | up as one,
+        # so one GEMV launch each and SwiGLU inside down's (the K-walk entries of the drafter's
+        # merged q8 shapes were tuned for these; until the thirty-second session the layer never
+        # merged, so they never ran). NINFER_MTP_FUSE=0 keeps the parts apart (read per engine)
+        if os.environ.get("NINFER_MTP_FUSE", "1") != "0":
+            for module in self.modules():
+                if module is not self and hasattr(module, "fuse_linears"):
+                    module.fuse_linears()
         # the packed copies now live in the QLinears; the model's read cache would double the memory
         if tensors is getattr(model, "mtp_weights", None):
             tensors.clear()

@@ -113,3 +113,23 @@ def test_rounds_draft_the_same_with_seed_rows_only(dense, tok, monkeypatch):
     assert got["1"][0] == got["0"][0]
     assert got["1"][1] == got["0"][1]
     assert torch.equal(got["1"][2], got["0"][2])
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_the_layer_merges_its_projections_once_loaded(request, which, monkeypatch):
+    """After load, the attention's q|gate, k, v are one linear and (dense) gate | up one, as in the
+    target's layers: the drafter's merged shapes are what its tuned GEMV entries are for.
+    NINFER_MTP_FUSE=0 keeps them apart."""
+    from ninfer.linear import live
+
+    model = request.getfixturevalue(which)
+    for fuse in ("0", "1"):
+        monkeypatch.setenv("NINFER_MTP_FUSE", fuse)
+        layer = MtpLayer(model)
+        attn = layer.layers[0].mixer
+        assert live(attn.qkv_proj) is None
+        layer.load(model)
+        merged = live(attn.qkv_proj) is not None or live(attn.qv_proj) is not None
+        assert merged == (fuse == "1")
+        if which == "dense":
+            assert (live(layer.layers[0].mlp.gate_up) is not None) == (fuse == "1")
