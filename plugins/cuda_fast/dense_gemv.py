@@ -94,8 +94,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, gated: bool = False, cfg: tuple[int, 
     return y
 
 
-def _one_token(x: torch.Tensor) -> bool:
-    return x.dim() >= 1 and x.numel() == x.shape[-1] and x.is_cuda
+def _one_token(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """One row of x on the GPU, against a weight whose rows are contiguous (anything else: torch)."""
+    return x.dim() >= 1 and x.numel() == x.shape[-1] and x.is_cuda and w.stride(1) == 1
 
 
 class DenseGemvKernel:
@@ -109,11 +110,11 @@ class DenseGemvKernel:
         return weight.tensors["weight"]
 
     def apply(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if _one_token(x) and w.shape[0] <= HEAD_ROWS and mode() == "all":
+        if _one_token(x, w) and w.shape[0] <= HEAD_ROWS and mode() == "all":
             return gemv(x.reshape(1, -1), w).reshape(*x.shape[:-1], w.shape[0])
         return F.linear(x, w)
 
     def apply_gated(self, gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
-        if not _one_token(gu) or mode() == "0":
+        if not _one_token(gu, w) or mode() == "0":
             return None
         return gemv(gu.reshape(1, -1), w, gated=True).reshape(*gu.shape[:-1], w.shape[0])

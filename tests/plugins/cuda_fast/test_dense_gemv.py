@@ -145,3 +145,23 @@ def test_gpu_graph_replay_equals_eager_and_the_modes(pdl, monkeypatch):
     assert torch.equal(kern.apply(x2, w2), eager2)
     rows = torch.randn(3, 6144, generator=g).to(torch.bfloat16).cuda()
     assert torch.equal(kern.apply(rows, w2), F.linear(rows, w2))
+
+
+def test_the_kernel_object_leaves_what_it_cannot_take_to_torch(monkeypatch):
+    """Off the GPU, at more than one row, or with a weight whose rows are strided, apply is F.linear
+    and apply_gated None (the caller runs SwiGLU), whatever NINFER_DENSE_GEMV says."""
+    kern = D.DenseGemvKernel()
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(12, 16, generator=g)
+    x = torch.randn(1, 16, generator=g)
+    for m in ("0", "gated", "all"):
+        monkeypatch.setenv("NINFER_DENSE_GEMV", m)
+        if not CUDA:
+            assert torch.equal(kern.apply(x, w), F.linear(x, w))
+            assert kern.apply_gated(torch.randn(1, 32, generator=g), w) is None
+        if CUDA:
+            wc, xc = w.cuda(), torch.randn(3, 16, generator=g).cuda()
+            assert torch.equal(kern.apply(xc, wc), F.linear(xc, wc))
+            wt = torch.randn(16, 12, generator=g).cuda().t()  # strided rows
+            assert torch.equal(kern.apply(xc[:1], wt), F.linear(xc[:1], wt))
+            assert kern.apply_gated(torch.randn(1, 32, generator=g).cuda(), wt) is None
