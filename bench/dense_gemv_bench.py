@@ -5,7 +5,7 @@
 Per shape: F.linear (for the gated down projection: the SwiGLU launch, then F.linear, as the model
 runs them) and every config of CFGS; µs a call in one CUDA graph of 20 calls over one weight (each
 weight is past the L2), the share of the copy bandwidth measured in the same run, and each result's
-largest difference from F.linear's. Prints the best config of each shape and a line to paste as
+largest difference from F.linear's (quant_linear's graph timing and copy rate). Prints the best config of each shape and a line to paste as
 NINFER_DENSE_GEMV_CFG (the best for the gated down projection, where the step gains most).
 """
 
@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import quant_linear as QL
 
 # (n, k, gated): down (gated), o_proj / out_proj, GDN in_proj merged, attention q+k+v merged, gate+up
 SHAPES = [(5120, 17408, True), (5120, 6144, False), (16480, 5120, False), (14336, 5120, False), (34816, 5120, False)]
@@ -28,34 +30,8 @@ CFGS = [(8, 512, 4), (4, 512, 2), (4, 1024, 4), (8, 256, 4), (8, 1024, 4), (8, 1
 
 
 def timed(fn, reps: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / reps)
-    return sorted(ts)[len(ts) // 2]
-
-
-def copy_rate() -> float:
-    a = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = timed(lambda: b.copy_(a), reps=5)
-    return 2 * a.numel() / t / 1e3  # GB/s
+    """µs a call, `reps` calls back to back in one CUDA graph (quant_linear's timing)."""
+    return QL.graph_ms_per_call([fn] * reps) * 1e3
 
 
 def main() -> None:
@@ -66,8 +42,7 @@ def main() -> None:
     from ninfer_plugins.cuda_fast import dense_gemv as D
     from ninfer_plugins.cuda_fast.ops import silu_mul
 
-    bw = copy_rate()
-    print(f"copy bandwidth {bw:,.0f} GB/s, {torch.cuda.get_device_name()}", flush=True)
+    bw, _ = QL.device_and_copy()  # TB/s
     best_down = None
     for n, k, gated in SHAPES:
         if time.time() - t0 > args.budget_s:
@@ -86,7 +61,7 @@ def main() -> None:
         ref = base().float()
         t = timed(base)
         print(f"{n}x{k}{' gated' if gated else ''} ({mb:.1f} MB): cuBLAS{' + SwiGLU' if gated else ''} {t:7.2f} us "
-              f"{mb / t / bw * 1e5:5.1f}%", flush=True)
+              f"{mb / t / bw * 100:5.1f}%", flush=True)
         results = []
         for cfg in CFGS:
             try:
@@ -97,7 +72,7 @@ def main() -> None:
                 print(f"    BN{cfg[0]} BK{cfg[1]} w{cfg[2]}: {type(e).__name__}: {str(e)[:80]}")
                 continue
             results.append((tc, cfg))
-            print(f"    BN{cfg[0]} BK{cfg[1]} w{cfg[2]}: {tc:7.2f} us {mb / tc / bw * 1e5:5.1f}%  max diff {err:.1e}",
+            print(f"    BN{cfg[0]} BK{cfg[1]} w{cfg[2]}: {tc:7.2f} us {mb / tc / bw * 100:5.1f}%  max diff {err:.1e}",
                   flush=True)
         if results:
             tb, cb = min(results)
