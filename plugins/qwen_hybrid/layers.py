@@ -77,6 +77,15 @@ def kv_parts(cache, index: int):
     return (k, v, *(scales or (None, None)))
 
 
+def fuse_linears_below(root: nn.Module) -> None:
+    """After a module's weights are in: let every layer under it (not `root` itself) merge the
+    projections that share an input (`fuse_linears`: one GEMV launch instead of several; the parts
+    become views, nothing is held twice). The model runs it on itself, the MTP layer on its own."""
+    for module in list(root.modules()):
+        if module is not root and hasattr(module, "fuse_linears"):
+            module.fuse_linears()
+
+
 def input_linear(module) -> QLinear | None:
     """The QLinear that reads a mixer's or MLP's normed input first (`input_linear`), or None
     (a MoE routes it first; the reference cores)."""

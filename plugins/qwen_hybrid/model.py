@@ -29,6 +29,7 @@ from ninfer_plugins.qwen_hybrid.layers import (
     Rotary,
     SparseMoe,
     SwiGLU,
+    fuse_linears_below,
     input_linear,
     moe_kernel_for,
 )
@@ -212,9 +213,7 @@ class QwenHybridModel(nn.Module):
     def fuse_linears(self) -> None:
         """After the weights are in: let layers merge dense projections that share their input
         (one GEMV launch instead of several; the parts become views, nothing is held twice)."""
-        for module in list(self.modules()):
-            if module is not self and hasattr(module, "fuse_linears"):
-                module.fuse_linears()
+        fuse_linears_below(self)
 
     @torch.no_grad()
     def random_weights(self, seed: int = 0) -> None:

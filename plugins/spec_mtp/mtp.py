@@ -18,7 +18,6 @@ names) and tuned kernels apply to it unchanged.
 from __future__ import annotations
 
 import os
-
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 from ninfer.errors import UserError
 from ninfer.linear import QLinear
 from ninfer_plugins.qwen_hybrid.layers import (
-    TORCH_OPS, DecoderLayer, ExpertBank, GatedAttention, OffsetRMSNorm, SparseMoe, SwiGLU,
+    TORCH_OPS, DecoderLayer, ExpertBank, GatedAttention, OffsetRMSNorm, SparseMoe, SwiGLU, fuse_linears_below,
 )
 from ninfer_plugins.qwen_hybrid.weights import init_tensor, mtp_tensors
 
@@ -117,9 +116,7 @@ class MtpLayer(nn.Module):
         # merged q8 shapes were tuned for these; until the thirty-second session the layer never
         # merged, so they never ran). NINFER_MTP_FUSE=0 keeps the parts apart (read per engine)
         if os.environ.get("NINFER_MTP_FUSE", "1") != "0":
-            for module in self.modules():
-                if module is not self and hasattr(module, "fuse_linears"):
-                    module.fuse_linears()
+            fuse_linears_below(self)
         # the packed copies now live in the QLinears; the model's read cache would double the memory
         if tensors is getattr(model, "mtp_weights", None):
             tensors.clear()
