@@ -56,7 +56,9 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: bars on an H200 (AUTO_H200 to change), else kwnv (AUTO_OTHER)
+#   bash bench/next_session.sh auto    # whichever card comes: s33 on an H200 (AUTO_H200 to change), else s33h (AUTO_OTHER)
+#   bash bench/next_session.sh s33     # bench/calls/s33.sh: the bf16 GEMV's tests, bench and step A/B; the MTP merge A/B (~9 min)
+#   bash bench/next_session.sh s33h    # bench/calls/s33h.sh: GPU tests of the 32nd session's changes; the MTP merge A/B (~7 min)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
 #   bash bench/next_session.sh nvf16   # the NVFP4 layout g16-split8-f16: every NVFP4 GPU test, the 27B nvfp4 step +-KW (~9.5 min)
 #   bash bench/next_session.sh nvkwb   # kw_bench over the NVFP4 shapes of the 27B and 35B-A3B, M = 1 and 4 (~7 min)
@@ -204,19 +206,24 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts) runs the bars on an H200 (every bar is an H200 bar) and kwnv (the nvfp4 K-walk entries
-# and the tile A/B, never run) elsewhere, in this process, so the setup above and the cache
-# packing below run once
+# starts; thirty-third: no machine at all) runs s33 on an H200 (the bf16 GEMV's step A/B is an
+# H200 bar's) and s33h elsewhere (the GPU tests of the thirty-second session's changes, none of
+# which has run on a GPU, and the MTP merge A/B); `AUTO_H200=bars` / `AUTO_OTHER=kwnv` for the
+# earlier choices
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-bars} ;;
-    *) set -- ${AUTO_OTHER:-kwnv} ;;
+    *H200*) set -- ${AUTO_H200:-s33} ;;
+    *) set -- ${AUTO_OTHER:-s33h} ;;
   esac
 fi
 
 case "${1:-}" in
+  s33|s33h)
+    # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
+    TCACHE_PACK=0 bash "bench/calls/$1.sh"
+    ;;
   tests|tests-a|tests-b)
     # everything in one call (a cold machine needs more than the 600 s a call may take: 391 of ~430
     # in 495 s on 2026-12-04), or in two calls: tests-a (quant_int, moe_triton), tests-b (the rest)
@@ -1131,7 +1138,7 @@ case "${1:-}" in
     rounds 100 "X=1" "NINFER_TC_LATE=1" "NINFER_GDN_SPLIT_NORM=1"
     ;;
   *)
-    echo "usage: bash bench/next_session.sh tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4|commit|commit2|tail [27b|35b]|ceiling" >&2
+    echo "usage: bash bench/next_session.sh auto|s33|s33h|tests|tests-a|tests-b|folds|dense|round|profile|tune|kernels|tcd|ahead|late|first|second|head4|commit|commit2|tail [27b|35b]|ceiling" >&2
     exit 2
     ;;
 esac
