@@ -80,6 +80,10 @@ class LinearKernel(Protocol):
     # call cannot fold it (QLinear.forward then runs apply and the caller the add and norm).
     # Optional: `apply_gated(gu, prepared) -> y | None`: y = apply(silu(gate) * up) for a merged
     # gate | up output gu [..., 2k], the activation computed inside the launch; None where it cannot.
+    # Optional: `resident_bytes(n, k, packed_bytes, device: DeviceInfo) -> int`: what one [n, k]
+    # weight holds once prepared on `device`, QLinear's kept packed copy included, where that is not
+    # `packed_bytes` (the scheme's bits per weight). The memory plan asks it before any weight loads:
+    # a kernel that dequantizes to an fp32 copy (the CPU reference path) holds 8x int4's bytes.
 
 
 class DenseKernel:

@@ -19,6 +19,7 @@ sentence naming --max-context and --kv-dtype (the knobs that decide the KV), wit
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,8 @@ class MemoryPlan:
     available: int  # bytes the device can give this process
     device: str
     prefill_chunk: int  # the chunk the workspace was planned for (--prefill-chunk 0 resolved)
+    # of `weights`, what kernels hold beyond the packed form (the CPU reference path's fp32 copies)
+    copies: int = 0
 
     @property
     def total(self) -> int:
@@ -90,6 +93,9 @@ class MemoryPlan:
             f"--kv-dtype {config.kv_dtype}, state {g(self.state)}, workspace {g(self.workspace)}) but {self.device} "
             f"has {g(self.available)} free: lower --max-context, use --kv-dtype int8, or lower --max-batch or --quant "
             "(ninfer bench sizes the context from --prompt-len/--context-len and the batch from --concurrency)."
+            + (f" Of the weights, {g(self.copies)} are the fp32 copies the kernels on {self.device} decode every "
+               "quantized weight into (the reference path, meant for tiny models): run on a GPU."
+               if self.copies else "")
         )
 
 
@@ -99,9 +105,12 @@ def _act_bytes(config: Any, device: Any) -> int:
     return 2
 
 
-def weight_bytes(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: int) -> int:
+def weight_bytes(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: int,
+                 kernel_for: Callable[[str, int, int], Any] | None = None, device: Any = None) -> int:
     """Bytes of the text decoder's weights: each linear in its recipe scheme, the rest (embedding
-    table, norms, conv taps, gates) in the model dtype."""
+    table, norms, conv taps, gates) in the model dtype. With `kernel_for(scheme, n, k)` (the kernel
+    the model will run it with, or None) and `device`, a kernel's own `resident_bytes` where it
+    holds more than the scheme's bits (the CPU reference path's fp32 copies)."""
     linears = getattr(shape, "linear_shapes", None)
     if linears is None:
         return shape.param_count() * act_bytes
@@ -109,9 +118,29 @@ def weight_bytes(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: in
     for name, n, k in linears():
         scheme = recipe.scheme_for(name, n, k) if recipe is not None else DENSE
         bits = schemes[scheme].bits_per_weight if scheme in schemes else 8 * act_bytes
-        total += int(n * k * bits / 8)
+        packed = int(n * k * bits / 8)
+        kernel = kernel_for(scheme, n, k) if kernel_for is not None and scheme in schemes else None
+        resident = getattr(kernel, "resident_bytes", None)
+        total += resident(n, k, packed, device) if resident is not None else packed
         linear_params += n * k
     return total + (shape.param_count() - linear_params) * act_bytes
+
+
+def _kernel_chooser(plugins: Any, device: Any) -> Callable[[str, int, int], Any]:
+    """The linear kernel the model will take for (scheme, n, k) (`ninfer_linear_kernel`, as
+    LinearFactory chooses it), once per key; None where none can run (model building names that)."""
+    chosen: dict[tuple[str, int, int], Any] = {}
+
+    def kernel_for(scheme: str, n: int, k: int) -> Any:
+        key = (scheme, n, k)
+        if key not in chosen:
+            try:
+                chosen[key] = plugins.choose("ninfer_linear_kernel", device, scheme=scheme, n=n, k=k).impl
+            except DeviceError:
+                chosen[key] = None
+        return chosen[key]
+
+    return kernel_for
 
 
 def workspace_bytes(shape: Any, config: Any, act_bytes: int) -> int:
@@ -167,7 +196,9 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
     except TypeError:
         state = shape.state_bytes_per_sequence()
     available = device.free_memory if device.kind == "cuda" else device.total_memory
-    weights = weight_bytes(shape, recipe, schemes, act)
+    kernel_for = _kernel_chooser(plugins, device) if recipe is not None and hasattr(plugins, "choose") else None
+    weights = weight_bytes(shape, recipe, schemes, act, kernel_for, device)
+    copies = weights - weight_bytes(shape, recipe, schemes, act) if kernel_for is not None else 0
     if config.spec == "mtp" and hasattr(shape, "mtp_param_count"):
         # the MTP layer: q8_g32 (8.5 bits) in every quantized recipe, the model dtype otherwise
         weights += int(shape.mtp_param_count() * (1.0625 if recipe is not None else act))
@@ -184,6 +215,7 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
         available=available,
         device=device.describe(),
         prefill_chunk=config.prefill_chunk,
+        copies=copies,
     )
 
 

@@ -220,6 +220,11 @@ class ReferenceQuantLinear:
             raise ValueError(f"{self.name} got a {weight.scheme} weight")
         return self._dequantize(weight)
 
+    def resident_bytes(self, n: int, k: int, packed_bytes: int, device) -> int:
+        """The fp32 copy, plus the packed weight QLinear keeps beside it on the CPU (it drops it on a
+        GPU, since this kernel `repacks`)."""
+        return n * k * 4 + (packed_bytes if device.kind == "cpu" else 0)
+
     def merge_prepared(self, preps: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """The dequantized weights stacked by rows, and each part as a row view of them."""
         if any(p.dtype != preps[0].dtype or p.device != preps[0].device or p.dim() != 2 for p in preps):

@@ -93,7 +93,8 @@ def test_startup_resolves_the_busy_chunk(monkeypatch):
     assert chunks(gpu, max_context=32768, prefill_chunk_busy=4096) == (16384, 4096)
     assert chunks(gpu, max_context=32768, prefill_chunk_busy=65536) == (16384, 16384)
     assert chunks(gpu, max_context=32768, prefill_chunk=512) == (512, 512)
-    cpu = DeviceInfo("cpu", None, "CPU", None, 64 * GIB, 64 * GIB, 8, frozenset({"cpu"}))
+    # the CPU path holds int4 weights as fp32 copies too (~115 GiB for the 27B)
+    cpu = DeviceInfo("cpu", None, "CPU", None, 256 * GIB, 256 * GIB, 8, frozenset({"cpu"}))
     assert chunks(cpu, max_context=4096) == (1024, 1024)
 
 
@@ -125,6 +126,31 @@ def test_cpu_parity_path_counts_fp32():
     plan = plan_memory(BIG, cfg, cpu, get_plugin_manager(), None)
     assert plan.kv == 2 * 4096 * BIG.kv_bytes_per_token("bf16")  # "bf16" KV is fp32 on the CPU path
     assert plan.weights > 99 * GIB
+
+
+def test_cpu_plan_counts_the_reference_kernels_fp32_copies():
+    """On the CPU the int kernels dequantize every weight once into an fp32 copy and keep the
+    packed one beside it: the plan counts both, and a 27B int4 on a 64 GiB machine is refused at
+    once (before, the plan counted 4.25-6.25 bits a weight, said it fit, and the build ground on
+    until the machine ran out of memory)."""
+    cpu = DeviceInfo("cpu", None, "CPU", None, 64 * GIB, 64 * GIB, 8, frozenset({"cpu"}))
+    cfg = EngineConfig(model="qwen3.6-27b", quant="int4", max_context=4096, max_batch=1)
+    on_cpu = plan_memory(BIG, cfg, cpu, get_plugin_manager(), None)
+    on_gpu = _plan(141, quant="int4", max_context=4096, max_batch=1)
+    recipe = get_plugin_manager().hook.ninfer_quant_recipe(quant="int4", shape=BIG, spec=None)
+    quantized = sum(n * k for name, n, k in BIG.linear_shapes() if recipe.scheme_for(name, n, k) != "bf16")
+    assert 0.95 * BIG.param_count() < quantized < BIG.param_count()
+    assert on_gpu.copies == 0
+    assert on_cpu.copies == quantized * 4
+    # a quantized linear: its packed bytes on either device, plus the fp32 copy on the CPU; the rest
+    # (embedding, norms, bf16-kept projections) in bf16 on the GPU and fp32 on the CPU
+    rest = BIG.param_count() - quantized
+    assert on_cpu.weights - on_cpu.copies - rest * 4 == on_gpu.weights - rest * 2
+    assert not on_cpu.fits
+    problem = on_cpu.problem(cfg)
+    assert "fp32 copies" in problem and "run on a GPU" in problem
+    assert "fp32 copies" not in (plan_memory(BIG, EngineConfig(model="x", quant="bf16", max_context=4096, max_batch=1),
+                                             cpu, get_plugin_manager(), None).problem(cfg) or "")
 
 
 def test_plugin_workspace_counts_the_grouped_moe_prefill(monkeypatch):
