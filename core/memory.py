@@ -19,14 +19,13 @@ sentence naming --max-context and --kv-dtype (the knobs that decide the KV), wit
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from msgspec import structs
 
 from ninfer.errors import DeviceError
-from ninfer.linear import DENSE
+from ninfer.linear import DENSE, LinearFactory
 
 GIB = 2**30
 # CUDA context, cuBLAS and Triton workspaces, allocator slack: measured torch processes on an H200
@@ -105,42 +104,35 @@ def _act_bytes(config: Any, device: Any) -> int:
     return 2
 
 
-def weight_bytes(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: int,
-                 kernel_for: Callable[[str, int, int], Any] | None = None, device: Any = None) -> int:
-    """Bytes of the text decoder's weights: each linear in its recipe scheme, the rest (embedding
-    table, norms, conv taps, gates) in the model dtype. With `kernel_for(scheme, n, k)` (the kernel
-    the model will run it with, or None) and `device`, a kernel's own `resident_bytes` where it
-    holds more than the scheme's bits (the CPU reference path's fp32 copies)."""
+def weight_parts(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: int,
+                 factory: LinearFactory | None = None) -> tuple[int, int]:
+    """Bytes of the text decoder's weights as (stored, held beyond that): each linear in its recipe
+    scheme, the rest (embedding table, norms, conv taps, gates) in the model dtype; then, with the
+    `factory` the model will be built with, what the kernel it chooses for each quantized linear
+    holds beyond its packed bytes (`resident_bytes`: the CPU reference path's fp32 copies)."""
     linears = getattr(shape, "linear_shapes", None)
     if linears is None:
-        return shape.param_count() * act_bytes
-    total, linear_params = 0, 0
+        return shape.param_count() * act_bytes, 0
+    total, extra, linear_params = 0, 0, 0
     for name, n, k in linears():
         scheme = recipe.scheme_for(name, n, k) if recipe is not None else DENSE
         bits = schemes[scheme].bits_per_weight if scheme in schemes else 8 * act_bytes
         packed = int(n * k * bits / 8)
-        kernel = kernel_for(scheme, n, k) if kernel_for is not None and scheme in schemes else None
-        resident = getattr(kernel, "resident_bytes", None)
-        total += resident(n, k, packed, device) if resident is not None else packed
+        total += packed
         linear_params += n * k
-    return total + (shape.param_count() - linear_params) * act_bytes
-
-
-def _kernel_chooser(plugins: Any, device: Any) -> Callable[[str, int, int], Any]:
-    """The linear kernel the model will take for (scheme, n, k) (`ninfer_linear_kernel`, as
-    LinearFactory chooses it), once per key; None where none can run (model building names that)."""
-    chosen: dict[tuple[str, int, int], Any] = {}
-
-    def kernel_for(scheme: str, n: int, k: int) -> Any:
-        key = (scheme, n, k)
-        if key not in chosen:
+        if factory is not None and scheme in schemes:
             try:
-                chosen[key] = plugins.choose("ninfer_linear_kernel", device, scheme=scheme, n=n, k=k).impl
+                resident = getattr(factory.kernel_for(scheme, n, k), "resident_bytes", None)
             except DeviceError:
-                chosen[key] = None
-        return chosen[key]
+                resident = None  # no kernel runs here: building the model names that
+            if resident is not None:
+                extra += resident(n, k, packed, factory.device) - packed
+    return total + (shape.param_count() - linear_params) * act_bytes, extra
 
-    return kernel_for
+
+def weight_bytes(shape: Any, recipe: Any, schemes: dict[str, Any], act_bytes: int) -> int:
+    """The weights' stored bytes (`weight_parts`' first figure): what a decode step reads."""
+    return weight_parts(shape, recipe, schemes, act_bytes)[0]
 
 
 def workspace_bytes(shape: Any, config: Any, act_bytes: int) -> int:
@@ -196,9 +188,9 @@ def plan_memory(shape: Any, config: Any, device: Any, plugins: Any = None, spec:
     except TypeError:
         state = shape.state_bytes_per_sequence()
     available = device.free_memory if device.kind == "cuda" else device.total_memory
-    kernel_for = _kernel_chooser(plugins, device) if recipe is not None and hasattr(plugins, "choose") else None
-    weights = weight_bytes(shape, recipe, schemes, act, kernel_for, device)
-    copies = weights - weight_bytes(shape, recipe, schemes, act) if kernel_for is not None else 0
+    stored, copies = weight_parts(shape, recipe, schemes, act,
+                                  LinearFactory(plugins, device, recipe) if recipe is not None else None)
+    weights = stored + copies
     if config.spec == "mtp" and hasattr(shape, "mtp_param_count"):
         # the MTP layer: q8_g32 (8.5 bits) in every quantized recipe, the model dtype otherwise
         weights += int(shape.mtp_param_count() * (1.0625 if recipe is not None else act))
