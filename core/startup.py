@@ -100,14 +100,25 @@ def _packed_quant(path: Path, config: EngineConfig) -> EngineConfig:
 
 
 def plan(
-    config: EngineConfig, *, plugins: PluginManager | None = None, need_weights: bool = True, strict: bool = True
+    config: EngineConfig,
+    *,
+    plugins: PluginManager | None = None,
+    need_weights: bool = True,
+    strict: bool = True,
+    held_bytes: int = 0,
 ) -> Plan:
     """What would run, and where. `strict=False` (the `ninfer plugins` report) keeps the problems
-    on the plan instead of raising them."""
+    on the plan instead of raising them. `held_bytes`: GPU memory this process already holds for
+    the model being planned (a benchmark campaign's model, built once and reused), counted as free:
+    the plan counts those weights again."""
+    from dataclasses import replace
+
     from ninfer import checkpoint
 
     plugins = plugins or get_plugin_manager()
     device = probe(config.device)
+    if held_bytes and device.kind == "cuda":
+        device = replace(device, free_memory=min(device.total_memory, device.free_memory + held_bytes))
     specs = _registered(plugins)
     notes: list[str] = []
 

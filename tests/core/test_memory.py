@@ -120,6 +120,27 @@ def test_startup_plan_refuses_before_loading(monkeypatch):
     assert ok.memory is not None and not ok.memory.fits and ok.problems[0] == ok.memory.problem(cfg)
 
 
+def test_a_reused_models_memory_counts_as_free(monkeypatch):
+    """A benchmark campaign builds the model once and plans each run again: the weights it holds
+    are not free on the card but must not be counted twice (the bf16 27B on an 80 GiB H100 was
+    refused with 15 GiB free)."""
+    import ninfer.startup as startup
+
+    def busy_h100(spec):  # 79 GiB, 50 GiB of it already this process's (the bf16 27B's weights)
+        card = _gpu(79)
+        return DeviceInfo(card.kind, card.index, "Fake H100", card.capability, card.total_memory,
+                          card.total_memory - 50 * GIB, card.sm_count, card.features)
+
+    monkeypatch.setattr(startup, "probe", busy_h100)
+    cfg = EngineConfig(model="qwen3.6-27b", quant="bf16", max_context=8192, max_batch=1, random_weights=True)
+    with pytest.raises(DeviceError, match="29.0 GiB free"):
+        startup.plan(cfg)
+    p = startup.plan(cfg, held_bytes=50 * GIB)
+    assert p.memory.fits and p.memory.available == 79 * GIB
+    # never more than the card: a credit past its size is capped
+    assert startup.plan(cfg, held_bytes=500 * GIB).memory.available == 79 * GIB
+
+
 def test_cpu_parity_path_counts_fp32():
     cpu = DeviceInfo("cpu", None, "cpu", None, 64 * GIB, 64 * GIB, 8, frozenset({"fp32", "bf16"}))
     cfg = EngineConfig(model="x", quant="bf16", max_context=4096, max_batch=1)
