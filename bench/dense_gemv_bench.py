@@ -37,14 +37,22 @@ def timed(fn, reps: int = 20) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=120)
+    ap.add_argument("--shapes", default="", help="NxK,... (a trailing g: the gated down projection); default: the "
+                    "27B's five one-token projections")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = []
+        for item in args.shapes.split(","):
+            n, k = item.rstrip("g").split("x")
+            shapes.append((int(n), int(k), item.endswith("g")))
     t0 = time.time()
     from ninfer_plugins.cuda_fast import dense_gemv as D
     from ninfer_plugins.cuda_fast.ops import silu_mul
 
     bw, _ = QL.device_and_copy()  # TB/s
     best_down = None
-    for n, k, gated in SHAPES:
+    for n, k, gated in shapes:
         if time.time() - t0 > args.budget_s:
             print(f"budget spent: skipped {n}x{k}")
             continue

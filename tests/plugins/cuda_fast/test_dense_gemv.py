@@ -71,7 +71,7 @@ def test_a_row_slice_of_a_merged_weight_and_bad_shapes():
 def test_modes_and_config_from_the_environment(monkeypatch):
     monkeypatch.delenv("NINFER_DENSE_GEMV", raising=False)
     monkeypatch.delenv("NINFER_DENSE_GEMV_CFG", raising=False)
-    assert D.mode() == "0" and D.config() == D.DEFAULT_CFG
+    assert D.mode() == "all" and D.config() == D.DEFAULT_CFG
     monkeypatch.setenv("NINFER_DENSE_GEMV", "gated")
     monkeypatch.setenv("NINFER_DENSE_GEMV_CFG", "16:256:8")
     assert D.mode() == "gated" and D.config() == (16, 256, 8)
@@ -143,6 +143,12 @@ def test_gpu_graph_replay_equals_eager_and_the_modes(pdl, monkeypatch):
     assert torch.equal(kern.apply(x2, w2), F.linear(x2, w2))
     monkeypatch.setenv("NINFER_DENSE_GEMV", "all")
     assert torch.equal(kern.apply(x2, w2), eager2)
+    head = (torch.randn(65544, 256, generator=g) * 0.02).to(torch.bfloat16).cuda()  # past HEAD_ROWS, a tail of 8
+    xh = torch.randn(1, 256, generator=g).to(torch.bfloat16).cuda()
+    assert torch.equal(kern.apply(xh, head), D.gemv(xh, head))
+    monkeypatch.setenv("NINFER_DENSE_GEMV", "body")
+    assert torch.equal(kern.apply(x2, w2), eager2)
+    assert torch.equal(kern.apply(xh, head), F.linear(xh, head))
     rows = torch.randn(3, 6144, generator=g).to(torch.bfloat16).cuda()
     assert torch.equal(kern.apply(rows, w2), F.linear(rows, w2))
 
@@ -154,7 +160,7 @@ def test_the_kernel_object_leaves_what_it_cannot_take_to_torch(monkeypatch):
     g = torch.Generator().manual_seed(5)
     w = torch.randn(12, 16, generator=g)
     x = torch.randn(1, 16, generator=g)
-    for m in ("0", "gated", "all"):
+    for m in ("0", "gated", "body", "all"):
         monkeypatch.setenv("NINFER_DENSE_GEMV", m)
         if not CUDA:
             assert torch.equal(kern.apply(x, w), F.linear(x, w))
