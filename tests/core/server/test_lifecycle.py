@@ -37,7 +37,10 @@ def test_stream_disconnect_frees_the_slot_within_a_step(fake, slow):
             steps_at_close = slow.steps
     # the response was closed unread: httpx dropped the connection
     fake.wait_idle(timeout=2.0)
-    assert slow.steps - steps_at_close <= 2, "the slot must be free within one engine step of the disconnect"
+    # a step or two after the disconnect; up to four, since on a loaded 2-core CI machine (pytest
+    # -n 2 beside torch tests) the server's event loop can see the closed socket a step late (once
+    # in the thirty-third session). Held to max_tokens it would run ~396 more.
+    assert slow.steps - steps_at_close <= 4, "the slot must be free within a few engine steps of the disconnect"
     assert fake.engine.stats() == base
     (line,) = fake.wait_log(request_id=rid)
     assert line["disconnected"] is True and line["stream"] is True and line["finish_reason"] is None
@@ -50,7 +53,7 @@ def test_non_stream_disconnect_frees_the_slot(fake, slow):
         httpx.post(fake.url + CHAT, json={"model": MODEL, "messages": FOREVER, "max_tokens": 400}, timeout=httpx.Timeout(30, read=0.2))
     steps_at_close = slow.steps
     fake.wait_idle(timeout=2.0)
-    assert slow.steps - steps_at_close <= 2
+    assert slow.steps - steps_at_close <= 4  # as above: a step or two, four on a loaded machine
     assert fake.engine.stats() == base
     deadline = time.monotonic() + 5
     while len(fake.log.find(path=CHAT, disconnected=True)) == n_before and time.monotonic() < deadline:
