@@ -517,7 +517,8 @@ TUNED_TKW: dict[tuple[int, int, int, str], tuple] = {
 # gate+up, qkv+z, q+v and q8 head) won and moved into TUNED_KW.
 TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     # the 27B's q5 down at M = 1 in 4 K shares: 23.42 against the entry's 24.90 us (S1) in one kw_bench
-    # run on an H200 (thirty-fourth run); to be confirmed in the step
+    # run on an H200 (thirty-fourth run); in the step there -0.03 ms (within spread); on an H100 the
+    # plain step under NINFER_KW_TRY=1 lost 0.07 ms (8.101 / 8.106 against 8.028 / 8.003, thirty-fifth run)
     (5, 5120, 17408, 'm1'): (8, 128, 4, 2, 1, False, False, 0, 0),
     # the --quant int8 27B's q8 qkv+z, q+v and o_proj at M = 1 (its gate+up and down have the MTP
     # drafter's entries of the same shapes), with the configs of the drafter's q8 entries
@@ -532,6 +533,14 @@ TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     (16, 9216, 2048, 'm4'): (16, 64, 1, 4, 1, False),
     (8, 248320, 2048, 'm1'): (8, 128, 1, 2, 1, False),
     (8, 248320, 2048, 'm4'): (16, 64, 1, 4, 1, False),
+    # the 27B MTP round's alignment: the drafter's q8 fc (5120 x 10240) and merged q+k+v (14336 x
+    # 5120) at M = 4 had no K-walk entry and ran on the tile kernel (_qmm_kernel), 47.8 and 48.4 us
+    # (1.2 and 1.6 TB/s) against the K-walk's 24.6 and 32.4 us for the same weights at M = 1 (H100
+    # profile, thirty-fifth run). The q8 M = 4 winners' config (q8 qkvz, the q6/q8 heads). The round
+    # under NINFER_KW_TRY=1 (these, the q8 o_proj entry below, the q5 down S4): 11.096 / 11.090 ms
+    # against 11.079 / 11.086 (H100, alternated, thirty-fifth run): no gain; not promoted
+    (8, 5120, 10240, 'm4'): (16, 64, 1, 4, 1, False),
+    (8, 14336, 5120, 'm4'): (16, 64, 1, 4, 1, False),
 }
 
 # Tensor-core K-walk configs measured to win alone on one card but not yet in a step or round on the
