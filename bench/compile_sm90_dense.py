@@ -89,6 +89,20 @@ def cases():
         None, idx.long(), m=4, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF),
         norm_weight=nw, ab_input=(e(4, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)),
         replay=(e(16, HV), e(16, HK, D), e(16, HV, D)))
+    def chunk_verify(block_v: int | None, state_early: bool = False):
+        os.environ["NINFER_GDN_CHUNK"] = "1"
+        try:
+            return G.gdn_verify_columns(
+                e(4, C, dtype=BF), None, None, cw, cs, al, al, st, e(16, C, 3, dtype=BF), None, idx.long(), m=4,
+                num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=e(4, HV * D, dtype=BF), norm_weight=nw,
+                ab_input=(e(4, 5120, dtype=BF), e(2 * HV, 5120, dtype=BF)), block_v=block_v,
+                replay=(e(16, HV), e(16, HK, D), e(16, HV, D)), state_early=state_early)
+        finally:
+            os.environ.pop("NINFER_GDN_CHUNK")
+
+    yield "gdn_verify_columns chunked (whole heads, norm in the launch, replay)", lambda: chunk_verify(None)
+    yield "gdn_verify_columns chunked (heads split, BV 32, replay, state before the wait)", lambda: chunk_verify(32, True)
+    yield "gdn_verify_columns chunked (heads split, BV 64, replay, state before the wait)", lambda: chunk_verify(64, True)
     sl2 = torch.zeros(2, dtype=torch.long)
     yield "commit_replay (recurrent state, fp32)", lambda: G.commit_replay(
         e(48, 2, HV, D, D), e(48, 8, HV), e(48, 8, HK, D), e(48, 8, HV, D), sl2, sl2)

@@ -11,7 +11,8 @@ a second launch (it needs the whole head), or with ":n" in the same launch (the 
 head normalizes it, NINFER_GDN_SPLIT_NORM=1); "p" in the suffix (":p", ":np") takes the delta rule's
 paired reductions (NINFER_GDN_PAIRED=1), for the decode step's variants too; "a", the conv inputs
 loaded a token ahead (NINFER_GDN_AHEAD=1); "r", the replay form the round uses by default (each token's
-g, k and delta stored instead of its state: `replay=`). Every variant's output and columns are checked against
+g, k and delta stored instead of its state: `replay=`); "c" (with "r"), the M tokens taken together
+(NINFER_GDN_CHUNK=1, `_gdn_columns_chunk_kernel`). Every variant's output and columns are checked against
 the first one's. Floor per layer: the slot's state read once (48 x 128 x 128 fp32 = 3.1 MB) and M
 states written (12.6 MB at M = 4), at the copy rate.
 """
@@ -54,6 +55,7 @@ def columns(L: dict, m: int, bv: int, warps: int, norm_in: bool = False, paired:
     os.environ["NINFER_GDN_SPLIT_NORM"] = "1" if norm_in else "0"
     os.environ["NINFER_GDN_PAIRED"] = "1" if paired else "0"
     os.environ["NINFER_GDN_AHEAD"] = "1" if ahead else "0"
+    os.environ["NINFER_GDN_CHUNK"] = "1" if replay == "c" else "0"
     return gdn_verify_columns(
         L["qkv"], None, None, L["conv_weight"], L["conv_state"], L["A_log"], L["dt_bias"], L["state"],
         L["col_conv"], L["col_state"], L["slots"], m=m, num_k_heads=HK, head_k_dim=D, head_v_dim=D, z=L["z"],
@@ -72,10 +74,11 @@ def decode(L: dict, bv: int | None = None, warps: int | None = None, paired: boo
 
 
 def parse(v: str) -> tuple[int, int, bool, bool, bool, bool]:
-    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions, conv inputs ahead, replay)."""
+    """BV:warps[:flags] -> (BV, warps, norm in the launch, paired reductions, conv inputs ahead, replay);
+    the flag c (chunked) is carried in `replay` as the string "c"."""
     bv, w, *flags = v.split(":")
     f = flags[0] if flags else ""
-    return int(bv), int(w), "n" in f, "p" in f, "a" in f, "r" in f
+    return int(bv), int(w), "n" in f, "p" in f, "a" in f, ("c" if "c" in f else True) if "r" in f else False
 
 
 def main() -> None:
@@ -106,12 +109,13 @@ def main() -> None:
         L["col_state"].zero_()
         o = columns(L, m, bv, w, nin, pr, ah, rp).float()
         cs = (L["replay"][2] if rp else L["col_state"]).clone()
-        if rp not in refs:
-            refs[rp] = (o, cs)
+        if bool(rp) not in refs:
+            refs[bool(rp)] = (o, cs)
             continue
-        ref = refs[rp]
+        ref = refs[bool(rp)]
         err = max((o - ref[0]).abs().max().item(), (cs - ref[1]).abs().max().item())
-        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}{' a' if ah else ''}{' r' if rp else ''}: "
+        print(f"  BV {bv:3d} w{w}{' n' if nin else ''}{' p' if pr else ''}{' a' if ah else ''}{' r' if rp else ''}"
+              f"{' c' if rp == 'c' else ''}: "
               f"max difference from the first variant of its form {err:.3g}" + ("" if err < 6e-2 else "  <-- MISMATCH"),
               flush=True)
     if len(refs) == 2:
@@ -122,7 +126,7 @@ def main() -> None:
         ms = graph_ms(lambda bv=bv, w=w, pr=pr: [decode(x, bv, w, pr) for x in layers], reps=args.reps)
         print(f"  decode step (M = 1) BV {bv:3d} w{w}{' p' if pr else '  '} {ms:7.4f} ms/replay  {ms / LAYERS * 1e3:6.2f} us/layer", flush=True)
     for bv, w, nin, pr, ah, rp in variants:
-        flags = "".join(f" {c}" if on else "  " for c, on in (("n", nin), ("p", pr), ("a", ah), ("r", rp)))
+        flags = "".join(f" {c}" if on else "  " for c, on in (("n", nin), ("p", pr), ("a", ah), ("r", rp), ("c", rp == "c")))
         tag = f"BV {bv:3d} w{w}{flags}"
         try:
             ms = graph_ms(lambda bv=bv, w=w, nin=nin, pr=pr, ah=ah, rp=rp: [columns(x, m, bv, w, nin, pr, ah, rp)

@@ -581,6 +581,156 @@ def _split_gated_norm(o, OS, NCNT, O, Z, NW, row, j, vb, bv, so_b, so_h, sz_b, e
         SY.rearm(NCNT + row * HV + j)
 
 
+
+@triton.jit
+def _conv_tile(X, CS, CW, CC, tok, chan, valid, b, slot, col0, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t,
+               scc_n, scc_c, scc_t, M: tl.constexpr, WRITE: tl.constexpr):
+    """Conv1d + SiLU of a tile whose row r is token tok[r] of row block b and whose element (r, c)
+    is channel chan[r, c] -> fp32, zero where not valid[r]. Token t's tap i reads input t - 3 + i:
+    row b*M + t - 3 + i of X or, before the block's first token, the slot's conv state (column
+    t + i). An input older than the token itself is rounded to the conv state's dtype first, as the
+    token-by-token kernel's window keeps it. WRITE: the window after token t (taps 1..3) goes to
+    conv column col0 + t of CC."""
+    for i in tl.static_range(4):
+        p = tok - 3 + i
+        xin = tl.load(X + (b * M + p).to(tl.int64)[:, None] * sx_b + chan, mask=(valid & (p >= 0))[:, None], other=0.0)
+        if i < 3:
+            xin = xin.to(CS.dtype.element_ty)
+        sin = tl.load(CS + slot * scs_n + chan * scs_c + (3 + p)[:, None] * scs_t, mask=(valid & (p < 0))[:, None],
+                      other=0.0)
+        tap = xin.to(tl.float32) + sin.to(tl.float32)  # one of the two is zero
+        if WRITE and i > 0:
+            tl.store(CC + (col0 + tok).to(tl.int64)[:, None] * scc_n + chan * scc_c + (i - 1) * scc_t,
+                     tap.to(CC.dtype.element_ty), mask=valid[:, None])
+        w = tl.load(CW + chan * scw_c + i * scw_t).to(tl.float32)
+        if i == 0:
+            acc = tap * w
+        else:
+            acc += tap * w
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def _mm(a, b):
+    """a @ b in fp32, every product and sum in fp32 (no tf32)."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _gdn_columns_chunk_kernel(
+    X, A, Bg, CW, CS, ALOG, DTB, S, CC, O, Z, NW, IDX, XH, WAB, RG, RK, RD,
+    sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h,
+    scc_n, scc_c, scc_t, so_b, so_h, sz_b, sxh_b, swab_r,
+    q_scale, eps,
+    M: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0, BH: tl.constexpr = 1024,
+    HP: tl.constexpr = 0, HR: tl.constexpr = 0, LOGM: tl.constexpr = 2, KC: tl.constexpr = 16,
+    PDL: tl.constexpr = False, STATE_EARLY: tl.constexpr = False, GATES_EARLY: tl.constexpr = False,
+):
+    """The replay-form verify (`_gdn_columns_kernel` with REPLAY) with its M <= 8 tokens taken
+    together instead of one after another. The token-by-token kernel waits on two reductions
+    across the program per token, each behind the last (2M in all). Here, with S the slot's state
+    tile, decays g_t, Gam_t = g_1 ... g_t, beta_t and L2-normed k_t, q_t:
+        delta_t = beta_t (v_t - Gam_t S^T k_t - sum_{s<t} (Gam_t / Gam_s) (k_s . k_t) delta_s)
+        o_t     = Gam_t S^T q_t + sum_{s<=t} (Gam_t / Gam_s) (k_s . q_t) delta_s
+    (the recurrence S_t = g_t S_{t-1} + k_t delta_t^T unrolled). The k and q rows of every token
+    form one [16, Dk] tile (k_t in row t, q_t in row 8 + t); it meets the state and itself in
+    products over Dk in slices of KC (a whole-Dk product holds too many registers a thread): [16,
+    KC] x [KC, BV] for S^T k and S^T q, [16, KC] x [KC, 16] for the k.k and q.k products, the state
+    read a slice at a time. The triangular system is solved as (I + N)^-1 = (I - N)(I + N^2)(I +
+    N^4)... (N strictly lower triangular, so the series ends): LOGM products of [16, 16]. Rows of
+    tokens past M are zeros that take no part. The outputs are the token-by-token kernel's up to the
+    order of fp32 operations; the conv columns are the same bits; the replay buffers (g, normed k,
+    delta) agree within rounding."""
+    MP: tl.constexpr = 16  # tl.dot's smallest M: tokens 0..7 as k rows, then as q rows
+    R: tl.constexpr = HV // HK
+    pid = tl.program_id(0)
+    vb = tl.program_id(1)
+    b = pid // HV
+    j = pid % HV
+    if FUSE_AB:
+        wa0, wb0, wa1, wb1 = _gate_row_loads(WAB, j, swab_r, HV, HP, HR)
+    tm = tl.arange(0, MP)
+    live = tm < M
+    h = j // R
+    bv = tl.arange(0, BV)
+    dk = tl.arange(0, DK)
+    kc = tl.arange(0, KC)
+    # the [16, Dk] tile's rows: k of token r (r < 8), q of token r - 8
+    tok = tm % 8
+    kq_live = tok < M
+    kq_base = tl.where(tm < 8, HK * DK + h * DK, h * DK)
+    if STATE_EARLY:
+        pdl_early_trigger(PDL)
+        slot = tl.load(IDX + b, cache_modifier=".cg").to(tl.int64)
+        if FUSE_AB and GATES_EARLY:
+            ga, gb = _gate_rows(XH, WAB, b, j, sxh_b, swab_r, M, MP, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
+        pdl_wait(PDL)
+    else:
+        pdl_prologue(PDL)
+        slot = tl.load(IDX + b).to(tl.int64)
+    if FUSE_AB and not (STATE_EARLY and GATES_EARLY):
+        ga, gb = _gate_rows(XH, WAB, b, j, sxh_b, swab_r, M, MP, HID, HV, BH, HP, HR, wa0, wb0, wa1, wb1)
+    if not FUSE_AB:
+        ga = tl.load(A + (b * M + tm) * sa_b + j, mask=live, other=0.0).to(tl.float32)
+        gb = tl.load(Bg + (b * M + tm) * sb_b + j, mask=live, other=0.0).to(tl.float32)
+    col0 = slot * M
+    lead = (j % R == 0) & (vb == 0)
+    # k and q of every token, their norms (q's scaled), the normed k to the replay buffer
+    kq = _conv_tile(X, CS, CW, CC, tok, kq_base[:, None] + dk[None, :], kq_live, b, slot, col0, sx_b, scs_n, scs_c,
+                    scs_t, scw_c, scw_t, scc_n, scc_c, scc_t, M, lead)
+    rn = tl.rsqrt(tl.sum(kq * kq, 1) + 1e-6) * tl.where(tm < 8, 1.0, q_scale)
+    cols = (col0 + tm).to(tl.int64)
+    if lead:
+        tl.store(RK + (cols * HK + h)[:, None] * DK + dk[None, :], kq * rn[:, None], mask=(tm < M)[:, None])
+    v = _conv_tile(X, CS, CW, CC, tm, (2 * HK * DK + j * DV + vb * BV + bv)[None, :] + 0 * tm[:, None], live, b, slot,
+                   col0, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t, scc_n, scc_c, scc_t, M, True)
+    # S^T k, S^T q and the k.k, q.k products, a KC slice of Dk at a time (the slice's k and q again
+    # from the conv: the tile above cannot be sliced)
+    s_kq = tl.zeros([MP, BV], tl.float32)
+    gram = tl.zeros([MP, MP], tl.float32)
+    for c0 in tl.static_range(0, DK, KC):
+        part = _conv_tile(X, CS, CW, CC, tok, kq_base[:, None] + (c0 + kc)[None, :], kq_live, b, slot, col0, sx_b,
+                          scs_n, scs_c, scs_t, scw_c, scw_t, scc_n, scc_c, scc_t, M, False) * rn[:, None]
+        st = tl.load(S + slot * ss_n + j * ss_h + (c0 + kc)[:, None] * DV + (vb * BV + bv)[None, :])
+        s_kq += _mm(part, st)
+        gram += _mm(part, tl.trans(part))
+    # rows out: token t's k row (t) and q row (8 + t) picked by two [16, 16] selections
+    pick_k = tl.where((tm[None, :] == tm[:, None]) & live[:, None], 1.0, 0.0)
+    pick_q = tl.where((tm[None, :] == tm[:, None] + 8) & live[:, None], 1.0, 0.0)
+    s_k = _mm(pick_k, s_kq)
+    s_q = _mm(pick_q, s_kq)
+    kk = _mm(_mm(pick_k, gram), tl.trans(pick_k))
+    qk = _mm(_mm(pick_q, gram), tl.trans(pick_k))
+    # gates: log-decay, its running sum over the tokens, beta (zero past M: those rows drop out)
+    u = ga + tl.load(DTB + j).to(tl.float32)
+    softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+    lg = tl.where(live, -tl.exp(tl.load(ALOG + j).to(tl.float32)) * softplus, 0.0)
+    cum = tl.cumsum(lg, 0)
+    beta = tl.where(live, tl.sigmoid(gb), 0.0)
+    causal = tm[None, :] <= tm[:, None]  # s <= t
+    decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], -float("inf")))
+    # (I + N)^-1 as the product of (I + P^(2^i)), P = -N
+    eye = tl.where(tm[:, None] == tm[None, :], 1.0, 0.0)
+    p = tl.where(tm[None, :] < tm[:, None], -beta[:, None] * decay * kk, 0.0)
+    inv = eye + p
+    for _ in tl.static_range(LOGM - 1):
+        p = _mm(p, p)
+        inv = _mm(inv, eye + p)
+    gam = tl.exp(cum)
+    delta = _mm(inv, beta[:, None] * (v - gam[:, None] * s_k))
+    o = gam[:, None] * s_q + _mm(tl.where(causal, decay * qk, 0.0), delta)
+    # the replay buffers: what each token's update was (commit_replay makes the accepted state)
+    tl.store(RD + (cols * HV + j)[:, None] * DV + (vb * BV + bv)[None, :], delta, mask=live[:, None])
+    if vb == 0:
+        tl.store(RG + cols * HV + j, tl.exp(lg), mask=live)
+    rows = (b * M + tm).to(tl.int64)
+    if FUSE_NORM:
+        z = tl.load(Z + rows[:, None] * sz_b + j * DV + bv[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+        o = o * tl.rsqrt(tl.sum(o * o, 1) / DV + eps)[:, None] * tl.load(NW + bv).to(tl.float32)[None, :] \
+            * (z * tl.sigmoid(z))
+    tl.store(O + rows[:, None] * so_b + j * so_h + (vb * BV + bv)[None, :], o.to(O.dtype.element_ty), mask=live[:, None])
+
 def paired_reductions() -> bool:
     """The delta rule's token in two reductions across the program instead of four
     (`_delta_rule_token`), in the decode step and the verify; NINFER_GDN_PAIRED=0 takes the four.
@@ -605,6 +755,15 @@ def gates_early() -> bool:
     run), alternated twice: the 35B round -0.05 ms (4.71 against 4.76), the 27B plain step -0.04
     ms (7.98 against 8.02), the 27B round and the 35B plain step unchanged."""
     return os.environ.get("NINFER_GDN_GATES_EARLY", "1") == "1"
+
+
+def chunked_verify() -> bool:
+    """NINFER_GDN_CHUNK=1 (an experiment, off until timed on a GPU): the replay-form verify's M
+    tokens taken together (`_gdn_columns_chunk_kernel`: a handful of small matrix products in
+    place of 2M reductions waited on one after another). Taken where the replay buffers are given,
+    M <= 8, the value columns a program are 16 or more, and the gated norm is not split in the
+    launch; elsewhere the token-by-token kernel runs."""
+    return os.environ.get("NINFER_GDN_CHUNK", "0") == "1"
 
 
 def split_norm_in_launch() -> bool:
@@ -715,6 +874,24 @@ def gdn_verify_columns(
                      NCNT=_counters(out.device, BM * HV))
     hid = wab.shape[1] if fuse_ab else 0
     hp, hr = ab_split(hid) if os.environ.get("NINFER_GDN_AB_EARLY", "1") != "0" else (0, 0)
+    if replay is not None and chunked_verify() and m <= 8 and bv >= 16 and DK % 16 == 0 and not split_norm:
+        _gdn_columns_chunk_kernel[(B * HV, DV // bv)](
+            mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, out, zz,
+            norm_weight if fuse else A_log, state_indices, xh, wab, rg, rk, rd,
+            mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
+            conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
+            col_conv.stride(0), col_conv.stride(1), col_conv.stride(2),
+            out.stride(0), out.stride(1), zz.stride(0), xh.stride(0), wab.stride(0),
+            DK**-0.5, eps,
+            M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
+            FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
+            LOGM=max(1, (m - 1).bit_length()), num_warps=num_warps or 4,
+            STATE_EARLY=state_early and bv < DV, GATES_EARLY=state_early and bv < DV and fuse_ab and gates_early(),
+            **pdl_kwargs(mixed_qkv.device),
+        )
+        if z is not None and not fuse:
+            gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)
+        return out
     _gdn_columns_kernel[(B * HV, DV // bv)](
         mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, col_state, out, zz,
         norm_weight if (fuse or split_norm) else A_log, state_indices, xh, wab,

@@ -523,3 +523,81 @@ def test_prefill_conv_matches_the_torch_form(t_len):
     R.assert_close(v, v_ref.reshape(t_len, HV, D).bfloat16(), "gdn_output_bf16")
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     assert torch.equal(new_state, seq[:, -3:].to(new_state.dtype))
+
+
+def _chunk_vs_tokens(HK, HV, DK, DV, m, slots_list, fuse, block_v, seed, monkeypatch, gates_in_kernel=False,
+                     state_early=False):
+    """NINFER_GDN_CHUNK=1: the replay-form verify with the M tokens taken together gives the
+    token-by-token kernel's outputs and replay buffers within fp32 rounding, the same conv columns
+    bit for bit, reads the slots' state only, and repeats itself exactly."""
+    from ninfer.kernels.triton import gdn_verify_columns
+
+    n_slots = max(slots_list) + 1
+    L = Layer(HK, HV, DK, DV, slots=n_slots, seed=seed)
+    slots = torch.tensor(slots_list, dtype=torch.int32, device=DEV)
+    B = len(slots)
+    x, a, b, z = L.inputs(B * m, fuse)
+    kw = dict(m=m, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, z=z, norm_weight=L.norm_weight if fuse else None,
+              block_v=block_v, state_early=state_early)
+    if gates_in_kernel:
+        H = 48
+        xh = L.randn(B * m, H).bfloat16()
+        wab = L.randn(2 * HV, H, scale=0.2).bfloat16()
+        a = b = None
+        kw["ab_input"] = (xh, wab)
+    conv0, ssm0 = L.conv_state.clone(), L.ssm_state.clone()
+
+    def run(chunk):
+        monkeypatch.setenv("NINFER_GDN_CHUNK", "1" if chunk else "0")
+        cc = torch.zeros(n_slots * m, L.C, 3, dtype=L.conv_state.dtype, device=DEV)
+        bufs = (torch.zeros(n_slots * m, HV, device=DEV), torch.zeros(n_slots * m, HK, DK, device=DEV),
+                torch.zeros(n_slots * m, HV, DV, device=DEV))
+        o = gdn_verify_columns(x, a, b, L.conv_weight, L.conv_state, L.A_log, L.dt_bias, L.ssm_state, cc, None, slots,
+                               replay=bufs, **kw)
+        return o, cc, bufs
+
+    o0, cc0, (g0, k0, d0) = run(False)
+    o1, cc1, (g1, k1, d1) = run(True)
+    assert torch.equal(L.conv_state, conv0) and torch.equal(L.ssm_state, ssm0)
+    assert torch.equal(cc1, cc0)
+    R.assert_close(o1, o0, "gdn_output_bf16")
+    R.assert_close(d1, d0, "gdn_state_fp32")
+    R.assert_close(k1, k0, "gdn_state_fp32")
+    R.assert_close(g1, g0, "gdn_state_fp32")
+    o2, cc2, (g2, k2, d2) = run(True)
+    assert torch.equal(o2, o1) and torch.equal(d2, d1) and torch.equal(cc2, cc1)
+
+
+@pytest.mark.parametrize("fuse,block_v", [(True, None), (False, 16), (True, 16)])
+@pytest.mark.parametrize("m", [1, 2, 4, 5])
+def test_chunked_verify_equals_the_token_by_token_verify(m, fuse, block_v, reductions, monkeypatch):
+    if reductions != "paired":
+        pytest.skip("the chunked verify has no per-token reductions: run once")
+    _chunk_vs_tokens(2, 4, 16, 32, m, [3, 1], fuse, block_v, seed=m, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("dk,fuse,block_v", [(64, True, None), (32, False, 16)])
+def test_chunked_verify_walks_dk_in_slices(dk, fuse, block_v, reductions, monkeypatch):
+    # Dk over several slices of 16 (the state and the k/q products are taken a slice at a time)
+    if reductions != "paired":
+        pytest.skip("the chunked verify has no per-token reductions: run once")
+    _chunk_vs_tokens(2, 6, dk, 32, 3, [0, 2], fuse, block_v, seed=dk, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("state_early", [False, True])
+def test_chunked_verify_with_the_gates_in_the_kernel(state_early, reductions, monkeypatch):
+    if reductions != "paired":
+        pytest.skip("the chunked verify has no per-token reductions: run once")
+    _chunk_vs_tokens(2, 4, 16, 32, 4, [2, 0], True, 16, seed=11, monkeypatch=monkeypatch, gates_in_kernel=True,
+                     state_early=state_early)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("block_v", [None, 32, 64])
+@pytest.mark.parametrize("m", [2, 4, 6])
+def test_chunked_verify_real_shapes_gpu(m, block_v, reductions, monkeypatch):
+    if reductions != "paired":
+        pytest.skip("the chunked verify has no per-token reductions: run once")
+    _chunk_vs_tokens(16, 48, 128, 128, m, [1, 0], True, block_v, seed=m, monkeypatch=monkeypatch,
+                     gates_in_kernel=True, state_early=True)
