@@ -7,7 +7,7 @@ t0=$(date +%s)
 timeout ${S35C_T:-150} python3 -m pytest -q -rf -m gpu -n $NW tests/core/kernels/test_triton_gdn.py -k "chunked or replay" \
   > "$OUT/t.txt" 2>&1
 echo "GDN GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head
-timeout 120 python3 bench/gdn_columns.py --variants 32:4:pr,32:4:prc,64:4:prc,128:4:prc,32:2:prc,16:2:prc \
+timeout 120 python3 bench/gdn_columns.py --variants 32:4:pr,32:4:prc,32:8:prc,64:4:prc,64:8:prc,128:4:prc,128:8:prc,16:2:prc \
   --decode-variants 128:4:p > "$OUT/gc.txt" 2>&1
 echo "gdn_columns rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-150 "$OUT/gc.txt"
 NINFER_GDN_CHUNK=1 timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/spec_mtp/test_spec_gpu.py \

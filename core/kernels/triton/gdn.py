@@ -885,7 +885,9 @@ def gdn_verify_columns(
             DK**-0.5, eps,
             M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
             FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
-            LOGM=max(1, (m - 1).bit_length()), num_warps=num_warps or 4,
+            # 8 warps by default: at 4 the split head's tile (BV 32) compiled to 255 registers and
+            # spilled 40 B a thread (sm_90, Triton 3.6); at 8, 128 registers and none
+            LOGM=max(1, (m - 1).bit_length()), num_warps=num_warps or 8,
             STATE_EARLY=state_early and bv < DV, GATES_EARLY=state_early and bv < DV and fuse_ab and gates_early(),
             **pdl_kwargs(mixed_qkv.device),
         )
