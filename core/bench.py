@@ -231,7 +231,8 @@ def run(config: Any, opts: BenchOptions, plugins: Any = None, model: Any = None)
     # a reused model's weights are on the card already and would be counted twice by the plan
     # (the bf16 27B, 50 GiB, was refused on an 80 GiB H100 with 15 GiB "free"): what this process's
     # allocator holds is credited back
-    held = torch.cuda.memory_reserved() if model is not None and torch.cuda.is_available() else 0
+    mdev = torch.device(getattr(model, "device", "cpu")) if model is not None else None
+    held = torch.cuda.memory_reserved(mdev) if mdev is not None and mdev.type == "cuda" else 0
     p = plan(config, plugins=plugins, held_bytes=held)
     config = p.config  # --prefill-chunk 0 (the default's marker) resolved
     device = torch.device(p.device.torch_device)

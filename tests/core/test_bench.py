@@ -80,3 +80,25 @@ def test_bad_lengths_are_user_errors(tiny, capsys):
     assert "--gen-len" in capsys.readouterr().err
     assert main(["bench", "--model", str(tiny), "--device", "cpu", "--prompt-len", "9", "--context-len", "4"]) == 2
     assert "--context-len" in capsys.readouterr().err
+
+
+def test_a_campaign_reuses_its_model(tiny, monkeypatch):
+    """bench.run with a model built earlier (bench/dense_27b.py's campaigns) plans the run again and
+    runs it on that model: no build time, the same weights. On the CPU nothing is credited to the
+    plan (`held_bytes` counts a CUDA allocator's memory, test_memory covers the credit)."""
+    from ninfer import bench, startup
+    from ninfer.cli import bench_config, build_parser
+    from ninfer.plugins import get_plugin_manager
+
+    seen = []
+    real_plan = startup.plan
+    monkeypatch.setattr(startup, "plan", lambda *a, **k: seen.append(k.get("held_bytes", 0)) or real_plan(*a, **k))
+    pm = get_plugin_manager()
+    argv = ["bench", "--model", str(tiny), "--device", "cpu", "--random-weights", "--quant", "bf16", "--prompt-len", "16",
+            "--gen-len", "4"]
+    config, opts = bench_config(build_parser().parse_args(argv))
+    model = bench.build(real_plan(config, plugins=pm), pm)
+    first = bench.run(config, opts, plugins=pm, model=model)
+    second = bench.run(config, opts, plugins=pm, model=model)
+    assert first["build_s"] is None and second["build_s"] is None
+    assert seen == [0, 0] and second["decode"]["tok_s"] > 0
