@@ -441,6 +441,14 @@ def gdn_decode_step(
 
 
 @triton.jit
+def _column_ids(HV: tl.constexpr, R: tl.constexpr):
+    """A verify program's (batch row b, value head j, value block vb, its q/k head h): grid (B*HV, DV/BV)."""
+    pid = tl.program_id(0)
+    j = pid % HV
+    return pid // HV, j, tl.program_id(1), j // R
+
+
+@triton.jit
 def _gdn_columns_kernel(
     X, A, Bg, CW, CS, ALOG, DTB, S, CC, CR, O, Z, NW, IDX, XH, WAB,
     sx_b, sa_b, sb_b, scw_c, scw_t, scs_n, scs_c, scs_t, ss_n, ss_h,
@@ -455,16 +463,12 @@ def _gdn_columns_kernel(
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
-    pid = tl.program_id(0)
-    vb = tl.program_id(1)
-    b = pid // HV
-    j = pid % HV
+    b, j, vb, h = _column_ids(HV, R)
     if FUSE_AB:
         # as in the decode step: the gate rows (weights) load before the PDL wait, once for all M
         # tokens of the sequence
         wa0, wb0, wa1, wb1 = _gate_row_loads(WAB, j, swab_r, HV, HP, HR)
     tm = tl.arange(0, MP)
-    h = j // R
     bv = tl.arange(0, BV)
     dk = tl.arange(0, DK)
     if STATE_EARLY:
@@ -644,15 +648,11 @@ def _gdn_columns_chunk_kernel(
     delta) agree within rounding."""
     MP: tl.constexpr = 16  # tl.dot's smallest M: tokens 0..7 as k rows, then as q rows
     R: tl.constexpr = HV // HK
-    pid = tl.program_id(0)
-    vb = tl.program_id(1)
-    b = pid // HV
-    j = pid % HV
+    b, j, vb, h = _column_ids(HV, R)
     if FUSE_AB:
         wa0, wb0, wa1, wb1 = _gate_row_loads(WAB, j, swab_r, HV, HP, HR)
     tm = tl.arange(0, MP)
     live = tm < M
-    h = j // R
     bv = tl.arange(0, BV)
     dk = tl.arange(0, DK)
     kc = tl.arange(0, KC)
