@@ -14,3 +14,6 @@ timeout $left python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --
   --budget-s $(( left - 50 )) > "$OUT/b35.txt" 2>&1
 echo "35B rc=$? $(( $(date +%s) - t0 )) s"
 grep -E "^int4|spec round|^skipped|ERROR" "$OUT/b35.txt" | cut -c1-150
+# a call brings back 8 files: dense_27b.json holds every run's figures, so the per-run copies go
+# (the Triton cache then comes back too)
+find "$OUT" -maxdepth 1 -name '*.json' ! -name dense_27b.json -delete

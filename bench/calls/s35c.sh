@@ -13,7 +13,11 @@ echo "gdn_columns rc=$? $(( $(date +%s) - t0 )) s"; cut -c1-150 "$OUT/gc.txt"
 NINFER_GDN_CHUNK=1 timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/spec_mtp/test_spec_gpu.py \
   > "$OUT/t2.txt" 2>&1
 echo "MTP GPU tests (chunked) rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t2.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t2.txt" | head
+cat "$OUT/t2.txt" >> "$OUT/t.txt" && rm -f "$OUT/t2.txt"
 left=$(( ${S35C_S:-560} - ($(date +%s) - t0) ))
 timeout $left python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short --budget-s $(( left - 60 )) \
   --variants "X=1|NINFER_GDN_CHUNK=1|X=1|NINFER_GDN_CHUNK=1" > "$OUT/m.txt" 2>&1
 echo "MTP rounds rc=$? $(( $(date +%s) - t0 )) s"; grep -E "spec round|^skipped|ERROR" "$OUT/m.txt" | cut -c1-150
+# a call brings back 8 files: dense_27b.json holds every run's figures, so the per-run copies go
+# (the Triton cache then comes back too)
+find "$OUT" -maxdepth 1 -name '*.json' ! -name dense_27b.json -delete
