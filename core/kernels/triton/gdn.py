@@ -588,13 +588,13 @@ def _split_gated_norm(o, OS, NCNT, O, Z, NW, row, j, vb, bv, so_b, so_h, sz_b, e
 
 @triton.jit
 def _conv_tile(X, CS, CW, CC, tok, chan, valid, b, slot, col0, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t,
-               scc_n, scc_c, scc_t, M: tl.constexpr, WRITE: tl.constexpr):
+               scc_n, scc_c, scc_t, M: tl.constexpr, WRITE):
     """Conv1d + SiLU of a tile whose row r is token tok[r] of row block b and whose element (r, c)
     is channel chan[r, c] -> fp32, zero where not valid[r]. Token t's tap i reads input t - 3 + i:
     row b*M + t - 3 + i of X or, before the block's first token, the slot's conv state (column
     t + i). An input older than the token itself is rounded to the conv state's dtype first, as the
-    token-by-token kernel's window keeps it. WRITE: the window after token t (taps 1..3) goes to
-    conv column col0 + t of CC."""
+    token-by-token kernel's window keeps it. WRITE (a program's runtime flag, or a constant): the
+    window after token t (taps 1..3) goes to conv column col0 + t of CC."""
     for i in tl.static_range(4):
         p = tok - 3 + i
         xin = tl.load(X + (b * M + p).to(tl.int64)[:, None] * sx_b + chan, mask=(valid & (p >= 0))[:, None], other=0.0)
@@ -603,9 +603,10 @@ def _conv_tile(X, CS, CW, CC, tok, chan, valid, b, slot, col0, sx_b, scs_n, scs_
         sin = tl.load(CS + slot * scs_n + chan * scs_c + (3 + p)[:, None] * scs_t, mask=(valid & (p < 0))[:, None],
                       other=0.0)
         tap = xin.to(tl.float32) + sin.to(tl.float32)  # one of the two is zero
-        if WRITE and i > 0:
-            tl.store(CC + (col0 + tok).to(tl.int64)[:, None] * scc_n + chan * scc_c + (i - 1) * scc_t,
-                     tap.to(CC.dtype.element_ty), mask=valid[:, None])
+        if i > 0:
+            if WRITE:
+                tl.store(CC + (col0 + tok).to(tl.int64)[:, None] * scc_n + chan * scc_c + (i - 1) * scc_t,
+                         tap.to(CC.dtype.element_ty), mask=valid[:, None])
         w = tl.load(CW + chan * scw_c + i * scw_t).to(tl.float32)
         if i == 0:
             acc = tap * w
