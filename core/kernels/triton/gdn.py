@@ -100,6 +100,12 @@ def _sum2(a, b):
 
 
 @triton.jit
+def _softplus(u):
+    """log(1 + e^u) in fp32, u itself past 20 (where the sum rounds to it)."""
+    return tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+
+
+@triton.jit
 def _delta_rule_token(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED: tl.constexpr = False):
     """`_delta_rule_parts` -> (new state [Dk, BV], readout [BV])."""
     st, o, g, k, delta = _delta_rule_parts(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED)
@@ -129,7 +135,7 @@ def _delta_rule_parts(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED: tl.constexp
         rk = tl.rsqrt(kk + 1e-6)
         q = q * rq
         k = k * rk
-        softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+        softplus = _softplus(u)
         g = tl.exp(A_neg * softplus)
         sk, sq = _sum2(st * k[:, None], st * q[:, None])
         delta = tl.sigmoid(b_raw) * (v - g * sk)
@@ -137,7 +143,7 @@ def _delta_rule_parts(st, q, k, v, u, b_raw, A_neg, q_scale, PAIRED: tl.constexp
         return st, g * sq + (qk * rq * rk) * delta, g, k, delta
     q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * q_scale
     k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
-    softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+    softplus = _softplus(u)
     beta = tl.sigmoid(b_raw)
     g = tl.exp(A_neg * softplus)
     delta = beta * (v - tl.sum((st * g) * k[:, None], 0))
@@ -585,7 +591,6 @@ def _split_gated_norm(o, OS, NCNT, O, Z, NW, row, j, vb, bv, so_b, so_h, sz_b, e
         SY.rearm(NCNT + row * HV + j)
 
 
-
 @triton.jit
 def _conv_tile(X, CS, CW, CC, tok, chan, valid, b, slot, col0, sx_b, scs_n, scs_c, scs_t, scw_c, scw_t,
                scc_n, scc_c, scc_t, M: tl.constexpr, WRITE):
@@ -705,7 +710,7 @@ def _gdn_columns_chunk_kernel(
     qk = _mm(_mm(pick_q, gram), tl.trans(pick_k))
     # gates: log-decay, its running sum over the tokens, beta (zero past M: those rows drop out)
     u = ga + tl.load(DTB + j).to(tl.float32)
-    softplus = tl.where(u > 20.0, u, tl.log(1.0 + tl.exp(tl.minimum(u, 20.0))))
+    softplus = _softplus(u)
     lg = tl.where(live, -tl.exp(tl.load(ALOG + j).to(tl.float32)) * softplus, 0.0)
     cum = tl.cumsum(lg, 0)
     beta = tl.where(live, tl.sigmoid(gb), 0.0)
@@ -731,6 +736,7 @@ def _gdn_columns_chunk_kernel(
         o = o * tl.rsqrt(tl.sum(o * o, 1) / DV + eps)[:, None] * tl.load(NW + bv).to(tl.float32)[None, :] \
             * (z * tl.sigmoid(z))
     tl.store(O + rows[:, None] * so_b + j * so_h + (vb * BV + bv)[None, :], o.to(O.dtype.element_ty), mask=live[:, None])
+
 
 def paired_reductions() -> bool:
     """The delta rule's token in two reductions across the program instead of four
@@ -875,6 +881,13 @@ def gdn_verify_columns(
                      NCNT=_counters(out.device, BM * HV))
     hid = wab.shape[1] if fuse_ab else 0
     hp, hr = ab_split(hid) if os.environ.get("NINFER_GDN_AB_EARLY", "1") != "0" else (0, 0)
+    # what both verify kernels take alike
+    common = dict(
+        M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
+        FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
+        STATE_EARLY=state_early and bv < DV, GATES_EARLY=state_early and bv < DV and fuse_ab and gates_early(),
+        **pdl_kwargs(mixed_qkv.device),
+    )
     if replay is not None and chunked_verify() and m <= 8 and bv >= 16 and DK % 16 == 0 and not split_norm:
         _gdn_columns_chunk_kernel[(B * HV, DV // bv)](
             mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, out, zz,
@@ -884,32 +897,22 @@ def gdn_verify_columns(
             col_conv.stride(0), col_conv.stride(1), col_conv.stride(2),
             out.stride(0), out.stride(1), zz.stride(0), xh.stride(0), wab.stride(0),
             DK**-0.5, eps,
-            M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
-            FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
             # 8 warps by default: at 4 the split head's tile (BV 32) compiled to 255 registers and
             # spilled 40 B a thread (sm_90, Triton 3.6); at 8, 128 registers and none
-            LOGM=max(1, (m - 1).bit_length()), num_warps=num_warps or 8,
-            STATE_EARLY=state_early and bv < DV, GATES_EARLY=state_early and bv < DV and fuse_ab and gates_early(),
-            **pdl_kwargs(mixed_qkv.device),
+            LOGM=max(1, (m - 1).bit_length()), num_warps=num_warps or 8, **common,
         )
-        if z is not None and not fuse:
-            gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)
-        return out
-    _gdn_columns_kernel[(B * HV, DV // bv)](
-        mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, col_state, out, zz,
-        norm_weight if (fuse or split_norm) else A_log, state_indices, xh, wab,
-        mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
-        col_conv.stride(0), col_conv.stride(1), col_conv.stride(2), col_state.stride(0), col_state.stride(1),
-        out.stride(0), out.stride(1), zz.stride(0), xh.stride(0), wab.stride(0),
-        DK**-0.5, eps,
-        M=m, HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, FUSE_NORM=fuse,
-        FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
-        MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, PAIRED=paired_reductions(),
-        AHEAD=conv_inputs_ahead(), REPLAY=replay is not None, RG=rg, RK=rk, RD=rd,
-        STATE_EARLY=state_early and bv < DV, GATES_EARLY=state_early and bv < DV and fuse_ab and gates_early(),
-        **pdl_kwargs(mixed_qkv.device), **extra,
-    )
+    else:
+        _gdn_columns_kernel[(B * HV, DV // bv)](
+            mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, col_conv, col_state, out, zz,
+            norm_weight if (fuse or split_norm) else A_log, state_indices, xh, wab,
+            mixed_qkv.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_weight.stride(1),
+            conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), ssm_state.stride(0), ssm_state.stride(1),
+            col_conv.stride(0), col_conv.stride(1), col_conv.stride(2), col_state.stride(0), col_state.stride(1),
+            out.stride(0), out.stride(1), zz.stride(0), xh.stride(0), wab.stride(0),
+            DK**-0.5, eps,
+            MP=max(2, triton.next_power_of_2(m)), num_warps=num_warps or 4, PAIRED=paired_reductions(),
+            AHEAD=conv_inputs_ahead(), REPLAY=replay is not None, RG=rg, RK=rk, RD=rd, **common, **extra,
+        )
     if z is not None and not fuse and not split_norm:
         gated_rmsnorm(out, z.view(BM, HV, DV), norm_weight, eps, out=out)
     return out
