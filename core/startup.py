@@ -8,7 +8,7 @@ request fails here (UserError / DeviceError, exit code 2) before a byte of weigh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +111,6 @@ def plan(
     on the plan instead of raising them. `held_bytes`: GPU memory this process already holds for
     the model being planned (a benchmark campaign's model, built once and reused), counted as free:
     the plan counts those weights again."""
-    from dataclasses import replace
-
     from ninfer import checkpoint
 
     plugins = plugins or get_plugin_manager()

@@ -537,7 +537,7 @@ TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
     # 5120) at M = 4 had no K-walk entry and ran on the tile kernel (_qmm_kernel), 47.8 and 48.4 us
     # (1.2 and 1.6 TB/s) against the K-walk's 24.6 and 32.4 us for the same weights at M = 1 (H100
     # profile, thirty-fifth run). The q8 M = 4 winners' config (q8 qkvz, the q6/q8 heads). The round
-    # under NINFER_KW_TRY=1 (these, the q8 o_proj entry below, the q5 down S4): 11.096 / 11.090 ms
+    # under NINFER_KW_TRY=1 (these, the q8 o_proj entry above, the q5 down S4): 11.096 / 11.090 ms
     # against 11.079 / 11.086 (H100, alternated, thirty-fifth run): no gain; not promoted
     (8, 5120, 10240, 'm4'): (16, 64, 1, 4, 1, False),
     (8, 14336, 5120, 'm4'): (16, 64, 1, 4, 1, False),
