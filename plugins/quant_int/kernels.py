@@ -704,10 +704,15 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     that kernel lost there."""
     if m > 8:
         return None
-    from ninfer_plugins.quant_int import gemv, gemv_h2, gemv_kw, gemv_tc, gemv_tkw
+    from ninfer_plugins.quant_int import gemv, gemv_cu, gemv_h2, gemv_kw, gemv_tc, gemv_tkw
     from ninfer_plugins.quant_int.tuned import (TUNED_GEMV, TUNED_H2, TUNED_KW, TUNED_KW_TRY, TUNED_TC, TUNED_TKW,
                                                 TUNED_TKW_TRY)
 
+    if fmt in gemv_cu.FORMATS and gemv_cu.enabled(m):
+        # the CUDA C++ GEMV (an experiment switch until its step A/B: NINFER_CU_GEMV=1 at M = 1, =4 at 1-4)
+        cfg = gemv_cu.pick(fmt, m, n, k)
+        if cfg is not None:
+            return cfg
     if fmt in gemv_tkw.FORMATS and gemv_tkw.tuned_allowed():
         # the tensor-core K-walk: its measured winner (unless NINFER_TKW=0; under NINFER_TKW_TRY=1
         # a candidate of TUNED_TKW_TRY first); with NINFER_TKW=1 (an experiment) its default config

@@ -174,13 +174,13 @@ class TritonQuantLinear:
         g2 = gu.reshape(-1, gu.shape[-1])
         if g2.shape[1] != 2 * prepared.k or g2.stride(0) % 8:
             return None
-        from ninfer_plugins.quant_int import gemv_h2, gemv_kw, gemv_tkw
+        from ninfer_plugins.quant_int import gemv_cu, gemv_h2, gemv_kw, gemv_tkw
 
-        # the f16x2 GEMV, or either K-walk, which prepare their x gated the same way
-        cfg = _decode_config(g2, prepared, (gemv_h2.H2Config, gemv_kw.KWConfig, gemv_tkw.TKWConfig))
+        # the f16x2 GEMV, either K-walk or the CUDA GEMV, which prepare their x gated the same way
+        cfg = _decode_config(g2, prepared, (gemv_h2.H2Config, gemv_kw.KWConfig, gemv_tkw.TKWConfig, gemv_cu.CUConfig))
         if cfg is None:
             return None
-        kernel = {gemv_kw.KWConfig: gemv_kw, gemv_tkw.TKWConfig: gemv_tkw}.get(type(cfg), gemv_h2)
+        kernel = {gemv_kw.KWConfig: gemv_kw, gemv_tkw.TKWConfig: gemv_tkw, gemv_cu.CUConfig: gemv_cu}.get(type(cfg), gemv_h2)
         return kernel.launch(g2, prepared, cfg, gated=True).reshape(*gu.shape[:-1], prepared.n)
 
     def apply(self, x: torch.Tensor, prepared: K.Prepared, dequant_min_m: int | None = None) -> torch.Tensor:

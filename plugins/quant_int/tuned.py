@@ -551,3 +551,8 @@ TUNED_KW_TRY: dict[tuple[int, int, int, str], tuple] = {
 TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
     (4, 131072, 5120, 'm1'): (2, 1, 4, 1, False, 4),
 }
+
+
+# The CUDA C++ GEMV (gemv_cu.py) under NINFER_CU_GEMV: (format, N, K, x rows) -> (rows a warp,
+# unroll, warps); shapes not here take gemv_cu.DEFAULT. Empty until bench/cu_gemv_bench.py has run.
+TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}

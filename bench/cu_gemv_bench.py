@@ -1,0 +1,107 @@
+"""The CUDA C++ one-token GEMV (quant_int/gemv_cu.py) against the dispatched kernel, shape by shape.
+
+    python3 bench/cu_gemv_bench.py [--out DIR] [--shapes q4_g64:34816x5120,...] [--pdl 0|1]
+
+Per shape (the 27B's q4/q5 decode matrices by default): the dispatched M = 1 kernel (the K-walk
+and its x-pairs launch), then each CUDA config (its x-pairs launch included: two kernels a call,
+as the K-walk), and the x-pairs launch alone; µs a call in one CUDA graph cycling >= 256 MB of
+weight copies, the share of the copy bandwidth measured in the same run, and each result's error
+against the fp32 reference and the dispatched kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
+          ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default="")
+    ap.add_argument("--pdl", default=None, help="NINFER_PDL for the run (default: as the engine)")
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--ms", default="1,4", help="x rows to time (1-4)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cu_gemv_bench: needs a CUDA GPU")
+        return 0
+    if args.pdl is not None:
+        os.environ["NINFER_PDL"] = args.pdl
+    import kw_bench
+    import quant_linear as QL
+    from ninfer_plugins.quant_int import formats as IF
+    from ninfer_plugins.quant_int import gemv_cu as CU
+    from ninfer_plugins.quant_int import gemv_kw as KW
+    from ninfer_plugins.quant_int import kernels as K
+    from ninfer_plugins.quant_int.linear import dequantize_int_prepared
+
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        print(f"cu_gemv_bench: {why}")
+        return 0
+    t0 = time.time()
+    CU.library(torch.device("cuda"))
+    print(f"library built or loaded in {time.time() - t0:.1f} s", flush=True)
+    shapes = QL.parse_shapes(args.shapes) if args.shapes else SHAPES
+    copy_tbs, sms = QL.device_and_copy()
+    ms = [int(v) for v in args.ms.split(",")]
+    rows = []
+    for name, n, k, p, nbytes, copies in kw_bench.weight_copies(shapes, time.time(), args.budget_s):
+        def share(ms_: float) -> float:
+            return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)
+
+        deq = dequantize_int_prepared(p).float()
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = x.float() @ deq.T
+            picked = K.pick_gemv(IF.FORMATS[name].bits, m, n, k, sms)
+            want = K.launch(x, p)
+            base = QL.graph_ms_per_call([lambda q=q, x=x: K.launch(x, q) for q in copies])
+            tx = QL.graph_ms_per_call([lambda x=x, m=m: KW.xpairs(x, p.fmt, k, 1 if m == 1 else 2 if m == 2 else 4, True)] * 64)
+            row = {"fmt": name, "n": n, "k": k, "m": m, "mb": round(nbytes / 1e6, 1),
+                   "dispatched": getattr(picked, "describe", lambda: str(picked))(), "dispatched_us": round(base * 1e3, 2),
+                   "dispatched_share": round(share(base), 3), "dispatched_err": rel_err(want, ref),
+                   "xpairs_us": round(tx * 1e3, 2), "cu": []}
+            print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base * 1e3:.2f} us "
+                  f"{share(base):.1%} (err {row['dispatched_err']:.1e}); x pairs alone {tx * 1e3:.2f} us", flush=True)
+            for r_, u_ in CU.BUILT[m]:
+                for w in (4, 8):
+                    cfg = CU.CUConfig(r_, u_, w)
+                    if r_ * w > 32 or not CU.supports(p, cfg, m):
+                        continue
+                    y = CU.launch(x, p, cfg)
+                    t = QL.graph_ms_per_call([lambda q=q, c=cfg, x=x: CU.launch(x, q, c) for q in copies])
+                    e_ref, e_disp = rel_err(y, ref), rel_err(y, want.float())
+                    row["cu"].append({"config": cfg.describe(), "us": round(t * 1e3, 2), "share": round(share(t), 3),
+                                      "err": e_ref, "err_dispatched": e_disp})
+                    print(f"    {cfg.describe():16s} {t * 1e3:8.2f} us {share(t):6.1%}  err {e_ref:.1e} "
+                          f"(vs dispatched {e_disp:.1e})", flush=True)
+            rows.append(row)
+        del deq
+    QL.write_result(args.out, "cu_gemv_bench.json", dict(copy_tbs=copy_tbs, device=torch.cuda.get_device_name(0), rows=rows))
+    print("best a shape (µs, share; dispatched in brackets):")
+    for r in rows:
+        if r["cu"]:
+            b = min(r["cu"], key=lambda c: c["us"])
+            print(f"  {r['fmt']} {r['n']}x{r['k']} M={r['m']}: {b['config']} {b['us']} us {b['share']:.1%} "
+                  f"[{r['dispatched']} {r['dispatched_us']} us {r['dispatched_share']:.1%}]")
+    return 0
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+// One-token GEMV over q4_g64 / q5_g64 weights (layout kb128-v1, formats.py), in CUDA C++.
+//
+// Why a CUDA kernel beside the Triton K-walk (gemv_kw.py): on the H200 the K-walk moves q4
+// gate+up at 69% of the copy rate and the q5 matrices at 55-60% while issuing only ~40% of the
+// instructions the SMs could (BENCHMARKS.md, thirty-fourth run): it waits on memory, with too few
+// bytes in flight. Here each warp owns R rows and each lane streams whole 16-byte vectors of them,
+// U vectors a row ahead, with no shared memory, no barrier and no split-K: one cross-lane sum a row
+// at the end. The occupancy (registers only) sets the bytes in flight.
+//
+// x comes as the K-walk's prepared f16x2 pairs (gemv_kw.xpairs: per word column the pairs A, B,
+// C, D scaled by a power of two a K block, 1/scale in INVM), read through L1: a lane's four pair
+// vectors cover its weight vector's 32 elements.
+//
+// Decode (per 32-bit word w of codes: byte b holds element 4i+b of the word's low group in its low
+// nibble and of the high group in its high nibble): magic-number fp16, one LOP3 a pair of codes.
+//   q4: A = (w & 0x000F000F) ^ 0x64086408 = 1032 + code (nibble ^ 8 is code + 8), so A - 1032;
+//       B = (w & 0x00F000F0) ^ 0x64806480 = 1152 + 16 code; C, D the same from w >> 8.
+//   q5: bit 4 of each code (qhigh) inverted into the pair (code + 16 is the offset-binary u5):
+//       A = 1024 + u5, B = 1024 + 16 u5 (from w), C = 1024 + 2 u5, D = 1024 + 32 u5 (from w >> 7);
+//       that C, D leave 2x and 32x the code is why the pairs carry 0.5 and 1/32 (gemv_h2.X_FACTORS).
+// A lane's 32 q5 high bits (two 16-bit runs of qhigh) are permuted once a vector into Q so that
+// one rotation a word puts that word's eight bits where its four pairs need them.
+// The products are summed in fp16 over a vector's 16 codes a group (x's scaling keeps them in
+// range, as in gemv_h2), then scaled in fp32.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ half2 h2(uint32_t u) {
+  union { uint32_t u; half2 h; } c;
+  c.u = u;
+  return c.h;
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t rotl(uint32_t x, int r) { return __funnelshift_l(x, x, r); }
+
+// src = lo16 | hi16 << 16 (bit i: bit 4 of element i of the vector's low / high 16-element run)
+// -> Q, where rotr(Q, {0, 2, 8, 10}[w]) holds word w's bits at 4, 20 (A), 5, 21 (C), 8, 24 (B),
+// 9, 25 (D). Seven masked rotations (the tests emulate this and check every bit).
+__device__ __forceinline__ uint32_t q5_bits(uint32_t src) {
+  uint32_t q = rotl(src & 0xC0C00303u, 4);
+  q |= rotl(src & 0x00003030u, 2);
+  q |= rotl(src & 0x00000C0Cu, 18);
+  q |= rotl(src & 0x0000C0C0u, 16);
+  q |= rotl(src & 0x03030000u, 24);
+  q |= rotl(src & 0x30300000u, 22);
+  q |= rotl(src & 0x0C0C0000u, 6);
+  return q;
+}
+
+// A word's four pairs of decoded codes (see the top: A and C the low group's, B and D the high's).
+template <int BITS>
+__device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, half2& a, half2& b, half2& c, half2& d) {
+  if (BITS == 4) {
+    const half2 c_a = __float2half2_rn(1032.f), c_b = __float2half2_rn(1152.f);
+    const uint32_t w8 = w >> 8;
+    a = __hsub2(h2((w & 0x000F000Fu) ^ 0x64086408u), c_a);
+    b = __hsub2(h2((w & 0x00F000F0u) ^ 0x64806480u), c_b);
+    c = __hsub2(h2((w8 & 0x000F000Fu) ^ 0x64086408u), c_a);
+    d = __hsub2(h2((w8 & 0x00F000F0u) ^ 0x64806480u), c_b);
+  } else {
+    const uint32_t w7 = w >> 7;
+    a = __hsub2(h2((w & 0x000F000Fu) | (~s & 0x00100010u) | 0x64006400u), __float2half2_rn(1040.f));
+    b = __hsub2(h2((w & 0x00F000F0u) | (~s & 0x01000100u) | 0x64006400u), __float2half2_rn(1280.f));
+    c = __hsub2(h2((w7 & 0x001E001Eu) | (~s & 0x00200020u) | 0x64006400u), __float2half2_rn(1056.f));
+    d = __hsub2(h2((w7 & 0x01E001E0u) | (~s & 0x02000200u) | 0x64006400u), __float2half2_rn(1536.f));
+  }
+}
+
+__device__ __forceinline__ uint32_t part(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// One row's vector: its 32 codes decoded once, against each of M x rows' pairs (x[m * 4 + part]),
+// scaled per group, added to acc[m].
+template <int BITS, int M>
+__device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t scales, const uint4 (&x)[M * 4],
+                                           const float (&inv)[M], float (&acc)[M]) {
+  half2 lo[M], hi[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) lo[m] = hi[m] = __float2half2_rn(0.f);
+  const uint32_t Q = BITS == 5 ? q5_bits(hbits) : 0u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t S = BITS == 5 ? (i == 0 ? Q : __funnelshift_r(Q, Q, i == 1 ? 2 : i == 2 ? 8 : 10)) : 0u;
+    half2 a, b, c, d;
+    decode_word<BITS>(part(q, i), S, a, b, c, d);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      lo[m] = __hfma2(a, h2(part(x[m * 4 + 0], i)), lo[m]);
+      hi[m] = __hfma2(b, h2(part(x[m * 4 + 1], i)), hi[m]);
+      lo[m] = __hfma2(c, h2(part(x[m * 4 + 2], i)), lo[m]);
+      hi[m] = __hfma2(d, h2(part(x[m * 4 + 3], i)), hi[m]);
+    }
+  }
+  const float2 sc = __half22float2(h2(scales));
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float2 sl = __half22float2(lo[m]), sh = __half22float2(hi[m]);
+    acc[m] = fmaf(fmaf(sl.x + sl.y, sc.x, (sh.x + sh.y) * sc.y), inv[m], acc[m]);
+  }
+}
+
+// Grid: one warp per R rows (rows padded to a multiple of R * warps a CTA: prepare_int pads to 256).
+// qw: [rows, V] 16-byte vectors (V = Kp / 32); sc: [rows, V / 4] fp16 pairs (groups 2kb, 2kb + 1);
+// qh (q5): [rows, 2 V] 16-bit runs (8 a K block: the low group's four, then the high group's);
+// xp: per x row m the four pair parts, [4 rows][4 parts][V] vectors (gemv_kw.x_scratch);
+// invm: [4 rows][V / 4] fp32; y: [M, n] bf16.
+template <int BITS, int M, int R, int U>
+__global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
+                                            const uint32_t* __restrict__ sc, const uint4* __restrict__ xp,
+                                            const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
+                                            int V) {
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  // under programmatic dependent launch the next kernel may start now (it waits for this one)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (row0 >= n) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    return;
+  }
+  const uint4* q_rows = qw + (size_t)row0 * V;
+  const uint32_t* s_rows = sc + (size_t)row0 * (V >> 2);
+  const uint16_t* h_rows = qh + (size_t)row0 * (V << 1);
+  const int nkb = V >> 2;
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  for (int v0 = lane; v0 < V; v0 += 32 * U) {
+    uint4 q[U][R];
+    uint32_t s[U][R], hb[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = min(v0 + 32 * u, V - 1);  // a tail lane reloads the last vector and adds nothing
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        q[u][r] = ld_stream(q_rows + (size_t)r * V + v);
+        s[u][r] = __ldg(s_rows + (size_t)r * nkb + (v >> 2));
+        if (BITS == 5) {
+          const uint16_t* hr = h_rows + (size_t)r * (V << 1) + ((v >> 2) << 3) + (v & 3);
+          hb[u][r] = (uint32_t)__ldg(hr) | ((uint32_t)__ldg(hr + 4) << 16);
+        } else {
+          hb[u][r] = 0;
+        }
+      }
+    }
+    if (v0 == lane) {
+      // x is the previous launch's output: the first trip's weights load before the wait for it
+      // (a no-op without programmatic dependent launch)
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + 32 * u;
+      if (v < V) {
+        uint4 x[M * 4];
+        float inv[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+#pragma unroll
+          for (int p = 0; p < 4; ++p) x[m * 4 + p] = __ldg(xp + (size_t)(m * 4 + p) * V + v);
+          inv[m] = __ldg(invm + m * nkb + (v >> 2));
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  // lane r * M + m stores row r's output for x row m
+  if (lane < R * M) {
+    float out = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (lane == r * M + m) out = acc[r][m];
+    const int r = lane / M, m = lane - (lane / M) * M;
+    if (row0 + r < n) y[(size_t)m * n + row0 + r] = __float2bfloat16(out);
+  }
+}
+
+typedef void (*Kernel)(const uint4*, const uint16_t*, const uint32_t*, const uint4*, const float*, __nv_bfloat16*, int,
+                       int);
+
+template <int BITS>
+Kernel pick(int m, int r, int u) {
+#define NINFER_CASE(M_, R_, U_) \
+  if (m == M_ && r == R_ && u == U_) return gemv<BITS, M_, R_, U_>;
+  NINFER_CASE(1, 1, 1) NINFER_CASE(1, 1, 2) NINFER_CASE(1, 1, 4) NINFER_CASE(1, 2, 1) NINFER_CASE(1, 2, 2)
+  NINFER_CASE(1, 2, 4) NINFER_CASE(1, 4, 1) NINFER_CASE(1, 4, 2) NINFER_CASE(1, 8, 1)
+  NINFER_CASE(2, 1, 1) NINFER_CASE(2, 2, 1) NINFER_CASE(2, 2, 2) NINFER_CASE(2, 4, 1)
+  NINFER_CASE(3, 1, 1) NINFER_CASE(3, 2, 1) NINFER_CASE(3, 2, 2) NINFER_CASE(3, 4, 1)
+  NINFER_CASE(4, 1, 1) NINFER_CASE(4, 2, 1) NINFER_CASE(4, 2, 2) NINFER_CASE(4, 4, 1)
+#undef NINFER_CASE
+  return nullptr;
+}
+
+}  // namespace
+
+// Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll) not built.
+extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int warps, const void* qw, const void* qh,
+                           const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
+                           void* stream) {
+  Kernel k = bits == 4 ? pick<4>(m, rows, unroll) : bits == 5 ? pick<5>(m, rows, unroll) : nullptr;
+  if (k == nullptr || warps < 1 || warps > 8 || rows * m > 32) return 1000;
+  const int per_cta = rows * warps;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
+  cfg.blockDim = dim3(32 * warps);
+  cfg.stream = (cudaStream_t)stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc,
+                                     (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V);
+  return (int)e;
+}

@@ -1,0 +1,212 @@
+"""The one-token (and 2-4 row) q4/q5 GEMV in CUDA C++ (gemv_cu.cu), built with nvcc on first use and called
+through ctypes; x's pairs come from the K-walk's preparation (gemv_kw.xpairs).
+
+Built once per source and GPU architecture into NINFER_CACHE (default ~/.cache/ninfer)/cuda/;
+where nvcc or a CUDA GPU is missing `unavailable()` says why and nothing dispatches here. The
+library links its own static CUDA runtime; launches go to PyTorch's current stream (so CUDA-graph
+capture records them), with programmatic dependent launch when the Triton kernels use it.
+
+`decode_words` emulates the kernel's decode (its integer and fp16 steps, in numpy) so that the
+CPU tests check every bit of the layout and the q5 permutation; the GPU tests check the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCE = Path(__file__).with_name("gemv_cu.cu")
+FORMATS = (4, 5)
+# x rows -> the (rows a warp, vectors a row ahead) pairs the library holds (gemv_cu.cu: pick)
+BUILT = {1: ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)),
+         2: ((1, 1), (2, 1), (2, 2), (4, 1)), 3: ((1, 1), (2, 1), (2, 2), (4, 1)), 4: ((1, 1), (2, 1), (2, 2), (4, 1))}
+MAX_M = 4
+_LOCK = threading.Lock()
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+@dataclass(frozen=True)
+class CUConfig:
+    rows: int = 4  # rows a warp
+    unroll: int = 1  # 16-byte vectors of each row a lane loads ahead
+    num_warps: int = 4
+
+    def describe(self) -> str:
+        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}"
+
+    def workspace(self, p) -> tuple[int, int]:
+        return 0, 0
+
+    def run(self, x2: torch.Tensor, p, fast: bool | None = None) -> torch.Tensor:
+        return launch(x2, p, self)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("NINFER_CACHE") or Path.home() / ".cache" / "ninfer").expanduser() / "cuda"
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}{minor}"
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why the CUDA GEMV cannot run on `device` (None: it can)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "needs compute capability 8.0 or later"
+    if os.environ.get("NINFER_CU_GEMV") == "0":
+        return "NINFER_CU_GEMV=0"
+    if _nvcc() is None:
+        return "no nvcc (on PATH, $NVCC, $CUDA_HOME/bin or /usr/local/cuda/bin): the CUDA toolkit builds this kernel on first use"
+    return None
+
+
+def _nvcc() -> str | None:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), os.environ.get("CUDA_HOME") and f"{os.environ['CUDA_HOME']}/bin/nvcc",
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def library(device: torch.device) -> ctypes.CDLL:
+    """The built library for `device`'s architecture, compiled on first use (a few seconds)."""
+    arch = _arch(device)
+    with _LOCK:
+        if arch in _LIBS:
+            return _LIBS[arch]
+        src = SOURCE.read_bytes()
+        tag = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
+        out = _cache_dir() / f"gemv_cu_sm{arch}_{tag}.so"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(f".{os.getpid()}.tmp")
+            gencode = f"arch=compute_{arch},code=sm_{arch}"
+            cmd = [_nvcc() or "nvcc", "-O3", "-std=c++17", f"-gencode={gencode}", "--shared",
+                   "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"nvcc failed building {SOURCE.name} for sm_{arch}:\n{done.stderr[-2000:]}")
+            os.replace(tmp, out)
+        lib = ctypes.CDLL(str(out))
+        fn = lib.ninfer_gemv
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        _LIBS[arch] = lib
+        return lib
+
+
+# rows a warp, unroll, warps: until measured, one config a row count (tuned.TUNED_CU overrides)
+DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: CUConfig(2, 1, 4)}
+
+
+def enabled(m: int) -> bool:
+    """NINFER_CU_GEMV=1 sends every one-token q4/q5 launch here (kernels.pick_decode), =4 every
+    launch of 1-4 rows; read at each launch so an A/B may switch it between runs of one process;
+    only where the kernel can run (`unavailable`, asked once a process)."""
+    v = os.environ.get("NINFER_CU_GEMV", "")
+    return ((v == "1" and m == 1) or (v == "4" and 1 <= m <= MAX_M)) and _runs_here()
+
+
+_RUNS: list[bool] = []
+
+
+def _runs_here() -> bool:
+    if not _RUNS:
+        _RUNS.append(torch.cuda.is_available() and unavailable(torch.device("cuda")) is None)
+    return _RUNS[0]
+
+
+def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
+    """The config for an m-row launch of a q4/q5 [n, k] weight, None where the kernel does not apply."""
+    from ninfer_plugins.quant_int.tuned import TUNED_CU
+
+    if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
+        return None
+    hit = TUNED_CU.get((fmt, n, k, m))
+    return CUConfig(*hit) if hit else DEFAULT[m]
+
+
+def supports(p, cfg: CUConfig, m: int = 1) -> bool:
+    """A q4/q5 weight whose K is whole blocks of 128 and whose padded rows the CTAs tile, at m x rows."""
+    per_cta = cfg.rows * cfg.num_warps
+    return (p.fmt in FORMATS and p.k % 128 == 0 and (cfg.rows, cfg.unroll) in BUILT.get(m, ()) and 1 <= cfg.num_warps <= 8
+            and p.qweight.shape[0] % per_cta == 0)
+
+
+def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:
+    """y [M, n] bf16 = x2 [M, k] (gated: [M, 2k], silu(gate) * up) @ W.T, M = 1..4."""
+    from ninfer.kernels.triton.launch import pdl_enabled
+    from ninfer_plugins.quant_int import gemv_kw
+
+    m = x2.shape[0]
+    if not supports(p, cfg, m):
+        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5 weight with K a multiple of 128, got {tuple(x2.shape)} "
+                         f"for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")
+    lib = library(x2.device)
+    xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, 1 if m == 1 else 2 if m == 2 else 4, True, gated=gated)
+    y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
+    qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
+    rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.num_warps, p.qweight.data_ptr(), qh, p.scales.data_ptr(),
+                            xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
+                            int(pdl_enabled(x2.device)), torch.cuda.current_stream(x2.device).cuda_stream)
+    if rc != 0:
+        raise RuntimeError(f"the CUDA GEMV's launch failed: cudaError {rc} ({cfg.describe()}, q{p.fmt} {p.n}x{p.k})")
+    return y
+
+
+# --- the decode, emulated (CPU tests) ---------------------------------------------------------------
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    r %= 32
+    return ((x << np.uint32(r)) | (x >> np.uint32(32 - r))) if r else x
+
+
+def q5_bits(src: np.ndarray) -> np.ndarray:
+    """gemv_cu.cu's q5_bits on uint32 arrays."""
+    src = src.astype(np.uint32)
+    q = _rotl(src & np.uint32(0xC0C00303), 4)
+    for mask, r in ((0x00003030, 2), (0x00000C0C, 18), (0x0000C0C0, 16), (0x03030000, 24), (0x30300000, 22),
+                    (0x0C0C0000, 6)):
+        q |= _rotl(src & np.uint32(mask), r)
+    return q
+
+
+def _h2(u: np.ndarray) -> np.ndarray:
+    """uint32 [..] -> fp16 [.., 2] (low half first), as the kernel's h2()."""
+    return u.astype(np.uint32).view(np.float16).reshape(*u.shape, 2)
+
+
+def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) -> np.ndarray:
+    """A row's vectors of codes as the kernel decodes them: words uint32 [V, 4] (hbits uint32 [V],
+    lo16 | hi16 << 16, for q5) -> fp16 [V, 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16,
+    1, 16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect)."""
+    w = words.astype(np.uint32)
+    out = np.empty((*w.shape, 4, 2), dtype=np.float16)
+    if bits == 4:
+        w8 = w >> np.uint32(8)
+        parts = (((w & 0x000F000F) ^ 0x64086408, 1032), ((w & 0x00F000F0) ^ 0x64806480, 1152),
+                 ((w8 & 0x000F000F) ^ 0x64086408, 1032), ((w8 & 0x00F000F0) ^ 0x64806480, 1152))
+    else:
+        q = q5_bits(hbits)[:, None]
+        s = np.concatenate([_rotl(q, -k) for k in (0, 2, 8, 10)], axis=1)  # rotr(Q, k) a word
+        ns = ~s
+        w7 = w >> np.uint32(7)
+        magic = np.uint32(0x64006400)
+        parts = (((w & 0x000F000F) | (ns & 0x00100010) | magic, 1040), ((w & 0x00F000F0) | (ns & 0x01000100) | magic, 1280),
+                 ((w7 & 0x001E001E) | (ns & 0x00200020) | magic, 1056), ((w7 & 0x01E001E0) | (ns & 0x02000200) | magic, 1536))
+    for i, (h, c) in enumerate(parts):
+        out[..., i, :] = _h2(np.asarray(h, dtype=np.uint32)) - np.float16(c)
+    return out

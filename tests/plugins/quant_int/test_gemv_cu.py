@@ -1,0 +1,166 @@
+"""The CUDA C++ one-token GEMV (quant_int/gemv_cu.py, gemv_cu.cu).
+
+CPU (CI): the kernel's decode emulated bit for bit (numpy) on random packed q4/q5 weights, every
+pair of every word of every vector against the codes `formats.unpack_codes` reads back; the q5
+bit permutation is one-to-one; where the kernel cannot run, why.
+GPU (`-m gpu`): every built config against dequantize-then-matmul in fp32 at the 27B's shapes and
+at row and K tails, gated input, bit-equal repeats, a CUDA-graph replay equal to the eager call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ninfer_plugins.quant_int import formats as F
+from ninfer_plugins.quant_int import gemv_cu as CU
+
+CUDA = torch.cuda.is_available()
+FACTORS = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32)}
+
+
+def _vectors(packed) -> tuple[np.ndarray, np.ndarray | None]:
+    """A packed weight's codes as the kernel loads them: words uint32 [n, V, 4] and (q5) the high
+    bits uint32 [n, V], lo16 | hi16 << 16 (16-bit runs 2t and 4 + 2t... of each K block's qhigh)."""
+    q = packed.tensors["qweight"].numpy()
+    n = q.shape[0]
+    words = q.view(np.uint32).reshape(n, -1, 4)
+    h = packed.tensors.get("qhigh")
+    if h is None:
+        return words, None
+    runs = h.numpy().view(np.uint16).reshape(n, -1, 8).astype(np.uint32)  # [n, K blocks, 8]
+    lo, hi = runs[:, :, :4], runs[:, :, 4:]
+    return words, (lo | (hi << 16)).reshape(n, -1)
+
+
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+def test_the_decode_emulated_gives_every_code(scheme):
+    bits = F.FORMATS[scheme].bits
+    g = torch.Generator().manual_seed(bits)
+    n, k = 5, 384
+    fmt = F.FORMATS[scheme]
+    # codes drawn over the format's whole range (the encoder never writes qmin; a checkpoint may)
+    drawn = torch.randint(fmt.qmin, fmt.qmax + 1, (n, k), generator=g, dtype=torch.int8)
+    packed = F.pack(drawn, torch.ones(n, k // fmt.group, dtype=torch.float16), fmt, k)
+    codes = F.unpack_codes(packed).numpy().astype(np.float32)  # [n, Kp]
+    assert np.array_equal(codes, drawn.numpy()) and codes.min() == fmt.qmin and codes.max() == fmt.qmax
+    words, hb = _vectors(packed)
+    fa, fb, fc, fd = FACTORS[bits]
+    for r in range(n):
+        got = CU.decode_words(bits, words[r], None if hb is None else hb[r]).astype(np.float32)  # [V, 4, 4, 2]
+        for v in range(words.shape[1]):
+            kb, t = divmod(v, 4)
+            for i in range(4):
+                lo = kb * 128 + 16 * t + 4 * i
+                hi = lo + 64
+                want = np.array([[codes[r, lo] * fa, codes[r, lo + 2] * fa], [codes[r, hi] * fb, codes[r, hi + 2] * fb],
+                                 [codes[r, lo + 1] * fc, codes[r, lo + 3] * fc],
+                                 [codes[r, hi + 1] * fd, codes[r, hi + 3] * fd]])
+                assert np.array_equal(got[v, i], want), (scheme, r, v, i, got[v, i], want)
+
+
+def test_the_q5_bit_permutation_is_one_to_one():
+    for b in range(32):
+        q = CU.q5_bits(np.array([1 << b], dtype=np.uint32))[0]
+        assert int(q).bit_count() == 1, b
+    assert CU.q5_bits(np.array([0xFFFFFFFF], dtype=np.uint32))[0] == 0xFFFFFFFF
+
+
+def test_unavailable_says_why_on_the_cpu():
+    assert "CUDA GPU" in CU.unavailable(torch.device("cpu"))
+
+
+# --- GPU -------------------------------------------------------------------------------------------
+
+def configs(m: int) -> list:
+    return [CU.CUConfig(r, u, w) for (r, u) in CU.BUILT[m] for w in (4, 8) if r * w <= 32]
+
+
+def _case(scheme: str, n: int, k: int, seed: int):
+    from ninfer_plugins.quant_int.linear import prepare_int
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    packed = F.quantize(torch.randn(n, k, device="cuda", generator=g), scheme)
+    return prepare_int(packed), F.dequantize(packed).float()
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120),
+                                        ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120), ("q4_g64", 300, 640),
+                                        ("q5_g64", 77, 1152), ("q5_g64", 13312, 5120)])
+def test_every_config_matches_the_reference(scheme, n, k):
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    p, deq = _case(scheme, n, k, n + k)
+    for m in (1, 2, 3, 4):
+        # rows of x a thousand-fold apart in scale: each x row has its own pairs and scaling
+        x = (torch.randn(m, k, device="cuda") * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m], device="cuda")[:, None])
+        x = x.to(torch.bfloat16)
+        ref = x.float() @ deq.T
+        for cfg in configs(m):
+            if not CU.supports(p, cfg, m):
+                continue
+            y = CU.launch(x, p, cfg)
+            assert y.shape == (m, n)
+            for i in range(m):
+                assert _rel(y[i], ref[i]) < 6e-3, (m, i, cfg.describe(), _rel(y[i], ref[i]))
+            assert torch.equal(y, CU.launch(x, p, cfg))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+def test_gated_input_and_a_graph_replay(scheme):
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    n, k = 5120, 17408
+    p, deq = _case(scheme, n, k, 7)
+    gu = (torch.randn(1, 2 * k, device="cuda") * 2).to(torch.bfloat16)
+    x = (torch.nn.functional.silu(gu[:, :k].float()) * gu[:, k:].float()).to(torch.bfloat16)
+    ref = x.float() @ deq.T
+    for cfg in (CU.CUConfig(2, 2, 4), CU.CUConfig(4, 1, 8)):
+        y = CU.launch(gu, p, cfg, gated=True)
+        assert _rel(y, ref) < 6e-3
+        eager = CU.launch(x, p, cfg)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = CU.launch(x, p, cfg)
+        for _ in range(3):
+            out.zero_()
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_the_dispatch_takes_it_under_its_switch(monkeypatch):
+    from ninfer_plugins.quant_int import kernels as K
+
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    p, deq = _case("q5_g64", 5120, 6144, 3)
+    x = torch.randn(4, 6144, device="cuda").to(torch.bfloat16)
+    ref = x.float() @ deq.T
+    for switch, m, kind in (("1", 1, CU.CUConfig), ("1", 4, None), ("4", 4, CU.CUConfig), ("0", 1, None)):
+        monkeypatch.setenv("NINFER_CU_GEMV", switch)
+        cfg = K.pick_gemv(5, m, 5120, 6144, p.sm_count)
+        assert isinstance(cfg, CU.CUConfig) == (kind is not None), (switch, m, cfg)
+        assert _rel(K.launch(x[:m], p), ref[:m]) < 6e-3
+
+
+@pytest.mark.skipif(CUDA, reason="the fallback where the kernel cannot run")
+def test_the_switch_falls_back_where_the_kernel_cannot_run(monkeypatch):
+    from ninfer_plugins.quant_int import kernels as K
+
+    monkeypatch.setenv("NINFER_CU_GEMV", "4")
+    assert not CU.enabled(1)
+    assert not isinstance(K.pick_decode(4, 1, 34816, 5120, 132), CU.CUConfig)
