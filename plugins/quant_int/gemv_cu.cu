@@ -45,6 +45,41 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 
 __device__ __forceinline__ uint32_t rotl(uint32_t x, int r) { return __funnelshift_l(x, x, r); }
 
+// One LOP3 with both constants in registers: nvcc splits (a & K1) ^ K2 into two (one immediate
+// an instruction), which was 8 of a q4 word's ~17 instructions (sm_90 SASS).
+template <int LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+}
+// truth tables over (a, b, c) = (0xF0, 0xCC, 0xAA)
+constexpr int AND_XOR = 0x6A;     // (a & b) ^ c
+constexpr int AND_OR = 0xEA;      // (a & b) | c
+constexpr int ANDNOT_OR = 0xAE;   // (~a & b) | c
+
+// the decode's constants as register operands (see lop3)
+struct Masks {
+  uint32_t lo, hi, lo_x, hi_x, c5, d5, b4lo, b4hi, b4c, b4d, magic;
+};
+
+__device__ __forceinline__ Masks masks() {
+  Masks k;
+  // volatile reads keep them in registers: folded back into immediates, each LOP3 splits again
+  asm volatile("mov.b32 %0, 0x000F000F;" : "=r"(k.lo));
+  asm volatile("mov.b32 %0, 0x00F000F0;" : "=r"(k.hi));
+  asm volatile("mov.b32 %0, 0x64086408;" : "=r"(k.lo_x));
+  asm volatile("mov.b32 %0, 0x64806480;" : "=r"(k.hi_x));
+  asm volatile("mov.b32 %0, 0x001E001E;" : "=r"(k.c5));
+  asm volatile("mov.b32 %0, 0x01E001E0;" : "=r"(k.d5));
+  asm volatile("mov.b32 %0, 0x00100010;" : "=r"(k.b4lo));
+  asm volatile("mov.b32 %0, 0x01000100;" : "=r"(k.b4hi));
+  asm volatile("mov.b32 %0, 0x00200020;" : "=r"(k.b4c));
+  asm volatile("mov.b32 %0, 0x02000200;" : "=r"(k.b4d));
+  asm volatile("mov.b32 %0, 0x64006400;" : "=r"(k.magic));
+  return k;
+}
+
 // src = lo16 | hi16 << 16 (bit i: bit 4 of element i of the vector's low / high 16-element run)
 // -> Q, where rotr(Q, {0, 2, 8, 10}[w]) holds word w's bits at 4, 20 (A), 5, 21 (C), 8, 24 (B),
 // 9, 25 (D). Seven masked rotations (the tests emulate this and check every bit).
@@ -61,20 +96,21 @@ __device__ __forceinline__ uint32_t q5_bits(uint32_t src) {
 
 // A word's four pairs of decoded codes (see the top: A and C the low group's, B and D the high's).
 template <int BITS>
-__device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, half2& a, half2& b, half2& c, half2& d) {
+__device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, const Masks& k, half2& a, half2& b, half2& c,
+                                            half2& d) {
   if (BITS == 4) {
     const half2 c_a = __float2half2_rn(1032.f), c_b = __float2half2_rn(1152.f);
     const uint32_t w8 = w >> 8;
-    a = __hsub2(h2((w & 0x000F000Fu) ^ 0x64086408u), c_a);
-    b = __hsub2(h2((w & 0x00F000F0u) ^ 0x64806480u), c_b);
-    c = __hsub2(h2((w8 & 0x000F000Fu) ^ 0x64086408u), c_a);
-    d = __hsub2(h2((w8 & 0x00F000F0u) ^ 0x64806480u), c_b);
+    a = __hsub2(h2(lop3<AND_XOR>(w, k.lo, k.lo_x)), c_a);
+    b = __hsub2(h2(lop3<AND_XOR>(w, k.hi, k.hi_x)), c_b);
+    c = __hsub2(h2(lop3<AND_XOR>(w8, k.lo, k.lo_x)), c_a);
+    d = __hsub2(h2(lop3<AND_XOR>(w8, k.hi, k.hi_x)), c_b);
   } else {
     const uint32_t w7 = w >> 7;
-    a = __hsub2(h2((w & 0x000F000Fu) | (~s & 0x00100010u) | 0x64006400u), __float2half2_rn(1040.f));
-    b = __hsub2(h2((w & 0x00F000F0u) | (~s & 0x01000100u) | 0x64006400u), __float2half2_rn(1280.f));
-    c = __hsub2(h2((w7 & 0x001E001Eu) | (~s & 0x00200020u) | 0x64006400u), __float2half2_rn(1056.f));
-    d = __hsub2(h2((w7 & 0x01E001E0u) | (~s & 0x02000200u) | 0x64006400u), __float2half2_rn(1536.f));
+    a = __hsub2(h2(lop3<AND_OR>(w, k.lo, lop3<ANDNOT_OR>(s, k.b4lo, k.magic))), __float2half2_rn(1040.f));
+    b = __hsub2(h2(lop3<AND_OR>(w, k.hi, lop3<ANDNOT_OR>(s, k.b4hi, k.magic))), __float2half2_rn(1280.f));
+    c = __hsub2(h2(lop3<AND_OR>(w7, k.c5, lop3<ANDNOT_OR>(s, k.b4c, k.magic))), __float2half2_rn(1056.f));
+    d = __hsub2(h2(lop3<AND_OR>(w7, k.d5, lop3<ANDNOT_OR>(s, k.b4d, k.magic))), __float2half2_rn(1536.f));
   }
 }
 
@@ -84,7 +120,7 @@ __device__ __forceinline__ uint32_t part(const uint4& v, int i) { return i == 0 
 // scaled per group, added to acc[m].
 template <int BITS, int M>
 __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t scales, const uint4 (&x)[M * 4],
-                                           const float (&inv)[M], float (&acc)[M]) {
+                                           const float (&inv)[M], const Masks& k, float (&acc)[M]) {
   half2 lo[M], hi[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) lo[m] = hi[m] = __float2half2_rn(0.f);
@@ -93,7 +129,7 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
   for (int i = 0; i < 4; ++i) {
     const uint32_t S = BITS == 5 ? (i == 0 ? Q : __funnelshift_r(Q, Q, i == 1 ? 2 : i == 2 ? 8 : 10)) : 0u;
     half2 a, b, c, d;
-    decode_word<BITS>(part(q, i), S, a, b, c, d);
+    decode_word<BITS>(part(q, i), S, k, a, b, c, d);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       lo[m] = __hfma2(a, h2(part(x[m * 4 + 0], i)), lo[m]);
@@ -132,6 +168,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   const uint32_t* s_rows = sc + (size_t)row0 * (V >> 2);
   const uint16_t* h_rows = qh + (size_t)row0 * (V << 1);
   const int nkb = V >> 2;
+  const Masks k = masks();
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -173,7 +210,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
           inv[m] = __ldg(invm + m * nkb + (v >> 2));
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, acc[r]);
+        for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, k, acc[r]);
       }
     }
   }
