@@ -6,8 +6,10 @@
 t0=$(date +%s)
 T=${CU3_T:-540}
 nvcc --version | tail -1
-timeout ${CU3_TEST:-130} python3 -m pytest -q -rf -m gpu -x -n 2 tests/plugins/quant_int/test_gemv_cu.py > "$OUT/t.txt" 2>&1
-echo "CU GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/t.txt" | head -20
+if [ "${CU3_TEST:-130}" != 0 ]; then
+  timeout ${CU3_TEST:-130} python3 -m pytest -q -rf -m gpu -x -n 2 tests/plugins/quant_int/test_gemv_cu.py > "$OUT/t.txt" 2>&1
+  echo "CU GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/t.txt" | head -20
+fi
 timeout $(( ${CU3_BB:-170} + 60 )) python3 bench/cu_gemv_bench.py --out "$OUT" --ms ${CU3_MS:-1,4} --budget-s ${CU3_BB:-170} ${CU3_SHAPES:+--shapes $CU3_SHAPES} > "$OUT/b.txt" 2>&1
 echo "cu_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A40 "^best" "$OUT/b.txt" | cut -c1-160; grep -E "Error|error" "$OUT/b.txt" | head -5
 left=$(( T - ($(date +%s) - t0) ))
