@@ -174,6 +174,8 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  // a lane with no vector (V < 32) skips the loop, and its wait in it; it may still store outputs
+  if (lane >= V) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int v0 = lane; v0 < V; v0 += 32 * U) {
     uint4 q[U][R];
     uint32_t s[U][R], hb[U][R];

@@ -190,9 +190,9 @@ def _h2(u: np.ndarray) -> np.ndarray:
 
 
 def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) -> np.ndarray:
-    """A row's vectors of codes as the kernel decodes them: words uint32 [V, 4] (hbits uint32 [V],
-    lo16 | hi16 << 16, for q5) -> fp16 [V, 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16,
-    1, 16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect)."""
+    """Vectors of codes as the kernel decodes them: words uint32 [..., 4] (hbits uint32 [...], lo16 |
+    hi16 << 16, for q5) -> fp16 [..., 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16, 1,
+    16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect)."""
     w = words.astype(np.uint32)
     out = np.empty((*w.shape, 4, 2), dtype=np.float16)
     if bits == 4:
@@ -200,8 +200,8 @@ def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) 
         parts = (((w & 0x000F000F) ^ 0x64086408, 1032), ((w & 0x00F000F0) ^ 0x64806480, 1152),
                  ((w8 & 0x000F000F) ^ 0x64086408, 1032), ((w8 & 0x00F000F0) ^ 0x64806480, 1152))
     else:
-        q = q5_bits(hbits)[:, None]
-        s = np.concatenate([_rotl(q, -k) for k in (0, 2, 8, 10)], axis=1)  # rotr(Q, k) a word
+        q = q5_bits(hbits)[..., None]
+        s = np.concatenate([_rotl(q, -k) for k in (0, 2, 8, 10)], axis=-1)  # rotr(Q, k) a word
         ns = ~s
         w7 = w >> np.uint32(7)
         magic = np.uint32(0x64006400)
