@@ -176,45 +176,54 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
   // a lane with no vector (V < 32) skips the loop, and its wait in it; it may still store outputs
   if (lane >= V) asm volatile("griddepcontrol.wait;" ::: "memory");
+  // pointers at this lane's first vector, advanced a trip at a time (per-load 64-bit index math
+  // was a fifth of the unrolled loops' instructions)
+  const uint4* qp = q_rows + lane;
+  const uint32_t* sp = s_rows + (lane >> 2);
+  const uint16_t* hp = h_rows + ((lane >> 2) << 3) + (lane & 3);
+  const uint4* xq = xp + lane;
+  const float* ip = invm + (lane >> 2);
+  bool first = true;
   for (int v0 = lane; v0 < V; v0 += 32 * U) {
     uint4 q[U][R];
     uint32_t s[U][R], hb[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = min(v0 + 32 * u, V - 1);  // a tail lane reloads the last vector and adds nothing
+      if (u == 0 || v0 + 32 * u < V) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        q[u][r] = ld_stream(q_rows + (size_t)r * V + v);
-        s[u][r] = __ldg(s_rows + (size_t)r * nkb + (v >> 2));
-        if (BITS == 5) {
-          const uint16_t* hr = h_rows + (size_t)r * (V << 1) + ((v >> 2) << 3) + (v & 3);
-          hb[u][r] = (uint32_t)__ldg(hr) | ((uint32_t)__ldg(hr + 4) << 16);
-        } else {
-          hb[u][r] = 0;
+        for (int r = 0; r < R; ++r) {
+          q[u][r] = ld_stream(qp + r * V + 32 * u);
+          s[u][r] = __ldg(sp + r * nkb + 8 * u);
+          hb[u][r] = BITS == 5 ? (uint32_t)__ldg(hp + r * 2 * V + 64 * u) | ((uint32_t)__ldg(hp + r * 2 * V + 64 * u + 4) << 16) : 0u;
         }
       }
     }
-    if (v0 == lane) {
+    if (first) {
       // x is the previous launch's output: the first trip's weights load before the wait for it
       // (a no-op without programmatic dependent launch)
       asm volatile("griddepcontrol.wait;" ::: "memory");
+      first = false;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = v0 + 32 * u;
-      if (v < V) {
+      if (u == 0 || v0 + 32 * u < V) {
         uint4 x[M * 4];
         float inv[M];
 #pragma unroll
         for (int m = 0; m < M; ++m) {
 #pragma unroll
-          for (int p = 0; p < 4; ++p) x[m * 4 + p] = __ldg(xp + (size_t)(m * 4 + p) * V + v);
-          inv[m] = __ldg(invm + m * nkb + (v >> 2));
+          for (int p = 0; p < 4; ++p) x[m * 4 + p] = __ldg(xq + (m * 4 + p) * V + 32 * u);
+          inv[m] = __ldg(ip + m * nkb + 8 * u);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, k, acc[r]);
       }
     }
+    qp += 32 * U;
+    sp += 8 * U;
+    hp += 64 * U;
+    xq += 32 * U;
+    ip += 8 * U;
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
