@@ -56,8 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: s35b (the bars' runs) on an H200 (AUTO_H200 to change), else
-#                                      # s35c (the chunked GDN verify: tests, gdn_columns, the round A/B; AUTO_OTHER)
+#   bash bench/next_session.sh auto    # whichever card comes: cu3 (the CUDA GEMV: GPU tests, cu_gemv_bench, the 27B step
+#                                      # and round with NINFER_CU_GEMV; AUTO_H200 / AUTO_OTHER to change)
 #   bash bench/next_session.sh s33     # bench/calls/s33.sh: the bf16 GEMV's tests, bench and step A/B; the MTP merge A/B (~9 min)
 #   bash bench/next_session.sh s33h    # bench/calls/s33h.sh: GPU tests of the 32nd session's changes; the MTP merge A/B (~7 min)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
@@ -207,20 +207,21 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts; thirty-third: no machine at all) runs s35b on an H200 (the bars with every default: the
-# bf16 GEMV is now one, timed on an H100 only) and s35c elsewhere (the chunked GDN verify, written
-# without a GPU); then s35c on the H200 too. `AUTO_H200=bars` / `AUTO_OTHER=s33h` for older choices
+# starts; thirty-third and thirty-fifth: almost no machine) runs cu3 on any card: the CUDA C++
+# GEMV (written in the thirty-fifth session, never run on a GPU): its tests, its bench against the
+# dispatched kernels, the 27B step and round with it. Then, on an H200, s35b (the bars with every
+# default). `AUTO_H200=s35b` / `AUTO_OTHER=s35c` for older choices
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-s35b} ;;
-    *) set -- ${AUTO_OTHER:-s35c} ;;
+    *H200*) set -- ${AUTO_H200:-cu3} ;;
+    *) set -- ${AUTO_OTHER:-cu3} ;;
   esac
 fi
 
 case "${1:-}" in
-  s33|s33h|s35|s35b|s35c)
+  s33|s33h|s35|s35b|s35c|cu3)
     # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
     TCACHE_PACK=0 bash "bench/calls/$1.sh"
     ;;

@@ -1,0 +1,94 @@
+"""Static SASS count of the CUDA GEMV's main loop (quant_int/gemv_cu.cu), per instantiation.
+
+    python3 bench/cu_sass.py [--arch 90] [--cuobjdump PATH]
+
+Builds the source with nvcc for sm_<arch>, disassembles it (cuobjdump on PATH, or the one Triton's
+wheel carries: triton/backends/nvidia/bin/cuobjdump), finds each kernel's longest backward branch
+(the K loop) and prints its instructions per weight and its most frequent opcodes. No GPU needed.
+The issue budget to compare with (BENCHMARKS.md, fourteenth run): an H200 issues ~33.4 T
+thread-instructions a second, so at 100% of copy q4 may spend ~4.3 instructions a weight, q5 ~5.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "plugins" / "quant_int" / "gemv_cu.cu"
+
+
+def _cuobjdump(given: str | None) -> str:
+    if given:
+        return given
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if cand.is_file():
+            return str(cand)
+    except ImportError:
+        pass
+    sys.exit("cu_sass: no cuobjdump (on PATH or in Triton's wheel); give --cuobjdump")
+
+
+def _addr(line: str) -> int:
+    return int(re.match(r"\s+/\*([0-9a-f]{4,})\*/", line).group(1), 16)
+
+
+def loops(sass: str) -> list[tuple[tuple[int, int, int, int], int, dict]]:
+    """Per gemv<BITS, M, R, U>: ((bits, m, rows, unroll), loop instructions, opcode counts)."""
+    out = []
+    for f in re.split(r"\n\s+Function : ", sass)[1:]:
+        m = re.search(r"gemvILi(\d)ELi(\d)ELi(\d)ELi(\d)E", f.split("\n", 1)[0])
+        if not m:
+            continue
+        lines = [ln for ln in f.split("\n") if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+        best = None
+        for i, ln in enumerate(lines):
+            b = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", ln)
+            if b and int(b.group(1), 16) < _addr(ln):
+                span = _addr(ln) - int(b.group(1), 16)
+                if best is None or span > best[0]:
+                    best = (span, i, int(b.group(1), 16))
+        if best is None:
+            continue
+        _, i, target = best
+        j = next(k for k, ln in enumerate(lines) if _addr(ln) == target)
+        ops: dict[str, int] = {}
+        for ln in lines[j : i + 1]:
+            t = ln.split("*/", 1)[1].split()
+            op = (t[1] if t[0].startswith("@") else t[0]).split(".")[0].rstrip(";")
+            ops[op] = ops.get(op, 0) + 1
+        out.append((tuple(int(g) for g in m.groups()), i - j + 1, ops))
+    return sorted(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("--cuobjdump", default=None)
+    args = ap.parse_args()
+    tool = _cuobjdump(args.cuobjdump)
+    with tempfile.TemporaryDirectory() as d:
+        so = Path(d) / "g.so"
+        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-gencode=arch=compute_{args.arch},code=sm_{args.arch}", "--shared",
+                        "-Xcompiler", "-fPIC", "-o", str(so), str(SOURCE)], check=True)
+        sass = subprocess.run([tool, "-sass", str(so)], check=True, capture_output=True, text=True).stdout
+    for (bits, m, r, u), n, ops in loops(sass):
+        weights = 32 * r * u
+        top = " ".join(f"{k}:{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+        print(f"q{bits} M{m} R{r} U{u}: {n} / {weights} weights = {n / weights:.2f}   {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
