@@ -139,10 +139,11 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
 
 
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
-    """A q4/q5 weight whose K is whole blocks of 128 and whose padded rows the CTAs tile, at m x rows."""
+    """A q4/q5 weight whose K is whole blocks of 128 and whose stored rows cover every row the CTAs
+    read (n rounded up to rows x warps), at m x rows."""
     per_cta = cfg.rows * cfg.num_warps
     return (p.fmt in FORMATS and p.k % 128 == 0 and (cfg.rows, cfg.unroll) in BUILT.get(m, ()) and 1 <= cfg.num_warps <= 8
-            and p.qweight.shape[0] % per_cta == 0)
+            and p.qweight.shape[0] >= -(-p.n // per_cta) * per_cta)
 
 
 def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:
@@ -151,6 +152,11 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     from ninfer_plugins.quant_int import gemv_kw
 
     m = x2.shape[0]
+    if (p.fmt in FORMATS and p.k % 128 == 0 and 1 <= m <= MAX_M
+            and p.qweight.shape[0] < -(-p.n // (cfg.rows * cfg.num_warps)) * cfg.rows * cfg.num_warps):
+        # rows the CTAs cannot tile without reading past the weight (a merged weight whose rows are
+        # not a multiple of rows x warps): the K-walk's default, which walks any row count
+        return gemv_kw.launch(x2, p, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count), gated=gated)
     if not supports(p, cfg, m):
         raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5 weight with K a multiple of 128, got {tuple(x2.shape)} "
                          f"for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")

@@ -194,6 +194,23 @@ def test_gated_input_and_a_graph_replay(scheme):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_rows_the_ctas_cannot_tile_fall_back_to_the_k_walk():
+    """A row view whose stored rows end before n rounded up to rows x warps (a merged weight's part)."""
+    import dataclasses
+
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    p, deq = _case("q5_g64", 256, 1024, 5)
+    view = dataclasses.replace(p, n=36, qweight=p.qweight[:36], scales=p.scales[:36], qhigh=p.qhigh[:36])
+    x = torch.randn(2, 1024, device="cuda").to(torch.bfloat16)
+    cfg = CU.CUConfig(4, 1, 4)
+    assert not CU.supports(view, cfg, 2)
+    assert _rel(CU.launch(x, view, cfg), x.float() @ deq[:36].T) < 6e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
 def test_the_dispatch_takes_it_under_its_switch(monkeypatch):
     from ninfer_plugins.quant_int import kernels as K
 
