@@ -84,7 +84,7 @@ def main() -> int:
                         "-Xcompiler", "-fPIC", "-o", str(so), str(SOURCE)], check=True)
         sass = subprocess.run([tool, "-sass", str(so)], check=True, capture_output=True, text=True).stdout
     for (bits, m, r, u), n, ops in loops(sass):
-        weights = 32 * r * u
+        weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector
         top = " ".join(f"{k}:{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
         print(f"q{bits} M{m} R{r} U{u}: {n} / {weights} weights = {n / weights:.2f}   {top}")
     return 0

@@ -114,6 +114,15 @@ __device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, const Masks&
   }
 }
 
+// q8: a word's four codes (bytes, natural order) as the pairs A = (byte 0, byte 2) and C = (1, 3):
+// PRMT puts 0x64 above each offset-binary byte, 1024 + code + 128.
+__device__ __forceinline__ void decode_word_q8(uint32_t w, half2& a, half2& c) {
+  const uint32_t t = w ^ 0x80808080u;
+  const half2 off = __float2half2_rn(1152.f);
+  a = __hsub2(h2(__byte_perm(t, 0x64646464u, 0x4240)), off);
+  c = __hsub2(h2(__byte_perm(t, 0x64646464u, 0x4341)), off);
+}
+
 __device__ __forceinline__ uint32_t part(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 // One row's vector: its 32 codes decoded once, against each of M x rows' pairs (x[m * 4 + part]),
@@ -124,6 +133,26 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
   half2 lo[M], hi[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) lo[m] = hi[m] = __float2half2_rn(0.f);
+  if (BITS == 8) {
+    // 16 codes of one group of 32 (scales: its fp16 in the low half of `scales`)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      half2 a, c;
+      decode_word_q8(part(q, i), a, c);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        lo[m] = __hfma2(a, h2(part(x[m * 4 + 0], i)), lo[m]);
+        lo[m] = __hfma2(c, h2(part(x[m * 4 + 2], i)), lo[m]);
+      }
+    }
+    const float s8 = __half2float(__low2half(h2(scales)));
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float2 sl = __half22float2(lo[m]);
+      acc[m] = fmaf((sl.x + sl.y) * s8, inv[m], acc[m]);
+    }
+    return;
+  }
   const uint32_t Q = BITS == 5 ? q5_bits(hbits) : 0u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -153,9 +182,12 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
 // invm: [4 rows][V / 4] fp32; y: [M, n] bf16.
 template <int BITS, int M, int R, int U>
 __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
-                                            const uint32_t* __restrict__ sc, const uint4* __restrict__ xp,
+                                            const void* __restrict__ sc, const uint4* __restrict__ xp,
                                             const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
                                             int V) {
+  // q4/q5: 4 vectors a K block of 128, one fp16 pair of scales (groups 2kb, 2kb + 1) a block;
+  // q8: 8 vectors a block, one fp16 scale a group of 32 (2 vectors)
+  constexpr int VPB = BITS == 8 ? 8 : 4;
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   // under programmatic dependent launch the next kernel may start now (it waits for this one)
@@ -165,9 +197,12 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     return;
   }
   const uint4* q_rows = qw + (size_t)row0 * V;
-  const uint32_t* s_rows = sc + (size_t)row0 * (V >> 2);
+  // q8's scales are read as 16-bit values, the others' as pairs
+  const int s_per_row = BITS == 8 ? (V >> 1) : (V >> 2);
+  const uint16_t* s16 = (const uint16_t*)sc + (size_t)row0 * s_per_row;
+  const uint32_t* s_rows = (const uint32_t*)sc + (size_t)row0 * s_per_row;
   const uint16_t* h_rows = qh + (size_t)row0 * (V << 1);
-  const int nkb = V >> 2;
+  const int nkb = V / VPB;
   const Masks k = masks();
   float acc[R][M];
 #pragma unroll
@@ -180,9 +215,10 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   // was a fifth of the unrolled loops' instructions)
   const uint4* qp = q_rows + lane;
   const uint32_t* sp = s_rows + (lane >> 2);
+  const uint16_t* sp8 = s16 + (lane >> 1);
   const uint16_t* hp = h_rows + ((lane >> 2) << 3) + (lane & 3);
   const uint4* xq = xp + lane;
-  const float* ip = invm + (lane >> 2);
+  const float* ip = invm + lane / VPB;
   bool first = true;
   for (int v0 = lane; v0 < V; v0 += 32 * U) {
     uint4 q[U][R];
@@ -193,7 +229,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           q[u][r] = ld_stream(qp + r * V + 32 * u);
-          s[u][r] = __ldg(sp + r * nkb + 8 * u);
+          s[u][r] = BITS == 8 ? (uint32_t)__ldg(sp8 + r * s_per_row + 16 * u) : __ldg(sp + r * s_per_row + 8 * u);
           hb[u][r] = BITS == 5 ? (uint32_t)__ldg(hp + r * 2 * V + 64 * u) | ((uint32_t)__ldg(hp + r * 2 * V + 64 * u + 4) << 16) : 0u;
         }
       }
@@ -212,8 +248,10 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 #pragma unroll
         for (int m = 0; m < M; ++m) {
 #pragma unroll
-          for (int p = 0; p < 4; ++p) x[m * 4 + p] = __ldg(xq + (m * 4 + p) * V + 32 * u);
-          inv[m] = __ldg(ip + m * nkb + 8 * u);
+          for (int p = 0; p < 4; ++p)
+            // q8 reads the pairs A and C only
+            x[m * 4 + p] = (BITS == 8 && (p & 1)) ? make_uint4(0, 0, 0, 0) : __ldg(xq + (m * 4 + p) * V + 32 * u);
+          inv[m] = __ldg(ip + m * nkb + (32 / VPB) * u);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, k, acc[r]);
@@ -221,9 +259,10 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     }
     qp += 32 * U;
     sp += 8 * U;
+    sp8 += 16 * U;
     hp += 64 * U;
     xq += 32 * U;
-    ip += 8 * U;
+    ip += (32 / VPB) * U;
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -244,7 +283,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   }
 }
 
-typedef void (*Kernel)(const uint4*, const uint16_t*, const uint32_t*, const uint4*, const float*, __nv_bfloat16*, int,
+typedef void (*Kernel)(const uint4*, const uint16_t*, const void*, const uint4*, const float*, __nv_bfloat16*, int,
                        int);
 
 template <int BITS>
@@ -266,7 +305,10 @@ Kernel pick(int m, int r, int u) {
 extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int warps, const void* qw, const void* qh,
                            const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
                            void* stream) {
-  Kernel k = bits == 4 ? pick<4>(m, rows, unroll) : bits == 5 ? pick<5>(m, rows, unroll) : nullptr;
+  Kernel k = bits == 4   ? pick<4>(m, rows, unroll)
+             : bits == 5 ? pick<5>(m, rows, unroll)
+             : bits == 8 ? pick<8>(m, rows, unroll)
+                         : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || rows * m > 32) return 1000;
   const int per_cta = rows * warps;
   cudaLaunchConfig_t cfg = {};
@@ -278,7 +320,7 @@ extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int warps, con
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc,
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, sc,
                                      (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V);
   return (int)e;
 }

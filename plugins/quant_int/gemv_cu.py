@@ -1,4 +1,4 @@
-"""The one-token (and 2-4 row) q4/q5 GEMV in CUDA C++ (gemv_cu.cu), built with nvcc on first use and called
+"""The one-token (and 2-4 row) q4/q5/q8 GEMV in CUDA C++ (gemv_cu.cu), built with nvcc on first use and called
 through ctypes; x's pairs come from the K-walk's preparation (gemv_kw.xpairs).
 
 Built once per source and GPU architecture into NINFER_CACHE (default ~/.cache/ninfer)/cuda/;
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 SOURCE = Path(__file__).with_name("gemv_cu.cu")
-FORMATS = (4, 5)
+FORMATS = (4, 5, 8)
 # x rows -> the (rows a warp, vectors a row ahead) pairs the library holds (gemv_cu.cu: pick)
 BUILT = {1: ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)),
          2: ((1, 1), (2, 1), (2, 2), (4, 1)), 3: ((1, 1), (2, 1), (2, 2), (4, 1)), 4: ((1, 1), (2, 1), (2, 2), (4, 1))}
@@ -198,9 +198,22 @@ def _h2(u: np.ndarray) -> np.ndarray:
 def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) -> np.ndarray:
     """Vectors of codes as the kernel decodes them: words uint32 [..., 4] (hbits uint32 [...], lo16 |
     hi16 << 16, for q5) -> fp16 [..., 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16, 1,
-    16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect)."""
+    16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect; q8: A and C the codes, B and D
+    zeros)."""
     w = words.astype(np.uint32)
     out = np.empty((*w.shape, 4, 2), dtype=np.float16)
+    if bits == 8:
+        # bytes in natural order: A = (byte 0, byte 2), C = (byte 1, byte 3); B, D unused (zeros)
+        t = w ^ np.uint32(0x80808080)
+        byte = [(t >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
+        magic = np.uint32(0x6400)
+        a = (byte[0] | magic) | ((byte[2] | magic) << np.uint32(16))
+        c = (byte[1] | magic) | ((byte[3] | magic) << np.uint32(16))
+        out[..., 0, :] = _h2(a) - np.float16(1152)
+        out[..., 2, :] = _h2(c) - np.float16(1152)
+        out[..., 1, :] = 0
+        out[..., 3, :] = 0
+        return out
     if bits == 4:
         w8 = w >> np.uint32(8)
         parts = (((w & 0x000F000F) ^ 0x64086408, 1032), ((w & 0x00F000F0) ^ 0x64806480, 1152),

@@ -16,13 +16,13 @@ from ninfer_plugins.quant_int import formats as F
 from ninfer_plugins.quant_int import gemv_cu as CU
 
 CUDA = torch.cuda.is_available()
-FACTORS = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32)}
+FACTORS = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32), 8: (1, 0, 1, 0)}
 
 
 def _vectors(packed) -> tuple[np.ndarray, np.ndarray | None]:
     """A packed weight's codes as the kernel loads them: words uint32 [n, V, 4] and (q5) the high
     bits uint32 [n, V], lo16 | hi16 << 16 (16-bit runs 2t and 4 + 2t... of each K block's qhigh)."""
-    q = packed.tensors["qweight"].numpy()
+    q = packed.tensors["qweight"].numpy().view(np.uint8)
     n = q.shape[0]
     words = q.view(np.uint32).reshape(n, -1, 4)
     h = packed.tensors.get("qhigh")
@@ -33,7 +33,7 @@ def _vectors(packed) -> tuple[np.ndarray, np.ndarray | None]:
     return words, (lo | (hi << 16)).reshape(n, -1)
 
 
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32"])
 def test_the_decode_emulated_gives_every_code(scheme):
     bits = F.FORMATS[scheme].bits
     g = torch.Generator().manual_seed(bits)
@@ -53,6 +53,9 @@ def test_the_decode_emulated_gives_every_code(scheme):
             for i in range(4):
                 lo = kb * 128 + 16 * t + 4 * i
                 hi = lo + 64
+                if bits == 8:
+                    lo = 16 * v + 4 * i  # natural order, no high group: B and D decode to zeros
+                    hi = lo
                 want = np.array([[codes[r, lo] * fa, codes[r, lo + 2] * fa], [codes[r, hi] * fb, codes[r, hi + 2] * fb],
                                  [codes[r, lo + 1] * fc, codes[r, lo + 3] * fc],
                                  [codes[r, hi + 1] * fd, codes[r, hi + 3] * fd]])
@@ -64,8 +67,8 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     16-bit runs of qhigh, the x pairs' [row][part][V] vectors, INVM [row][K block]), the decoded
     pairs multiplied and added in fp16 word by word as the kernel does: y [m, n] fp32."""
     rows, V = p.qweight.shape[0], p.qweight.shape[1] // 16
+    vpb = 8 if p.fmt == 8 else 4  # vectors a K block of 128
     words = p.qweight.numpy().view(np.uint32).reshape(rows, V, 4)[: p.n]
-    scales = p.scales.numpy().view(np.uint32).reshape(rows, V // 4)[: p.n]
     hb = None
     if p.qhigh is not None:
         runs = p.qhigh.numpy().view(np.uint16).reshape(rows, 2 * V).astype(np.uint32)[: p.n]
@@ -73,8 +76,12 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
         hb = runs[:, (v >> 2) * 8 + (v & 3)] | (runs[:, (v >> 2) * 8 + 4 + (v & 3)] << 16)
     dec = CU.decode_words(p.fmt, words, hb)  # [n, V, 4 words, 4 parts, 2]
     xv = xp.numpy().view(np.uint32).reshape(4, 4, V, 4)  # [x row, part, vector, word]
-    inv = invm.numpy().reshape(4, V // 4)
-    sc = scales.view(np.float16).reshape(p.n, V // 4, 2).astype(np.float32)[:, np.arange(V) >> 2]  # [n, V, 2]
+    inv = invm.numpy().reshape(4, V // vpb)
+    if p.fmt == 8:  # one scale a group of 32: two vectors
+        s8 = p.scales.numpy()[: p.n].astype(np.float32)[:, np.arange(V) >> 1]
+        sc = np.stack([s8, np.zeros_like(s8)], -1)
+    else:  # a K block's pair (groups 2kb, 2kb + 1)
+        sc = p.scales.numpy()[: p.n].astype(np.float32).reshape(p.n, V // 4, 2)[:, np.arange(V) >> 2]  # [n, V, 2]
     out = np.zeros((m, p.n), dtype=np.float32)
     for r in range(m):
         lo = np.zeros((p.n, V, 2), dtype=np.float16)
@@ -86,12 +93,12 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
             lo = (dec[:, :, i, 2].astype(np.float32) * pairs[2] + lo).astype(np.float16)
             hi = (dec[:, :, i, 3].astype(np.float32) * pairs[3] + hi).astype(np.float16)
         part_sum = (lo.astype(np.float32).sum(-1) * sc[..., 0] + hi.astype(np.float32).sum(-1) * sc[..., 1])
-        out[r] = (part_sum * inv[r, np.arange(V) >> 2]).sum(-1)
+        out[r] = (part_sum * inv[r, np.arange(V) // vpb]).sum(-1)
     return out
 
 
 @pytest.mark.skipif(CUDA, reason="the x pairs come from the interpreted Triton kernel here")
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32"])
 @pytest.mark.parametrize("m", [1, 3, 4])
 def test_the_kernels_arithmetic_emulated_matches_the_reference(scheme, m, monkeypatch):
     """The whole kernel emulated (decode, index math, fp16 sums, scales, x's per-block scaling) on
@@ -145,7 +152,9 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("scheme,n,k", [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120),
                                         ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120), ("q4_g64", 300, 640),
-                                        ("q5_g64", 77, 1152), ("q5_g64", 13312, 5120)])
+                                        ("q5_g64", 77, 1152), ("q5_g64", 13312, 5120), ("q8_g32", 14336, 5120),
+                                        ("q8_g32", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
+                                        ("q8_g32", 40, 384)])
 def test_every_config_matches_the_reference(scheme, n, k):
     why = CU.unavailable(torch.device("cuda"))
     if why:
