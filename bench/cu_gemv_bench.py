@@ -1,10 +1,10 @@
-"""The CUDA C++ one-token GEMV (quant_int/gemv_cu.py) against the dispatched kernel, shape by shape.
+"""The CUDA C++ GEMV (quant_int/gemv_cu.py) against the dispatched kernel, shape by shape.
 
     python3 bench/cu_gemv_bench.py [--out DIR] [--shapes q4_g64:34816x5120,...] [--pdl 0|1]
 
-Per shape (the 27B's q4/q5 decode matrices by default): the dispatched M = 1 kernel (the K-walk
-and its x-pairs launch), then each CUDA config (its x-pairs launch included: two kernels a call,
-as the K-walk), and the x-pairs launch alone; µs a call in one CUDA graph cycling >= 256 MB of
+Per shape (the 27B's q4/q5 decode matrices and three q8 ones by default) and x row count
+(`--ms`): the dispatched kernel (at M = 1 the K-walk and its x-pairs launch), then each CUDA config
+(its x-pairs launch included: two kernels a call, as the K-walk), and the x-pairs launch alone; µs a call in one CUDA graph cycling >= 256 MB of
 weight copies, the share of the copy bandwidth measured in the same run, and each result's error
 against the fp32 reference and the dispatched kernel.
 """
@@ -21,8 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# the 27B's q4/q5 decode matrices, then the MTP drafter's merged q8 gate+up and q+k+v and the 35B's
+# q8 qkvz (a round's three draft steps and the 35B's attention/GDN layers run q8 at M = 1)
 SHAPES = [("q4_g64", 34816, 5120), ("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 13312, 5120),
-          ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120)]
+          ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120), ("q8_g32", 34816, 5120), ("q8_g32", 14336, 5120),
+          ("q8_g32", 12288, 2048)]
 
 
 def main() -> int:
