@@ -78,10 +78,10 @@ def main() -> int:
                    "xpairs_us": round(tx * 1e3, 2), "cu": []}
             print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base * 1e3:.2f} us "
                   f"{share(base):.1%} (err {row['dispatched_err']:.1e}); x pairs alone {tx * 1e3:.2f} us", flush=True)
-            for r_, u_ in CU.BUILT[m]:
+            for r_, u_, ks in CU.BUILT[m]:
                 for w in (4, 8):
-                    cfg = CU.CUConfig(r_, u_, w)
-                    if r_ * w > 32 or not CU.supports(p, cfg, m):
+                    cfg = CU.CUConfig(r_, u_, w, ks)
+                    if r_ * w // ks > 32 or not CU.supports(p, cfg, m):
                         continue
                     y = CU.launch(x, p, cfg)
                     t = QL.graph_ms_per_call([lambda q=q, c=cfg, x=x: CU.launch(x, q, c) for q in copies])

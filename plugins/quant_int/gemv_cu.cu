@@ -180,7 +180,9 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
 // qh (q5): [rows, 2 V] 16-bit runs (8 a K block: the low group's four, then the high group's);
 // xp: per x row m the four pair parts, [4 rows][4 parts][V] vectors (gemv_kw.x_scratch);
 // invm: [4 rows][V / 4] fp32; y: [M, n] bf16.
-template <int BITS, int M, int R, int U>
+// KS > 1: KS warps share a row group, each walking every KS-th trip of 32 vectors; their sums
+// meet in shared memory (more loads in flight for matrices of few rows and long K: down, o_proj).
+template <int BITS, int M, int R, int U, int KS>
 __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
                                             const void* __restrict__ sc, const uint4* __restrict__ xp,
                                             const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
@@ -189,13 +191,19 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   // q8: 8 vectors a block, one fp16 scale a group of 32 (2 vectors)
   constexpr int VPB = BITS == 8 ? 8 : 4;
   const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  const int warp = threadIdx.x >> 5;
+  const int slice = KS > 1 ? warp % KS : 0;
+  const int group = KS > 1 ? warp / KS : warp;
+  const int row0 = (blockIdx.x * ((blockDim.x >> 5) / KS) + group) * R;
   // under programmatic dependent launch the next kernel may start now (it waits for this one)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (row0 >= n) {
+  if (KS == 1 && row0 >= n) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     return;
   }
+  // with KS > 1 every warp reaches the barrier below; a group past n walks nothing
+  const int v_start = lane + 32 * U * slice;  // slice j walks trips j, j + KS, ... of U x 32 vectors
+  const int v_end = row0 < n ? V : 0;
   const uint4* q_rows = qw + (size_t)row0 * V;
   // q8's scales are read as 16-bit values, the others' as pairs
   const int s_per_row = BITS == 8 ? (V >> 1) : (V >> 2);
@@ -209,18 +217,18 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-  // a lane with no vector (V < 32) skips the loop, and its wait in it; it may still store outputs
-  if (lane >= V) asm volatile("griddepcontrol.wait;" ::: "memory");
+  // a lane with no vector skips the loop, and its wait in it; it may still store outputs
+  if (v_start >= v_end) asm volatile("griddepcontrol.wait;" ::: "memory");
   // pointers at this lane's first vector, advanced a trip at a time (per-load 64-bit index math
   // was a fifth of the unrolled loops' instructions)
-  const uint4* qp = q_rows + lane;
-  const uint32_t* sp = s_rows + (lane >> 2);
-  const uint16_t* sp8 = s16 + (lane >> 1);
-  const uint16_t* hp = h_rows + ((lane >> 2) << 3) + (lane & 3);
-  const uint4* xq = xp + lane;
-  const float* ip = invm + lane / VPB;
+  const uint4* qp = q_rows + v_start;
+  const uint32_t* sp = s_rows + (v_start >> 2);
+  const uint16_t* sp8 = s16 + (v_start >> 1);
+  const uint16_t* hp = h_rows + ((v_start >> 2) << 3) + (lane & 3);
+  const uint4* xq = xp + v_start;
+  const float* ip = invm + v_start / VPB;
   bool first = true;
-  for (int v0 = lane; v0 < V; v0 += 32 * U) {
+  for (int v0 = v_start; v0 < v_end; v0 += 32 * U * KS) {
     uint4 q[U][R];
     uint32_t s[U][R], hb[U][R];
 #pragma unroll
@@ -257,12 +265,12 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
         for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, k, acc[r]);
       }
     }
-    qp += 32 * U;
-    sp += 8 * U;
-    sp8 += 16 * U;
-    hp += 64 * U;
-    xq += 32 * U;
-    ip += (32 / VPB) * U;
+    qp += 32 * U * KS;
+    sp += 8 * U * KS;
+    sp8 += 16 * U * KS;
+    hp += 64 * U * KS;
+    xq += 32 * U * KS;
+    ip += (32 / VPB) * U * KS;
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -270,6 +278,24 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  if (KS > 1) {
+    // slices 1.. hand their sums to slice 0 of their group
+    __shared__ float part_sums[8][R * M];
+    if (slice > 0 && lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) part_sums[warp][r * M + m] = acc[r][m];
+    }
+    __syncthreads();
+    if (slice > 0 || row0 >= n) return;
+#pragma unroll
+    for (int j = 1; j < KS; ++j)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] += part_sums[warp + j][r * M + m];
+  }
   // lane r * M + m stores row r's output for x row m
   if (lane < R * M) {
     float out = 0.f;
@@ -287,30 +313,32 @@ typedef void (*Kernel)(const uint4*, const uint16_t*, const void*, const uint4*,
                        int);
 
 template <int BITS>
-Kernel pick(int m, int r, int u) {
-#define NINFER_CASE(M_, R_, U_) \
-  if (m == M_ && r == R_ && u == U_) return gemv<BITS, M_, R_, U_>;
-  NINFER_CASE(1, 1, 1) NINFER_CASE(1, 1, 2) NINFER_CASE(1, 1, 4) NINFER_CASE(1, 2, 1) NINFER_CASE(1, 2, 2)
-  NINFER_CASE(1, 2, 4) NINFER_CASE(1, 4, 1) NINFER_CASE(1, 4, 2) NINFER_CASE(1, 8, 1)
-  NINFER_CASE(2, 1, 1) NINFER_CASE(2, 2, 1) NINFER_CASE(2, 2, 2) NINFER_CASE(2, 4, 1)
-  NINFER_CASE(3, 1, 1) NINFER_CASE(3, 2, 1) NINFER_CASE(3, 2, 2) NINFER_CASE(3, 4, 1)
-  NINFER_CASE(4, 1, 1) NINFER_CASE(4, 2, 1) NINFER_CASE(4, 2, 2) NINFER_CASE(4, 4, 1)
+Kernel pick(int m, int r, int u, int ks) {
+#define NINFER_CASE(M_, R_, U_, KS_) \
+  if (m == M_ && r == R_ && u == U_ && ks == KS_) return gemv<BITS, M_, R_, U_, KS_>;
+  NINFER_CASE(1, 1, 1, 1) NINFER_CASE(1, 1, 2, 1) NINFER_CASE(1, 1, 4, 1) NINFER_CASE(1, 2, 1, 1) NINFER_CASE(1, 2, 2, 1)
+  NINFER_CASE(1, 2, 4, 1) NINFER_CASE(1, 4, 1, 1) NINFER_CASE(1, 4, 2, 1) NINFER_CASE(1, 8, 1, 1)
+  NINFER_CASE(1, 1, 2, 2) NINFER_CASE(1, 2, 1, 2) NINFER_CASE(1, 2, 2, 2) NINFER_CASE(1, 4, 1, 2) NINFER_CASE(1, 2, 1, 4)
+  NINFER_CASE(2, 1, 1, 1) NINFER_CASE(2, 2, 1, 1) NINFER_CASE(2, 2, 2, 1) NINFER_CASE(2, 4, 1, 1)
+  NINFER_CASE(3, 1, 1, 1) NINFER_CASE(3, 2, 1, 1) NINFER_CASE(3, 2, 2, 1) NINFER_CASE(3, 4, 1, 1)
+  NINFER_CASE(4, 1, 1, 1) NINFER_CASE(4, 2, 1, 1) NINFER_CASE(4, 2, 2, 1) NINFER_CASE(4, 4, 1, 1)
+  NINFER_CASE(4, 2, 1, 2) NINFER_CASE(4, 1, 1, 2)
 #undef NINFER_CASE
   return nullptr;
 }
 
 }  // namespace
 
-// Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll) not built.
-extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int warps, const void* qw, const void* qh,
+// Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.
+extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int warps, const void* qw, const void* qh,
                            const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
                            void* stream) {
-  Kernel k = bits == 4   ? pick<4>(m, rows, unroll)
-             : bits == 5 ? pick<5>(m, rows, unroll)
-             : bits == 8 ? pick<8>(m, rows, unroll)
+  Kernel k = bits == 4   ? pick<4>(m, rows, unroll, ksplit)
+             : bits == 5 ? pick<5>(m, rows, unroll, ksplit)
+             : bits == 8 ? pick<8>(m, rows, unroll, ksplit)
                          : nullptr;
-  if (k == nullptr || warps < 1 || warps > 8 || rows * m > 32) return 1000;
-  const int per_cta = rows * warps;
+  if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || rows * m > 32) return 1000;
+  const int per_cta = rows * (warps / ksplit);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
   cfg.blockDim = dim3(32 * warps);

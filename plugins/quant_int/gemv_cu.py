@@ -26,9 +26,11 @@ import torch
 
 SOURCE = Path(__file__).with_name("gemv_cu.cu")
 FORMATS = (4, 5, 8)
-# x rows -> the (rows a warp, vectors a row ahead) pairs the library holds (gemv_cu.cu: pick)
-BUILT = {1: ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)),
-         2: ((1, 1), (2, 1), (2, 2), (4, 1)), 3: ((1, 1), (2, 1), (2, 2), (4, 1)), 4: ((1, 1), (2, 1), (2, 2), (4, 1))}
+# x rows -> the (rows a warp, vectors a row ahead, warps a row group) the library holds (gemv_cu.cu: pick)
+BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (4, 1, 1), (4, 2, 1), (8, 1, 1),
+             (1, 2, 2), (2, 1, 2), (2, 2, 2), (4, 1, 2), (2, 1, 4)),
+         2: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)), 3: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)),
+         4: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2), (1, 1, 2))}
 MAX_M = 4
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -39,9 +41,14 @@ class CUConfig:
     rows: int = 4  # rows a warp
     unroll: int = 1  # 16-byte vectors of each row a lane loads ahead
     num_warps: int = 4
+    ksplit: int = 1  # warps sharing a row group, each walking every ksplit-th trip of K
 
     def describe(self) -> str:
-        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}"
+        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + (f" ks{self.ksplit}" if self.ksplit > 1 else "")
+
+    @property
+    def rows_a_cta(self) -> int:
+        return self.rows * (self.num_warps // self.ksplit)
 
     def workspace(self, p) -> tuple[int, int]:
         return 0, 0
@@ -102,13 +109,14 @@ def library(device: torch.device) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(out))
         fn = lib.ninfer_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
         _LIBS[arch] = lib
         return lib
 
 
 # rows a warp, unroll, warps: until measured, one config a row count (tuned.TUNED_CU overrides)
 DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: CUConfig(2, 1, 4)}
+# (format, N, K, x rows) -> (rows, unroll, warps[, ksplit]) in tuned.TUNED_CU
 
 
 def enabled(m: int) -> bool:
@@ -141,8 +149,9 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
     """A q4/q5 weight whose K is whole blocks of 128 and whose stored rows cover every row the CTAs
     read (n rounded up to rows x warps), at m x rows."""
-    per_cta = cfg.rows * cfg.num_warps
-    return (p.fmt in FORMATS and p.k % 128 == 0 and (cfg.rows, cfg.unroll) in BUILT.get(m, ()) and 1 <= cfg.num_warps <= 8
+    per_cta = cfg.rows_a_cta
+    return (p.fmt in FORMATS and p.k % 128 == 0 and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT.get(m, ())
+            and 1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0
             and p.qweight.shape[0] >= -(-p.n // per_cta) * per_cta)
 
 
@@ -153,7 +162,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
 
     m = x2.shape[0]
     if (p.fmt in FORMATS and p.k % 128 == 0 and 1 <= m <= MAX_M
-            and p.qweight.shape[0] < -(-p.n // (cfg.rows * cfg.num_warps)) * cfg.rows * cfg.num_warps):
+            and p.qweight.shape[0] < -(-p.n // cfg.rows_a_cta) * cfg.rows_a_cta):
         # rows the CTAs cannot tile without reading past the weight (a merged weight whose rows are
         # not a multiple of rows x warps): the K-walk's default, which walks any row count
         return gemv_kw.launch(x2, p, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count), gated=gated)
@@ -164,7 +173,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, 1 if m == 1 else 2 if m == 2 else 4, True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
-    rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.num_warps, p.qweight.data_ptr(), qh, p.scales.data_ptr(),
+    rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh, p.scales.data_ptr(),
                             xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
                             int(pdl_enabled(x2.device)), torch.cuda.current_stream(x2.device).cuda_stream)
     if rc != 0:

@@ -133,7 +133,7 @@ def test_unavailable_says_why_on_the_cpu():
 # --- GPU -------------------------------------------------------------------------------------------
 
 def configs(m: int) -> list:
-    return [CU.CUConfig(r, u, w) for (r, u) in CU.BUILT[m] for w in (4, 8) if r * w <= 32]
+    return [CU.CUConfig(r, u, w, ks) for (r, u, ks) in CU.BUILT[m] for w in (4, 8) if r * w // ks <= 32]
 
 
 def _case(scheme: str, n: int, k: int, seed: int):
