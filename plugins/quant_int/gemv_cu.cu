@@ -1,11 +1,12 @@
-// One-token GEMV over q4_g64 / q5_g64 weights (layout kb128-v1, formats.py), in CUDA C++.
+// GEMV of 1-4 x rows over q4_g64 / q5_g64 / q8_g32 weights (layout kb128-v1, formats.py), in CUDA C++.
 //
 // Why a CUDA kernel beside the Triton K-walk (gemv_kw.py): on the H200 the K-walk moves q4
 // gate+up at 69% of the copy rate and the q5 matrices at 55-60% while issuing only ~40% of the
 // instructions the SMs could (BENCHMARKS.md, thirty-fourth run): it waits on memory, with too few
 // bytes in flight. Here each warp owns R rows and each lane streams whole 16-byte vectors of them,
-// U vectors a row ahead, with no shared memory, no barrier and no split-K: one cross-lane sum a row
-// at the end. The occupancy (registers only) sets the bytes in flight.
+// U vectors a row ahead, with no split-K across CTAs: one cross-lane sum a row at the end (with KS
+// warps sharing a row group, one shared-memory sum and one barrier too). The occupancy (registers
+// only) sets the bytes in flight.
 //
 // x comes as the K-walk's prepared f16x2 pairs (gemv_kw.xpairs: per word column the pairs A, B,
 // C, D scaled by a power of two a K block, 1/scale in INVM), read through L1: a lane's four pair
@@ -44,6 +45,23 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 }
 
 __device__ __forceinline__ uint32_t rotl(uint32_t x, int r) { return __funnelshift_l(x, x, r); }
+
+// Programmatic dependent launch (sm_90+; before that a launch never overlaps the previous one).
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// x's pairs and scalings: written by the previous launch, possibly while this grid was already
+// resident (PDL), so plain coherent loads (L1-cached), not the read-only path
+__device__ __forceinline__ uint4 ld_x(const uint4* p) { return __ldca(p); }
+__device__ __forceinline__ float ld_x(const float* p) { return __ldca(p); }
 
 // One LOP3 with both constants in registers: nvcc splits (a & K1) ^ K2 into two (one immediate
 // an instruction), which was 8 of a q4 word's ~17 instructions (sm_90 SASS).
@@ -176,7 +194,7 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
 }
 
 // Grid: one warp per R rows (rows padded to a multiple of R * warps a CTA: prepare_int pads to 256).
-// qw: [rows, V] 16-byte vectors (V = Kp / 32); sc: [rows, V / 4] fp16 pairs (groups 2kb, 2kb + 1);
+// qw: [rows, V] 16-byte vectors (V = Kp / 32; q8 Kp / 16); sc: [rows, V / 4] fp16 pairs (groups 2kb, 2kb + 1);
 // qh (q5): [rows, 2 V] 16-bit runs (8 a K block: the low group's four, then the high group's);
 // xp: per x row m the four pair parts, [4 rows][4 parts][V] vectors (gemv_kw.x_scratch);
 // invm: [4 rows][V / 4] fp32; y: [M, n] bf16.
@@ -196,9 +214,9 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   const int group = KS > 1 ? warp / KS : warp;
   const int row0 = (blockIdx.x * ((blockDim.x >> 5) / KS) + group) * R;
   // under programmatic dependent launch the next kernel may start now (it waits for this one)
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_trigger();
   if (KS == 1 && row0 >= n) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_wait();
     return;
   }
   // with KS > 1 every warp reaches the barrier below; a group past n walks nothing
@@ -218,7 +236,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
   // a lane with no vector skips the loop, and its wait in it; it may still store outputs
-  if (v_start >= v_end) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (v_start >= v_end) pdl_wait();
   // pointers at this lane's first vector, advanced a trip at a time (per-load 64-bit index math
   // was a fifth of the unrolled loops' instructions)
   const uint4* qp = q_rows + v_start;
@@ -245,7 +263,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     if (first) {
       // x is the previous launch's output: the first trip's weights load before the wait for it
       // (a no-op without programmatic dependent launch)
-      asm volatile("griddepcontrol.wait;" ::: "memory");
+      pdl_wait();
       first = false;
     }
 #pragma unroll
@@ -258,8 +276,8 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 #pragma unroll
           for (int p = 0; p < 4; ++p)
             // q8 reads the pairs A and C only
-            x[m * 4 + p] = (BITS == 8 && (p & 1)) ? make_uint4(0, 0, 0, 0) : __ldg(xq + (m * 4 + p) * V + 32 * u);
-          inv[m] = __ldg(ip + m * nkb + (32 / VPB) * u);
+            x[m * 4 + p] = (BITS == 8 && (p & 1)) ? make_uint4(0, 0, 0, 0) : ld_x(xq + (m * 4 + p) * V + 32 * u);
+          inv[m] = ld_x(ip + m * nkb + (32 / VPB) * u);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, k, acc[r]);
@@ -332,7 +350,13 @@ Kernel pick(int m, int r, int u, int ks) {
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.
 extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int warps, const void* qw, const void* qh,
                            const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
-                           void* stream) {
+                           void* stream, int device) {
+  // this library's own (static) runtime keeps its own current device: make it the stream's
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return (int)e;
+  }
   Kernel k = bits == 4   ? pick<4>(m, rows, unroll, ksplit)
              : bits == 5 ? pick<5>(m, rows, unroll, ksplit)
              : bits == 8 ? pick<8>(m, rows, unroll, ksplit)

@@ -1,10 +1,12 @@
-"""The one-token (and 2-4 row) q4/q5/q8 GEMV in CUDA C++ (gemv_cu.cu), built with nvcc on first use and called
-through ctypes; x's pairs come from the K-walk's preparation (gemv_kw.xpairs).
+"""The GEMV of 1-4 x rows over q4/q5/q8 weights in CUDA C++ (gemv_cu.cu), built with nvcc on first
+use and called through ctypes; x's pairs come from the K-walk's preparation (gemv_kw.xpairs).
 
-Built once per source and GPU architecture into NINFER_CACHE (default ~/.cache/ninfer)/cuda/;
-where nvcc or a CUDA GPU is missing `unavailable()` says why and nothing dispatches here. The
-library links its own static CUDA runtime; launches go to PyTorch's current stream (so CUDA-graph
-capture records them), with programmatic dependent launch when the Triton kernels use it.
+Built once per source, nvcc and GPU architecture into NINFER_CACHE (default ~/.cache/ninfer)/cuda/;
+where nvcc or a CUDA GPU is missing `unavailable()` says why and nothing dispatches here, and a
+library that cannot launch (a driver older than nvcc's runtime) is reported once and given up for
+the process. The library links its own static CUDA runtime; launches go to PyTorch's current
+stream (so CUDA-graph capture records them), with programmatic dependent launch when the Triton
+kernels use it.
 
 `decode_words` emulates the kernel's decode (its integer and fp16 steps, in numpy) so that the
 CPU tests check every bit of the layout and the q5 permutation; the GPU tests check the kernel.
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,13 +97,15 @@ def library(device: torch.device) -> ctypes.CDLL:
         if arch in _LIBS:
             return _LIBS[arch]
         src = SOURCE.read_bytes()
-        tag = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
+        nvcc = _nvcc() or "nvcc"
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
+        tag = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
         out = _cache_dir() / f"gemv_cu_sm{arch}_{tag}.so"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
             gencode = f"arch=compute_{arch},code=sm_{arch}"
-            cmd = [_nvcc() or "nvcc", "-O3", "-std=c++17", f"-gencode={gencode}", "--shared",
+            cmd = [nvcc, "-O3", "-std=c++17", f"-gencode={gencode}", "--shared",
                    "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -109,7 +114,7 @@ def library(device: torch.device) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(out))
         fn = lib.ninfer_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
         _LIBS[arch] = lib
         return lib
 
@@ -120,7 +125,7 @@ DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: 
 
 
 def enabled(m: int) -> bool:
-    """NINFER_CU_GEMV=1 sends every one-token q4/q5 launch here (kernels.pick_decode), =4 every
+    """NINFER_CU_GEMV=1 sends every one-token q4/q5/q8 launch here (kernels.pick_decode), =4 every
     launch of 1-4 rows; read at each launch so an A/B may switch it between runs of one process;
     only where the kernel can run (`unavailable`, asked once a process)."""
     v = os.environ.get("NINFER_CU_GEMV", "")
@@ -137,7 +142,7 @@ def _runs_here() -> bool:
 
 
 def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
-    """The config for an m-row launch of a q4/q5 [n, k] weight, None where the kernel does not apply."""
+    """The config for an m-row launch of a q4/q5/q8 [n, k] weight, None where the kernel does not apply."""
     from ninfer_plugins.quant_int.tuned import TUNED_CU
 
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
@@ -147,8 +152,8 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
 
 
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
-    """A q4/q5 weight whose K is whole blocks of 128 and whose stored rows cover every row the CTAs
-    read (n rounded up to rows x warps), at m x rows."""
+    """A q4/q5/q8 weight whose K is whole blocks of 128 and whose stored rows cover every row the
+    CTAs read (n rounded up to the rows a CTA), at m x rows."""
     per_cta = cfg.rows_a_cta
     return (p.fmt in FORMATS and p.k % 128 == 0 and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT.get(m, ())
             and 1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0
@@ -156,29 +161,57 @@ def supports(p, cfg: CUConfig, m: int = 1) -> bool:
 
 
 def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:
-    """y [M, n] bf16 = x2 [M, k] (gated: [M, 2k], silu(gate) * up) @ W.T, M = 1..4."""
+    """y [M, n] bf16 = x2 [M, k] bf16 (gated: [M, 2k], silu(gate) * up) @ W.T, M = 1..4."""
     from ninfer.kernels.triton.launch import pdl_enabled
     from ninfer_plugins.quant_int import gemv_kw
 
     m = x2.shape[0]
-    if (p.fmt in FORMATS and p.k % 128 == 0 and 1 <= m <= MAX_M
-            and p.qweight.shape[0] < -(-p.n // cfg.rows_a_cta) * cfg.rows_a_cta):
-        # rows the CTAs cannot tile without reading past the weight (a merged weight whose rows are
-        # not a multiple of rows x warps): the K-walk's default, which walks any row count
-        return gemv_kw.launch(x2, p, gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count), gated=gated)
+    width = 2 * p.k if gated else p.k
+    if x2.dim() != 2 or x2.shape[1] != width or x2.stride(1) != 1 or x2.dtype != torch.bfloat16:
+        raise ValueError(f"the CUDA GEMV takes x [M, {width}] bf16 with a unit last stride, got {tuple(x2.shape)} "
+                         f"{x2.dtype} strides {tuple(x2.stride())}")
+    tiled = -(-p.n // cfg.rows_a_cta) * cfg.rows_a_cta
+    if p.fmt in FORMATS and p.k % 128 == 0 and 1 <= m <= MAX_M and p.qweight.shape[0] < tiled:
+        # rows the CTAs cannot tile without reading past the weight (a merged weight's part)
+        return _fallback(x2, p, gated)
     if not supports(p, cfg, m):
-        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5 weight with K a multiple of 128, got {tuple(x2.shape)} "
-                         f"for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")
+        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5/q8 weight with K a multiple of 128, got "
+                         f"{tuple(x2.shape)} for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")
+    if not _runs_here():
+        return _fallback(x2, p, gated)
     lib = library(x2.device)
     xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, 1 if m == 1 else 2 if m == 2 else 4, True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
-    rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh, p.scales.data_ptr(),
-                            xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
-                            int(pdl_enabled(x2.device)), torch.cuda.current_stream(x2.device).cuda_stream)
-    if rc != 0:
-        raise RuntimeError(f"the CUDA GEMV's launch failed: cudaError {rc} ({cfg.describe()}, q{p.fmt} {p.n}x{p.k})")
-    return y
+    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
+                         p.scales.data_ptr(), xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
+                         int(pdl_enabled(x2.device)), torch.cuda.current_stream(x2.device).cuda_stream, device)
+    if rc == 0:
+        return y
+    if rc == 1000:
+        raise RuntimeError(f"the CUDA GEMV library has no {cfg.describe()} kernel for q{p.fmt} at M = {m}")
+    # a library that cannot launch here (cudaError 35: a driver older than nvcc's runtime; 209: no
+    # kernel image for this GPU) will not launch later either: say so once and give it up
+    _RUNS[:] = [False]
+    warnings.warn(f"the CUDA GEMV cannot launch on this machine (cudaError {rc}); the Triton kernels run instead",
+                  RuntimeWarning, stacklevel=2)
+    return _fallback(x2, p, gated)
+
+
+def _fallback(x2: torch.Tensor, p, gated: bool) -> torch.Tensor:
+    """The same product without this kernel: the K-walk's default config, or where the K-walk has
+    none (q4/q5 with an odd count of K blocks) the tile kernel, on silu(gate) * up made apart."""
+    from ninfer_plugins.quant_int import gemv_kw
+    from ninfer_plugins.quant_int import kernels as K
+
+    cfg = gemv_kw.default_config(p.fmt, p.n, p.k, p.sm_count)
+    if cfg is not None:
+        return gemv_kw.launch(x2, p, cfg, gated=gated)
+    if gated:
+        g, u = x2[:, : p.k].float(), x2[:, p.k :].float()
+        x2 = (torch.nn.functional.silu(g) * u).to(x2.dtype)
+    return K.launch(x2, p, K.pick_config(p.fmt, x2.shape[0], p.n, p.k, p.sm_count))
 
 
 # --- the decode, emulated (CPU tests) ---------------------------------------------------------------

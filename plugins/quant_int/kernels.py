@@ -607,6 +607,11 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     if p.fmt in gemv_tkw.FORMATS and gemv_tkw.TC.HAVE_GLUON:
         _reserve_walk(ws, p, {**TUNED_TKW, **TUNED_TKW_TRY}, ("m1", "m4", "m8"), gemv_tkw.TKWConfig,
                       gemv_tkw.default_config(p.fmt, p.n, p.k, p.sm_count), lambda: gemv_tkw.xq_scratch(p.device, p.k))
+    from ninfer_plugins.quant_int import gemv_cu
+
+    if p.fmt in gemv_cu.FORMATS and p.k % 128 == 0:
+        # the CUDA GEMV's x pairs (NINFER_CU_GEMV, switched per launch), where no K-walk config made them
+        gemv_kw.x_scratch(p.device, p.fmt, p.k)
     gemv_h2.zero_word(p.device)  # a pinned f16x2 config's zero (H2Config.pin), made outside any capture
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)

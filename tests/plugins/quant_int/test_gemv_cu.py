@@ -243,3 +243,21 @@ def test_the_switch_falls_back_where_the_kernel_cannot_run(monkeypatch):
     monkeypatch.setenv("NINFER_CU_GEMV", "4")
     assert not CU.enabled(1)
     assert not isinstance(K.pick_decode(4, 1, 34816, 5120, 132), CU.CUConfig)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreted kernels run here")
+@pytest.mark.parametrize("k", [512, 640])  # 4 K blocks: the K-walk's default; 5: none, so the tile kernel
+def test_the_fallback_without_the_kernel_matches_the_reference(k, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ninfer_plugins.quant_int.linear import prepare_int
+
+    g = torch.Generator().manual_seed(k)
+    packed = F.quantize(torch.randn(40, k, generator=g), "q5_g64")
+    p = prepare_int(packed)
+    gu = (torch.randn(2, 2 * k, generator=g) * 2).to(torch.bfloat16)
+    x = (torch.nn.functional.silu(gu[:, :k].float()) * gu[:, k:].float()).to(torch.bfloat16)
+    ref = x.float() @ F.dequantize(packed).T
+    for inp, gated in ((x, False), (gu, True)):
+        y = CU._fallback(inp, p, gated)
+        assert y.shape == (2, 40)
+        assert float((y.float() - ref).norm() / ref.norm()) < 6e-3, gated
