@@ -99,7 +99,37 @@ def main() -> int:
             b = min(r["cu"], key=lambda c: c["us"])
             print(f"  {r['fmt']} {r['n']}x{r['k']} M={r['m']}: {b['config']} {b['us']} us {b['share']:.1%} "
                   f"[{r['dispatched']} {r['dispatched_us']} us {r['dispatched_share']:.1%}]")
+    table = tuned_table(rows)
+    print(table, flush=True)
+    if args.out:
+        Path(args.out, "tuned_cu.py").write_text(table + "\n")
     return 0
+
+
+# a winner must beat the dispatched kernel by this much alone (the step then decides) and agree
+# with the fp32 reference as the dispatched kernel does (both round to bf16 once)
+WIN = 0.97
+MAX_ERR = 1e-2
+
+
+def tuned_table(rows: list) -> str:
+    """tuned.TUNED_CU entries for the shapes where a CUDA config won: its fastest agreeing config."""
+    lines = ["TUNED_CU = {"]
+    for r in rows:
+        ok = [c for c in r["cu"] if c["err"] < MAX_ERR]
+        if not ok:
+            continue
+        b = min(ok, key=lambda c: c["us"])
+        if b["us"] > WIN * r["dispatched_us"]:
+            continue
+        fields = b["config"].split()  # "cu R4 U1 w4 [ks2]"
+        rows_, unroll, warps = int(fields[1][1:]), int(fields[2][1:]), int(fields[3][1:])
+        ks = int(fields[4][2:]) if len(fields) > 4 else 1
+        bits = {"q4_g64": 4, "q5_g64": 5, "q8_g32": 8}[r["fmt"]]
+        lines.append(f"    ({bits}, {r['n']}, {r['k']}, {r['m']}): ({rows_}, {unroll}, {warps}, {ks}),  # {b['us']} us "
+                     f"{b['share']:.1%} against {r['dispatched']} {r['dispatched_us']} us")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -24,5 +24,6 @@ if [ $left -gt 100 ]; then
     --variants "X=1|NINFER_CU_GEMV=4" > "$OUT/m.txt" 2>&1
   echo "rounds $(( $(date +%s) - t0 )) s"; grep -E "spec round|^skipped|ERROR" "$OUT/m.txt" | cut -c1-150
 fi
-find "$OUT" -maxdepth 1 -name '*.json' ! -name dense_27b.json ! -name cu_gemv_bench.json -delete
+# a call brings back 8 files: b.txt and tuned_cu.py hold the bench's figures, dense_27b.json the runs'
+find "$OUT" -maxdepth 1 -name '*.json' ! -name dense_27b.json -delete
 pack_triton_cache
