@@ -347,6 +347,27 @@ Kernel pick(int m, int r, int u, int ks) {
 
 }  // namespace
 
+// Loads every kernel of the library on `device` now (CUDA loads a kernel lazily at its first
+// launch, which may otherwise fall inside a graph capture). Returns a cudaError_t.
+extern "C" int ninfer_gemv_preload(int device) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) return (int)e;
+  const int ms[] = {1, 2, 3, 4}, rs[] = {1, 2, 4, 8}, us[] = {1, 2, 4}, kss[] = {1, 2, 4};
+  for (int m : ms)
+    for (int r : rs)
+      for (int u : us)
+        for (int ks : kss) {
+          const Kernel ks_[] = {pick<4>(m, r, u, ks), pick<5>(m, r, u, ks), pick<8>(m, r, u, ks)};
+          for (Kernel k : ks_) {
+            if (k == nullptr) continue;
+            cudaFuncAttributes attr;
+            e = cudaFuncGetAttributes(&attr, k);
+            if (e != cudaSuccess) return (int)e;
+          }
+        }
+  return 0;
+}
+
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.
 extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int warps, const void* qw, const void* qh,
                            const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,

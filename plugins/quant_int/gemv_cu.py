@@ -14,6 +14,7 @@ CPU tests check every bit of the layout and the q5 permutation; the GPU tests ch
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import hashlib
 import os
@@ -115,6 +116,13 @@ def library(device: torch.device) -> ctypes.CDLL:
         fn = lib.ninfer_gemv
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+        lib.ninfer_gemv_preload.restype = ctypes.c_int
+        lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
+        # every kernel loaded now, not lazily at a first launch that may fall inside a graph capture
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        rc = lib.ninfer_gemv_preload(index)
+        if rc != 0:
+            raise RuntimeError(f"the CUDA GEMV library built for sm_{arch} does not load on {device} (cudaError {rc})")
         _LIBS[arch] = lib
         return lib
 
@@ -147,8 +155,24 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
 
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
-    hit = TUNED_CU.get((fmt, n, k, m))
+    hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
     return CUConfig(*hit) if hit else DEFAULT[m]
+
+
+_TRIALS: dict[str, dict] = {}
+
+
+def _trial_table() -> dict:
+    """NINFER_CU_TUNED=<file>: entries (bench/cu_gemv_bench.py's tuned_cu.py, `TUNED_CU = {...}`)
+    that take tuned.TUNED_CU's place, so one device call can time the step with the winners its
+    bench just found; read once a file."""
+    path = os.environ.get("NINFER_CU_TUNED")
+    if not path:
+        return {}
+    if path not in _TRIALS:
+        text = Path(path).read_text()
+        _TRIALS[path] = ast.literal_eval(text.split("=", 1)[1].strip())
+    return _TRIALS[path]
 
 
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
@@ -179,7 +203,11 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
                          f"{tuple(x2.shape)} for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")
     if not _runs_here():
         return _fallback(x2, p, gated)
-    lib = library(x2.device)
+    try:
+        lib = library(x2.device)
+    except RuntimeError as exc:  # nvcc failed, or the library does not load here (an old driver)
+        _give_up(str(exc))
+        return _fallback(x2, p, gated)
     xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, 1 if m == 1 else 2 if m == 2 else 4, True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
@@ -192,11 +220,16 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     if rc == 1000:
         raise RuntimeError(f"the CUDA GEMV library has no {cfg.describe()} kernel for q{p.fmt} at M = {m}")
     # a library that cannot launch here (cudaError 35: a driver older than nvcc's runtime; 209: no
-    # kernel image for this GPU) will not launch later either: say so once and give it up
-    _RUNS[:] = [False]
-    warnings.warn(f"the CUDA GEMV cannot launch on this machine (cudaError {rc}); the Triton kernels run instead",
-                  RuntimeWarning, stacklevel=2)
+    # kernel image for this GPU) will not launch later either
+    _give_up(f"cudaError {rc} at a launch")
     return _fallback(x2, p, gated)
+
+
+def _give_up(why: str) -> None:
+    """Say once why the CUDA GEMV cannot run in this process, and dispatch nothing here again."""
+    _RUNS[:] = [False]
+    warnings.warn(f"the CUDA GEMV cannot run on this machine ({why}); the Triton kernels run instead",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _fallback(x2: torch.Tensor, p, gated: bool) -> torch.Tensor:
