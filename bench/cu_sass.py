@@ -2,7 +2,7 @@
 
     python3 bench/cu_sass.py [--arch 90] [--cuobjdump PATH]
 
-Builds the source with nvcc for sm_<arch>, disassembles it (cuobjdump on PATH, or the one Triton's
+Builds the library as the engine does (gemv_cu.nvcc_command) for sm_<arch>, disassembles it (cuobjdump on PATH, or the one Triton's
 wheel carries: triton/backends/nvidia/bin/cuobjdump), finds each kernel's longest backward branch
 (the K loop) and prints its instructions per weight and its most frequent opcodes. No GPU needed.
 The issue budget to compare with (BENCHMARKS.md, fourteenth run): an H200 issues ~33.4 T
@@ -19,8 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "plugins" / "quant_int" / "gemv_cu.cu"
+from ninfer_plugins.quant_int.gemv_cu import nvcc_command
 
 
 def _cuobjdump(given: str | None) -> str:
@@ -80,8 +79,7 @@ def main() -> int:
     tool = _cuobjdump(args.cuobjdump)
     with tempfile.TemporaryDirectory() as d:
         so = Path(d) / "g.so"
-        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-gencode=arch=compute_{args.arch},code=sm_{args.arch}", "--shared",
-                        "-Xcompiler", "-fPIC", "-o", str(so), str(SOURCE)], check=True)
+        subprocess.run(nvcc_command(args.arch, so), check=True)
         sass = subprocess.run([tool, "-sass", str(so)], check=True, capture_output=True, text=True).stdout
     for (bits, m, r, u, ks), n, ops in loops(sass):
         weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector

@@ -61,10 +61,6 @@ class CUConfig:
         return launch(x2, p, self)
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("NINFER_CACHE") or Path.home() / ".cache" / "ninfer").expanduser() / "cuda"
-
-
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     return f"{major}{minor}"
@@ -91,24 +87,29 @@ def _nvcc() -> str | None:
     return None
 
 
+def nvcc_command(arch: str, out: Path | str) -> list[str]:
+    """The nvcc command that builds the library for sm_<arch> into `out` (bench/cu_sass.py counts
+    the same build)."""
+    return [_nvcc() or "nvcc", "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "--shared",
+            "-Xcompiler", "-fPIC", "-o", str(out), str(SOURCE)]
+
+
 def library(device: torch.device) -> ctypes.CDLL:
     """The built library for `device`'s architecture, compiled on first use (a few seconds)."""
     arch = _arch(device)
     with _LOCK:
         if arch in _LIBS:
             return _LIBS[arch]
+        from ninfer.testing import cache_root
+
         src = SOURCE.read_bytes()
-        nvcc = _nvcc() or "nvcc"
-        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
+        version = subprocess.run([_nvcc() or "nvcc", "--version"], capture_output=True, text=True, check=False).stdout
         tag = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
-        out = _cache_dir() / f"gemv_cu_sm{arch}_{tag}.so"
+        out = cache_root() / "cuda" / f"gemv_cu_sm{arch}_{tag}.so"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            gencode = f"arch=compute_{arch},code=sm_{arch}"
-            cmd = [nvcc, "-O3", "-std=c++17", f"-gencode={gencode}", "--shared",
-                   "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            done = subprocess.run(nvcc_command(arch, tmp), capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"nvcc failed building {SOURCE.name} for sm_{arch}:\n{done.stderr[-2000:]}")
             os.replace(tmp, out)
@@ -129,7 +130,6 @@ def library(device: torch.device) -> ctypes.CDLL:
 
 # rows a warp, unroll, warps: until measured, one config a row count (tuned.TUNED_CU overrides)
 DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: CUConfig(2, 1, 4)}
-# (format, N, K, x rows) -> (rows, unroll, warps[, ksplit]) in tuned.TUNED_CU
 
 
 def enabled(m: int) -> bool:
@@ -175,13 +175,20 @@ def _trial_table() -> dict:
     return _TRIALS[path]
 
 
+def _rows_covered(p, cfg: CUConfig) -> bool:
+    """The weight's stored rows cover every row the CTAs read (n rounded up to the rows a CTA)."""
+    return p.qweight.shape[0] >= -(-p.n // cfg.rows_a_cta) * cfg.rows_a_cta
+
+
+def _applies(p, m: int) -> bool:
+    return p.fmt in FORMATS and p.k % 128 == 0 and 1 <= m <= MAX_M
+
+
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
     """A q4/q5/q8 weight whose K is whole blocks of 128 and whose stored rows cover every row the
-    CTAs read (n rounded up to the rows a CTA), at m x rows."""
-    per_cta = cfg.rows_a_cta
-    return (p.fmt in FORMATS and p.k % 128 == 0 and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT.get(m, ())
-            and 1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0
-            and p.qweight.shape[0] >= -(-p.n // per_cta) * per_cta)
+    CTAs read, at m x rows, with a config the library holds."""
+    return (_applies(p, m) and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8
+            and cfg.num_warps % cfg.ksplit == 0 and _rows_covered(p, cfg))
 
 
 def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:
@@ -194,8 +201,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     if x2.dim() != 2 or x2.shape[1] != width or x2.stride(1) != 1 or x2.dtype != torch.bfloat16:
         raise ValueError(f"the CUDA GEMV takes x [M, {width}] bf16 with a unit last stride, got {tuple(x2.shape)} "
                          f"{x2.dtype} strides {tuple(x2.stride())}")
-    tiled = -(-p.n // cfg.rows_a_cta) * cfg.rows_a_cta
-    if p.fmt in FORMATS and p.k % 128 == 0 and 1 <= m <= MAX_M and p.qweight.shape[0] < tiled:
+    if _applies(p, m) and not _rows_covered(p, cfg):
         # rows the CTAs cannot tile without reading past the weight (a merged weight's part)
         return _fallback(x2, p, gated)
     if not supports(p, cfg, m):

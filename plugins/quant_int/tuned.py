@@ -554,5 +554,6 @@ TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
 
 
 # The CUDA C++ GEMV (gemv_cu.py) under NINFER_CU_GEMV: (format, N, K, x rows) -> (rows a warp,
-# unroll, warps); shapes not here take gemv_cu.DEFAULT. Empty until bench/cu_gemv_bench.py has run.
-TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}
+# unroll, warps, ksplit), gemv_cu.CUConfig's fields; shapes not here take gemv_cu.DEFAULT. Empty until
+# bench/cu_gemv_bench.py has run (it writes these entries as tuned_cu.py).
+TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {}
