@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import structlog
 import torch
 
 SOURCE = Path(__file__).with_name("gemv_cu.cu")
@@ -38,6 +39,7 @@ BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (
 MAX_M = 4
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
+log = structlog.get_logger("ninfer.quant_int")
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def library(device: torch.device) -> ctypes.CDLL:
         tag = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
         out = cache_root() / "cuda" / f"gemv_cu_sm{arch}_{tag}.so"
         if not out.exists():
+            log.info("building the CUDA GEMV with nvcc, once for this GPU architecture", arch=f"sm_{arch}", out=str(out))
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
             done = subprocess.run(nvcc_command(arch, tmp), capture_output=True, text=True, check=False)
@@ -128,16 +131,24 @@ def library(device: torch.device) -> ctypes.CDLL:
         return lib
 
 
-# rows a warp, unroll, warps: until measured, one config a row count (tuned.TUNED_CU overrides)
+# rows a warp, unroll, warps: the config of a shape tuned.TUNED_CU does not name, under NINFER_CU_GEMV=1/4
 DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: CUConfig(2, 1, 4)}
 
 
-def enabled(m: int) -> bool:
-    """NINFER_CU_GEMV=1 sends every one-token q4/q5/q8 launch here (kernels.pick_decode), =4 every
-    launch of 1-4 rows; read at each launch so an A/B may switch it between runs of one process;
-    only where the kernel can run (`unavailable`, asked once a process)."""
+def mode() -> str:
+    """NINFER_CU_GEMV: unset (the default) sends a launch here where tuned.TUNED_CU (or the
+    NINFER_CU_TUNED file) names its (format, N, K, rows), that is where this kernel was measured to
+    win; =1 every one-token q4/q5/q8 launch (DEFAULT where nothing is tuned), =4 every launch of
+    1-4 rows, =0 none. Read at each launch so an A/B may switch it between runs of one process."""
     v = os.environ.get("NINFER_CU_GEMV", "")
-    return ((v == "1" and m == 1) or (v == "4" and 1 <= m <= MAX_M)) and _runs_here()
+    return v if v in ("0", "1", "4") else "tuned"
+
+
+def enabled(m: int) -> bool:
+    """Whether an m-row launch may come here (kernels.pick_decode), only where the kernel can run
+    (`unavailable`, asked once a process)."""
+    v = mode()
+    return ((v == "1" and m == 1) or (v in ("4", "tuned") and 1 <= m <= MAX_M)) and _runs_here()
 
 
 _RUNS: list[bool] = []
@@ -150,13 +161,16 @@ def _runs_here() -> bool:
 
 
 def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
-    """The config for an m-row launch of a q4/q5/q8 [n, k] weight, None where the kernel does not apply."""
+    """The config for an m-row launch of a q4/q5/q8 [n, k] weight: its measured winner, else (under
+    NINFER_CU_GEMV=1/4) DEFAULT; None where the kernel does not apply or (by default) was not measured to win."""
     from ninfer_plugins.quant_int.tuned import TUNED_CU
 
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
     hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
-    return CUConfig(*hit) if hit else DEFAULT[m]
+    if hit:
+        return CUConfig(*hit)
+    return None if mode() == "tuned" else DEFAULT[m]
 
 
 _TRIALS: dict[str, dict] = {}
@@ -189,6 +203,18 @@ def supports(p, cfg: CUConfig, m: int = 1) -> bool:
     CTAs read, at m x rows, with a config the library holds."""
     return (_applies(p, m) and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8
             and cfg.num_warps % cfg.ksplit == 0 and _rows_covered(p, cfg))
+
+
+def ready(p) -> None:
+    """Build and load the library when a weight it may serve is prepared (kernels.reserve_workspace),
+    so nvcc never runs at a first launch inside a graph capture; a library that cannot be built or
+    loaded is given up here, once."""
+    if not (_applies(p, 1) and p.device.type == "cuda" and mode() != "0" and _runs_here()):
+        return
+    try:
+        library(p.device)
+    except RuntimeError as exc:
+        _give_up(str(exc))
 
 
 def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:

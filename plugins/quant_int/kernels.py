@@ -610,8 +610,9 @@ def reserve_workspace(p: Prepared, max_m: int = 16) -> None:
     from ninfer_plugins.quant_int import gemv_cu
 
     if p.fmt in gemv_cu.FORMATS and p.k % 128 == 0:
-        # the CUDA GEMV's x pairs (NINFER_CU_GEMV, switched per launch), where no K-walk config made them
+        # the CUDA GEMV's x pairs (its winners, or NINFER_CU_GEMV switched per launch), where no K-walk config made them
         gemv_kw.x_scratch(p.device, p.fmt, p.k)
+        gemv_cu.ready(p)
     gemv_h2.zero_word(p.device)  # a pinned f16x2 config's zero (H2Config.pin), made outside any capture
     for m in sorted({1, 8, min(16, max_m), max_m}):
         cfg = pick_config(p.fmt, m, p.n, p.k, p.sm_count)
@@ -696,7 +697,8 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch
     with `.workspace(p)`.
 
-    Order: for q4/q5 a measured tensor-core K-walk winner (tuned.TUNED_TKW, M <= 8, unless
+    Order: for q4/q5/q8 at M <= 4 a measured CUDA C++ GEMV winner (tuned.TUNED_CU, gemv_cu.py, where
+    nvcc can build it; NINFER_CU_GEMV=0/1/4 to change); for q4/q5 a measured tensor-core K-walk winner (tuned.TUNED_TKW, M <= 8, unless
     NINFER_TKW=0), and with NINFER_TKW=1 (an experiment) that kernel (gemv_tkw.py) wherever it
     fits; at M <= 4 a measured K-walk winner (tuned.TUNED_KW, unless NINFER_KW=0), and with
     NINFER_KW=1 (an experiment) the K-walk GEMV (gemv_kw.py) wherever it fits; a measured
@@ -714,7 +716,8 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
                                                 TUNED_TKW_TRY)
 
     if fmt in gemv_cu.FORMATS and gemv_cu.enabled(m):
-        # the CUDA C++ GEMV (an experiment switch until its step A/B: NINFER_CU_GEMV=1 at M = 1, =4 at 1-4)
+        # the CUDA C++ GEMV: its measured winners (tuned.TUNED_CU) ahead of every other kernel;
+        # NINFER_CU_GEMV=1 (M = 1) or =4 (M = 1-4) everywhere it applies, =0 never
         cfg = gemv_cu.pick(fmt, m, n, k)
         if cfg is not None:
             return cfg

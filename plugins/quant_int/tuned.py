@@ -553,7 +553,21 @@ TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
 }
 
 
-# The CUDA C++ GEMV (gemv_cu.py) under NINFER_CU_GEMV: (format, N, K, x rows) -> (rows a warp,
-# unroll, warps, ksplit), gemv_cu.CUConfig's fields; shapes not here take gemv_cu.DEFAULT. Empty until
-# bench/cu_gemv_bench.py has run (it writes these entries as tuned_cu.py).
-TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {}
+# The CUDA C++ GEMV (gemv_cu.py): (format, N, K, x rows) -> (rows a warp, unroll, warps, ksplit),
+# gemv_cu.CUConfig's fields. A launch goes to that kernel where its shape is here (unless
+# NINFER_CU_GEMV=0). Measured on an H100 by bench/cu_gemv_bench.py (thirty-sixth session,
+# BENCHMARKS.md "Thirty-seventh run"): the winners by kw_bench's margins against what the dispatch
+# picked before; the 27B int4 step went from 8.02 to 7.52 ms with them.
+TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {
+    (4, 34816, 5120, 1): (4, 1, 4, 1),  # 33.91 us 93.7% against KW BN16 BW128 S1 w4 pp 37.75 us
+    (5, 5120, 17408, 1): (2, 1, 4, 4),  # 25.57 us 76.8% against KW BN8 BW128 S1 w2 pf 27.9 us
+    (5, 16384, 5120, 1): (2, 1, 8, 1),  # 22.68 us 81.5% against KW BN16 BW128 S1 w4 pf 25.72 us
+    (5, 5120, 6144, 1): (2, 2, 8, 1),  # 11.04 us 62.7% against H2 BN16 KBS8 C6 w4 pf 11.53 us
+    (4, 1024, 5120, 1): (2, 1, 4, 4),  # 3.33 us 28.1% against H2 BN16 KBS8 C6 w4 pf 5.44 us
+    (4, 1024, 5120, 4): (2, 1, 4, 2),  # 6.06 us 15.4% against None 7.65 us
+    (8, 34816, 5120, 1): (2, 1, 4, 4),  # 61.72 us 103.0% against KW BN16 BW128 S1 w4 pp 69.99 us
+    (8, 34816, 5120, 4): (4, 1, 4, 1),  # 71.14 us 89.3% against None 112.14 us
+    (8, 14336, 5120, 1): (2, 1, 4, 2),  # 27.09 us 96.6% against KW BN16 BW128 S1 w4 pf 35.47 us
+    (8, 14336, 5120, 4): (4, 1, 4, 1),  # 32.4 us 80.7% against None 50.21 us
+    (8, 12288, 2048, 1): (2, 1, 4, 2),  # 10.64 us 84.3% against KW BN8 BW128 S1 w2 pf 11.67 us
+}

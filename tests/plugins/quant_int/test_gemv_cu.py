@@ -229,11 +229,31 @@ def test_the_dispatch_takes_it_under_its_switch(monkeypatch):
     p, deq = _case("q5_g64", 5120, 6144, 3)
     x = torch.randn(4, 6144, device="cuda").to(torch.bfloat16)
     ref = x.float() @ deq.T
-    for switch, m, kind in (("1", 1, CU.CUConfig), ("1", 4, None), ("4", 4, CU.CUConfig), ("0", 1, None)):
+    # unset: the measured winners only (this shape has a TUNED_CU entry at M = 1, none at M = 4)
+    for switch, m, kind in (("", 1, CU.CUConfig), ("", 4, None), ("1", 1, CU.CUConfig), ("1", 4, None),
+                            ("4", 4, CU.CUConfig), ("0", 1, None)):
         monkeypatch.setenv("NINFER_CU_GEMV", switch)
         cfg = K.pick_gemv(5, m, 5120, 6144, p.sm_count)
         assert isinstance(cfg, CU.CUConfig) == (kind is not None), (switch, m, cfg)
         assert _rel(K.launch(x[:m], p), ref[:m]) < 6e-3
+
+
+def test_pick_takes_measured_winners_by_default_and_every_shape_under_the_switch(monkeypatch):
+    from ninfer_plugins.quant_int.tuned import TUNED_CU
+
+    assert (5, 5120, 6144, 1) in TUNED_CU and (5, 5120, 6144, 4) not in TUNED_CU
+    monkeypatch.delenv("NINFER_CU_TUNED", raising=False)
+    for switch in ("", "1", "4"):
+        monkeypatch.setenv("NINFER_CU_GEMV", switch)
+        assert CU.pick(5, 1, 5120, 6144) == CU.CUConfig(*TUNED_CU[(5, 5120, 6144, 1)])
+        assert CU.pick(6, 1, 5120, 6144) is None  # q6: not a format of the kernel
+        assert CU.pick(5, 1, 5120, 6100) is None  # K not whole blocks of 128
+    monkeypatch.setenv("NINFER_CU_GEMV", "")
+    assert CU.mode() == "tuned" and CU.pick(5, 4, 5120, 6144) is None and CU.pick(5, 1, 256, 640) is None
+    monkeypatch.setenv("NINFER_CU_GEMV", "1")
+    assert CU.pick(5, 1, 256, 640) == CU.DEFAULT[1]
+    monkeypatch.setenv("NINFER_CU_GEMV", "4")
+    assert CU.pick(5, 4, 5120, 6144) == CU.DEFAULT[4]
 
 
 @pytest.mark.skipif(CUDA, reason="the fallback where the kernel cannot run")
