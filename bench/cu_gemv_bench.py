@@ -43,11 +43,11 @@ def main() -> int:
         os.environ["NINFER_PDL"] = args.pdl
     import kw_bench
     import quant_linear as QL
-    from ninfer_plugins.quant_int import formats as IF
     from ninfer_plugins.quant_int import gemv_cu as CU
     from ninfer_plugins.quant_int import gemv_kw as KW
     from ninfer_plugins.quant_int import kernels as K
     from ninfer_plugins.quant_int.linear import dequantize_int_prepared
+    from ninfer_plugins.quant_nvfp4.kernels import dequantize_prepared as dequantize_nvfp4
 
     why = CU.unavailable(torch.device("cuda"))
     if why:
@@ -64,11 +64,11 @@ def main() -> int:
         def share(ms_: float) -> float:
             return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)
 
-        deq = dequantize_int_prepared(p).float()
+        deq = (dequantize_nvfp4(p) if p.fmt == 16 else dequantize_int_prepared(p)).float()
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ deq.T
-            picked = K.pick_gemv(IF.FORMATS[name].bits, m, n, k, sms)
+            picked = K.pick_gemv(p.fmt, m, n, k, sms)
             want = K.launch(x, p)
             base = QL.graph_ms_per_call([lambda q=q, x=x: K.launch(x, q) for q in copies])
             tx = QL.graph_ms_per_call([lambda x=x, m=m: KW.xpairs(x, p.fmt, k, 1 if m == 1 else 2 if m == 2 else 4, True)] * 64)
@@ -122,7 +122,7 @@ def tuned_table(rows: list) -> str:
         fields = b["config"].split()  # "cu R4 U1 w4 [ks2]"
         rows_, unroll, warps = int(fields[1][1:]), int(fields[2][1:]), int(fields[3][1:])
         ks = int(fields[4][2:]) if len(fields) > 4 else 1
-        bits = {"q4_g64": 4, "q5_g64": 5, "q8_g32": 8}[r["fmt"]]
+        bits = {"q4_g64": 4, "q5_g64": 5, "q8_g32": 8, "nvfp4": 16}[r["fmt"]]
         lines.append(f"    ({bits}, {r['n']}, {r['k']}, {r['m']}): ({rows_}, {unroll}, {warps}, {ks}),  # {b['us']} us "
                      f"{b['share']:.1%} against {r['dispatched']} {r['dispatched_us']} us")
     lines.append("}")

@@ -47,7 +47,7 @@ def loops(sass: str) -> list[tuple[tuple[int, int, int, int, int], int, dict]]:
     """Per gemv<BITS, M, R, U, KS>: ((bits, m, rows, unroll, ksplit), loop instructions, opcode counts)."""
     out = []
     for f in re.split(r"\n\s+Function : ", sass)[1:]:
-        m = re.search(r"gemvILi(\d)ELi(\d)ELi(\d)ELi(\d)ELi(\d)E", f.split("\n", 1)[0])
+        m = re.search(r"gemvILi(\d+)ELi(\d)ELi(\d)ELi(\d)ELi(\d)E", f.split("\n", 1)[0])
         if not m:
             continue
         lines = [ln for ln in f.split("\n") if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
@@ -84,7 +84,7 @@ def main() -> int:
     for (bits, m, r, u, ks), n, ops in loops(sass):
         weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector
         top = " ".join(f"{k}:{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
-        print(f"q{bits} M{m} R{r} U{u} KS{ks}: {n} / {weights} weights = {n / weights:.2f}   {top}")
+        print(f"{'nvfp4' if bits == 16 else f'q{bits}'} M{m} R{r} U{u} KS{ks}: {n} / {weights} weights = {n / weights:.2f}   {top}")
     return 0
 
 

@@ -1,4 +1,5 @@
-// GEMV of 1-4 x rows over q4_g64 / q5_g64 / q8_g32 weights (layout kb128-v1, formats.py), in CUDA C++.
+// GEMV of 1-4 x rows over q4_g64 / q5_g64 / q8_g32 weights (layout kb128-v1, formats.py) and NVFP4
+// (quant_nvfp4's "g16-split8-f16" layout), in CUDA C++.
 //
 // Why a CUDA kernel beside the Triton K-walk (gemv_kw.py): on the H200 the K-walk moves q4
 // gate+up at 69% of the copy rate and the q5 matrices at 55-60% while issuing only ~40% of the
@@ -23,6 +24,13 @@
 // one rotation a word puts that word's eight bits where its four pairs need them.
 // The products are summed in fp16 over a vector's 16 codes a group (x's scaling keeps them in
 // range, as in gemv_h2), then scaled in fp32.
+//
+// NVFP4 (BITS 16): a 16-byte vector is two 16-element blocks (8 bytes each: byte j holds element j
+// as "A", sign bit 7 and magnitude bits 1-3, and element 8 + j as "B", magnitude bits 4-6 and sign
+// bit 0); words 0, 1 are block 2v's, words 2, 3 block 2v + 1's. Each code goes under an f16's sign,
+// exponent and top mantissa bits by shifts and masks (gemv_h2._word_asm_nvfp4): its E2M1 value
+// times 2^-14, exactly. The two E4M3 block scales (a 16-bit load) go under f16s the same way (value
+// times 2^-8); the 2^22 and the row's fp32 global scale are applied once, at the store.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -78,7 +86,7 @@ constexpr int ANDNOT_OR = 0xAE;   // (~a & b) | c
 
 // the decode's constants as register operands (see lop3)
 struct Masks {
-  uint32_t lo, hi, lo_x, hi_x, c5, d5, b4lo, b4hi, b4c, b4d, magic;
+  uint32_t lo, hi, lo_x, hi_x, c5, d5, b4lo, b4hi, b4c, b4d, magic, sign;
 };
 
 __device__ __forceinline__ Masks masks() {
@@ -95,6 +103,7 @@ __device__ __forceinline__ Masks masks() {
   asm volatile("mov.b32 %0, 0x00200020;" : "=r"(k.b4c));
   asm volatile("mov.b32 %0, 0x02000200;" : "=r"(k.b4d));
   asm volatile("mov.b32 %0, 0x64006400;" : "=r"(k.magic));
+  asm volatile("mov.b32 %0, 0x80008000;" : "=r"(k.sign));
   return k;
 }
 
@@ -141,6 +150,26 @@ __device__ __forceinline__ void decode_word_q8(uint32_t w, half2& a, half2& c) {
   c = __hsub2(h2(__byte_perm(t, 0x64646464u, 0x4341)), off);
 }
 
+// NVFP4: a word's eight codes as the f16 pairs A (bytes 0, 2: element j), B (their element 8 + j),
+// C (bytes 1, 3: element j), D (their element 8 + j), each the E2M1 value times 2^-14. B of bytes
+// 0 and 2 takes one multiply by 2^5 + 2^15 (magnitude up 5, sign up 15); its cross terms land on
+// bits the mask drops (bit 21's overlap carries only into bit 22).
+__device__ __forceinline__ void decode_word_fp4(uint32_t w, uint32_t sign_mask, half2& a, half2& b, half2& c,
+                                                half2& d) {
+  a = h2((w << 8) & 0x8E008E00u);
+  c = h2(w & 0x8E008E00u);
+  b = h2(((w & 0x00710071u) * 0x00008020u) & 0x8E008E00u);
+  d = h2(lop3<AND_OR>(w << 7, sign_mask, (w >> 3) & 0x0E000E00u));
+}
+
+// NVFP4: the 16-bit load of a vector's two E4M3 block scales -> their values times 2^-8 (each
+// scale's bits under an f16's: sign on 15, exponent and mantissa on 7-13), block 2v first.
+__device__ __forceinline__ float2 fp4_scales(uint32_t sb) {
+  const uint32_t lo = ((sb & 0x7Fu) << 7) | ((sb & 0x80u) << 8);
+  const uint32_t hi = ((sb & 0x7F00u) << 15) | ((sb & 0x8000u) << 16);
+  return __half22float2(h2(lo | hi));
+}
+
 __device__ __forceinline__ uint32_t part(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 // One row's vector: its 32 codes decoded once, against each of M x rows' pairs (x[m * 4 + part]),
@@ -168,6 +197,29 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
     for (int m = 0; m < M; ++m) {
       const float2 sl = __half22float2(lo[m]);
       acc[m] = fmaf((sl.x + sl.y) * s8, inv[m], acc[m]);
+    }
+    return;
+  }
+  if (BITS == 16) {
+    // words 0, 1: block 2v (lo); words 2, 3: block 2v + 1 (hi)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      half2 a, b, c, d;
+      decode_word_fp4(part(q, i), k.sign, a, b, c, d);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        half2& t = i < 2 ? lo[m] : hi[m];
+        t = __hfma2(a, h2(part(x[m * 4 + 0], i)), t);
+        t = __hfma2(b, h2(part(x[m * 4 + 1], i)), t);
+        t = __hfma2(c, h2(part(x[m * 4 + 2], i)), t);
+        t = __hfma2(d, h2(part(x[m * 4 + 3], i)), t);
+      }
+    }
+    const float2 sc = fp4_scales(scales);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float2 sl = __half22float2(lo[m]), sh = __half22float2(hi[m]);
+      acc[m] = fmaf(fmaf(sl.x + sl.y, sc.x, (sh.x + sh.y) * sc.y), inv[m], acc[m]);
     }
     return;
   }
@@ -200,9 +252,11 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
 // invm: [4 rows][V / 4] fp32; y: [M, n] bf16.
 // KS > 1: KS warps share a row group, each walking every KS-th trip of 32 vectors; their sums
 // meet in shared memory (more loads in flight for matrices of few rows and long K: down, o_proj).
+// NVFP4: sc: [rows, V] 16-bit pairs of E4M3 block scales; g: [rows] fp32 global scales (else unused).
 template <int BITS, int M, int R, int U, int KS>
 __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
-                                            const void* __restrict__ sc, const uint4* __restrict__ xp,
+                                            const void* __restrict__ sc, const float* __restrict__ g,
+                                            const uint4* __restrict__ xp,
                                             const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
                                             int V) {
   // q4/q5: 4 vectors a K block of 128, one fp16 pair of scales (groups 2kb, 2kb + 1) a block;
@@ -223,8 +277,8 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   const int v_start = lane + 32 * U * slice;  // slice j walks trips j, j + KS, ... of U x 32 vectors
   const int v_end = row0 < n ? V : 0;
   const uint4* q_rows = qw + (size_t)row0 * V;
-  // q8's scales are read as 16-bit values, the others' as pairs
-  const int s_per_row = BITS == 8 ? (V >> 1) : (V >> 2);
+  // q8's scales are read as 16-bit values, NVFP4's as 16-bit pairs of bytes, the others' as pairs
+  const int s_per_row = BITS == 16 ? V : BITS == 8 ? (V >> 1) : (V >> 2);
   const uint16_t* s16 = (const uint16_t*)sc + (size_t)row0 * s_per_row;
   const uint32_t* s_rows = (const uint32_t*)sc + (size_t)row0 * s_per_row;
   const uint16_t* h_rows = qh + (size_t)row0 * (V << 1);
@@ -242,6 +296,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   const uint4* qp = q_rows + v_start;
   const uint32_t* sp = s_rows + (v_start >> 2);
   const uint16_t* sp8 = s16 + (v_start >> 1);
+  const uint16_t* spf = s16 + v_start;
   const uint16_t* hp = h_rows + ((v_start >> 2) << 3) + (lane & 3);
   const uint4* xq = xp + v_start;
   const float* ip = invm + v_start / VPB;
@@ -255,7 +310,9 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           q[u][r] = ld_stream(qp + r * V + 32 * u);
-          s[u][r] = BITS == 8 ? (uint32_t)__ldg(sp8 + r * s_per_row + 16 * u) : __ldg(sp + r * s_per_row + 8 * u);
+          s[u][r] = BITS == 16  ? (uint32_t)__ldg(spf + r * s_per_row + 32 * u)
+                    : BITS == 8 ? (uint32_t)__ldg(sp8 + r * s_per_row + 16 * u)
+                                : __ldg(sp + r * s_per_row + 8 * u);
           hb[u][r] = BITS == 5 ? (uint32_t)__ldg(hp + r * 2 * V + 64 * u) | ((uint32_t)__ldg(hp + r * 2 * V + 64 * u + 4) << 16) : 0u;
         }
       }
@@ -286,6 +343,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     qp += 32 * U * KS;
     sp += 8 * U * KS;
     sp8 += 16 * U * KS;
+    spf += 32 * U * KS;
     hp += 64 * U * KS;
     xq += 32 * U * KS;
     ip += (32 / VPB) * U * KS;
@@ -323,12 +381,14 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
       for (int m = 0; m < M; ++m)
         if (lane == r * M + m) out = acc[r][m];
     const int r = lane / M, m = lane - (lane / M) * M;
+    // NVFP4: the codes' 2^-14 and the block scales' 2^-8 undone, times the row's global scale
+    if (BITS == 16 && row0 + r < n) out *= __ldg(g + row0 + r) * 4194304.f;
     if (row0 + r < n) y[(size_t)m * n + row0 + r] = __float2bfloat16(out);
   }
 }
 
-typedef void (*Kernel)(const uint4*, const uint16_t*, const void*, const uint4*, const float*, __nv_bfloat16*, int,
-                       int);
+typedef void (*Kernel)(const uint4*, const uint16_t*, const void*, const float*, const uint4*, const float*,
+                       __nv_bfloat16*, int, int);
 
 template <int BITS>
 Kernel pick(int m, int r, int u, int ks) {
@@ -357,7 +417,8 @@ extern "C" int ninfer_gemv_preload(int device) {
     for (int r : rs)
       for (int u : us)
         for (int ks : kss) {
-          const Kernel ks_[] = {pick<4>(m, r, u, ks), pick<5>(m, r, u, ks), pick<8>(m, r, u, ks)};
+          const Kernel ks_[] = {pick<4>(m, r, u, ks), pick<5>(m, r, u, ks), pick<8>(m, r, u, ks),
+                                pick<16>(m, r, u, ks)};
           for (Kernel k : ks_) {
             if (k == nullptr) continue;
             cudaFuncAttributes attr;
@@ -370,8 +431,8 @@ extern "C" int ninfer_gemv_preload(int device) {
 
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.
 extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int warps, const void* qw, const void* qh,
-                           const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
-                           void* stream, int device) {
+                           const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
+                           int pdl, void* stream, int device) {
   // this library's own (static) runtime keeps its own current device: make it the stream's
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device) {
@@ -381,6 +442,7 @@ extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, in
   Kernel k = bits == 4   ? pick<4>(m, rows, unroll, ksplit)
              : bits == 5 ? pick<5>(m, rows, unroll, ksplit)
              : bits == 8 ? pick<8>(m, rows, unroll, ksplit)
+             : bits == 16 ? pick<16>(m, rows, unroll, ksplit)
                          : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || rows * m > 32) return 1000;
   const int per_cta = rows * (warps / ksplit);
@@ -393,7 +455,7 @@ extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, in
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, sc,
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, sc, (const float*)g,
                                      (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V);
   return (int)e;
 }

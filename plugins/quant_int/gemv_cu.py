@@ -1,4 +1,4 @@
-"""The GEMV of 1-4 x rows over q4/q5/q8 weights in CUDA C++ (gemv_cu.cu), built with nvcc on first
+"""The GEMV of 1-4 x rows over q4/q5/q8 and NVFP4 weights in CUDA C++ (gemv_cu.cu), built with nvcc on first
 use and called through ctypes; x's pairs come from the K-walk's preparation (gemv_kw.xpairs).
 
 Built once per source, nvcc and GPU architecture into NINFER_CACHE (default ~/.cache/ninfer)/cuda/;
@@ -30,7 +30,7 @@ import structlog
 import torch
 
 SOURCE = Path(__file__).with_name("gemv_cu.cu")
-FORMATS = (4, 5, 8)
+FORMATS = (4, 5, 8, 16)  # q4_g64, q5_g64, q8_g32, NVFP4 (quant_nvfp4, "g16-split8-f16")
 # x rows -> the (rows a warp, vectors a row ahead, warps a row group) the library holds (gemv_cu.cu: pick)
 BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (4, 1, 1), (4, 2, 1), (8, 1, 1),
              (1, 2, 2), (2, 1, 2), (2, 2, 2), (4, 1, 2), (2, 1, 4)),
@@ -119,7 +119,7 @@ def library(device: torch.device) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(out))
         fn = lib.ninfer_gemv
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+        fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
         lib.ninfer_gemv_preload.restype = ctypes.c_int
         lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
         # every kernel loaded now, not lazily at a first launch that may fall inside a graph capture
@@ -138,7 +138,7 @@ DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: 
 def mode() -> str:
     """NINFER_CU_GEMV: unset (the default) sends a launch here where tuned.TUNED_CU (or the
     NINFER_CU_TUNED file) names its (format, N, K, rows), that is where this kernel was measured to
-    win; =1 every one-token q4/q5/q8 launch (DEFAULT where nothing is tuned), =4 every launch of
+    win; =1 every one-token q4/q5/q8/NVFP4 launch (DEFAULT where nothing is tuned), =4 every launch of
     1-4 rows, =0 none. Read at each launch so an A/B may switch it between runs of one process."""
     v = os.environ.get("NINFER_CU_GEMV", "")
     return v if v in ("0", "1", "4") else "tuned"
@@ -161,7 +161,7 @@ def _runs_here() -> bool:
 
 
 def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
-    """The config for an m-row launch of a q4/q5/q8 [n, k] weight: its measured winner, else (under
+    """The config for an m-row launch of a q4/q5/q8/NVFP4 [n, k] weight: its measured winner, else (under
     NINFER_CU_GEMV=1/4) DEFAULT; None where the kernel does not apply or (by default) was not measured to win."""
     from ninfer_plugins.quant_int.tuned import TUNED_CU
 
@@ -199,7 +199,7 @@ def _applies(p, m: int) -> bool:
 
 
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
-    """A q4/q5/q8 weight whose K is whole blocks of 128 and whose stored rows cover every row the
+    """A q4/q5/q8/NVFP4 weight whose K is whole blocks of 128 and whose stored rows cover every row the
     CTAs read, at m x rows, with a config the library holds."""
     return (_applies(p, m) and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8
             and cfg.num_warps % cfg.ksplit == 0 and _rows_covered(p, cfg))
@@ -231,7 +231,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
         # rows the CTAs cannot tile without reading past the weight (a merged weight's part)
         return _fallback(x2, p, gated)
     if not supports(p, cfg, m):
-        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5/q8 weight with K a multiple of 128, got "
+        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5/q8/NVFP4 weight with K a multiple of 128, got "
                          f"{tuple(x2.shape)} for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")
     if not _runs_here():
         return _fallback(x2, p, gated)
@@ -243,9 +243,10 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, 1 if m == 1 else 2 if m == 2 else 4, True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
+    gs = p.gscale.data_ptr() if p.fmt == 16 else 0
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
-                         p.scales.data_ptr(), xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
+                         p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
                          int(pdl_enabled(x2.device)), torch.cuda.current_stream(x2.device).cuda_stream, device)
     if rc == 0:
         return y
@@ -302,13 +303,32 @@ def _h2(u: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float16).reshape(*u.shape, 2)
 
 
+def fp4_scales(sb: np.ndarray) -> np.ndarray:
+    """gemv_cu.cu's fp4_scales: 16-bit pairs of E4M3 bytes -> fp32 [..., 2], each value times 2^-8."""
+    sb = sb.astype(np.uint32)
+    lo = ((sb & np.uint32(0x7F)) << np.uint32(7)) | ((sb & np.uint32(0x80)) << np.uint32(8))
+    hi = ((sb & np.uint32(0x7F00)) << np.uint32(15)) | ((sb & np.uint32(0x8000)) << np.uint32(16))
+    return _h2(lo | hi).astype(np.float32)
+
+
 def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) -> np.ndarray:
     """Vectors of codes as the kernel decodes them: words uint32 [..., 4] (hbits uint32 [...], lo16 |
     hi16 << 16, for q5) -> fp16 [..., 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16, 1,
     16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect; q8: A and C the codes, B and D
-    zeros)."""
+    zeros; NVFP4: each code's E2M1 value times 2^-14, A/B element j / 8 + j of bytes 0 and 2, C/D
+    of bytes 1 and 3)."""
     w = words.astype(np.uint32)
     out = np.empty((*w.shape, 4, 2), dtype=np.float16)
+    if bits == 16:
+        # NVFP4: A, B of bytes 0 and 2, then C, D of bytes 1 and 3, each E2M1 value times 2^-14
+        u32 = np.uint32
+        a = (w << u32(8)) & u32(0x8E008E00)
+        c = w & u32(0x8E008E00)
+        b = ((w & u32(0x00710071)) * u32(0x00008020)) & u32(0x8E008E00)
+        d = ((w << u32(7)) & u32(0x80008000)) | ((w >> u32(3)) & u32(0x0E000E00))
+        for i, h in enumerate((a, b, c, d)):
+            out[..., i, :] = _h2(h)
+        return out
     if bits == 8:
         # bytes in natural order: A = (byte 0, byte 2), C = (byte 1, byte 3); B, D unused (zeros)
         t = w ^ np.uint32(0x80808080)

@@ -1,6 +1,6 @@
 """The CUDA C++ one-token GEMV (quant_int/gemv_cu.py, gemv_cu.cu).
 
-CPU (CI): the kernel's decode emulated bit for bit (numpy) on random packed q4/q5 weights, every
+CPU (CI): the kernel's decode emulated bit for bit (numpy) on random packed q4/q5/q8/NVFP4 weights, every
 pair of every word of every vector against the codes `formats.unpack_codes` reads back; the q5
 bit permutation is one-to-one; where the kernel cannot run, why.
 GPU (`-m gpu`): every built config against dequantize-then-matmul in fp32 at the 27B's shapes and
@@ -62,6 +62,36 @@ def test_the_decode_emulated_gives_every_code(scheme):
                 assert np.array_equal(got[v, i], want), (scheme, r, v, i, got[v, i], want)
 
 
+def test_the_nvfp4_decode_emulated_gives_every_code():
+    """Every byte value (so every code as A and as B) in every word position: each pair is the
+    E2M1 values of its two elements (quant_nvfp4.kernels.unpack_byte) times 2^-14, and the block
+    scales' decode is every E4M3 byte's value times 2^-8."""
+    from ninfer_plugins.quant_nvfp4 import formats as NF
+    from ninfer_plugins.quant_nvfp4.kernels import unpack_byte
+
+    g = torch.Generator().manual_seed(16)
+    rows = torch.cat([torch.arange(256, dtype=torch.uint8).view(4, 64),
+                      torch.randint(0, 256, (4, 64), generator=g, dtype=torch.uint8)])  # [8 rows, 64 bytes]
+    words = rows.numpy().view(np.uint32).reshape(8, 4, 4)  # 4 vectors a row
+    got = CU.decode_words(16, words).astype(np.float32)  # [8, V, 4 words, 4 pairs, 2]
+    a, b = unpack_byte(rows)
+    vals = NF.e2m1_values("cpu").numpy()
+    va, vb = vals[a.long().numpy()] * 2.0**-14, vals[b.long().numpy()] * 2.0**-14
+    for r in range(8):
+        for v in range(4):
+            for i in range(4):
+                j = 16 * v + 4 * i  # the word's first byte
+                want = np.array([[va[r, j], va[r, j + 2]], [vb[r, j], vb[r, j + 2]], [va[r, j + 1], va[r, j + 3]],
+                                 [vb[r, j + 1], vb[r, j + 3]]], dtype=np.float32)
+                assert np.array_equal(got[r, v, i], want), (r, v, i, got[r, v, i], want)
+    pairs = torch.arange(256, dtype=torch.int32)
+    sb = (pairs | ((255 - pairs) << 8)).numpy().astype(np.uint32)
+    dec = CU.fp4_scales(sb)
+    e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy() * 2.0**-8
+    finite = np.isfinite(e4m3) & np.isfinite(e4m3[::-1])
+    assert np.array_equal(dec[finite, 0], e4m3[finite]) and np.array_equal(dec[finite, 1], e4m3[::-1][finite])
+
+
 def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     """gemv_cu.cu's arithmetic over a prepared weight with its index math (vectors, scale pairs,
     16-bit runs of qhigh, the x pairs' [row][part][V] vectors, INVM [row][K block]), the decoded
@@ -77,6 +107,19 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     dec = CU.decode_words(p.fmt, words, hb)  # [n, V, 4 words, 4 parts, 2]
     xv = xp.numpy().view(np.uint32).reshape(4, 4, V, 4)  # [x row, part, vector, word]
     inv = invm.numpy().reshape(4, V // vpb)
+    if p.fmt == 16:
+        # NVFP4: words 0, 1 block 2v (lo), words 2, 3 block 2v + 1 (hi), the 16-bit scale pair a vector
+        sc = CU.fp4_scales(p.scales.numpy().view(np.uint16).reshape(rows, V)[: p.n])  # [n, V, 2]
+        out = np.zeros((m, p.n), dtype=np.float32)
+        for r in range(m):
+            acc = [np.zeros((p.n, V, 2), dtype=np.float16) for _ in range(2)]
+            for i in range(4):
+                for part in range(4):
+                    pair = CU._h2(xv[r, part, :, i])[None]
+                    acc[i // 2] = (dec[:, :, i, part].astype(np.float32) * pair + acc[i // 2]).astype(np.float16)
+            part_sum = acc[0].astype(np.float32).sum(-1) * sc[..., 0] + acc[1].astype(np.float32).sum(-1) * sc[..., 1]
+            out[r] = (part_sum * inv[r, np.arange(V) // vpb]).sum(-1) * p.gscale.numpy()[: p.n] * 2.0**22
+        return out
     if p.fmt == 8:  # one scale a group of 32: two vectors
         s8 = p.scales.numpy()[: p.n].astype(np.float32)[:, np.arange(V) >> 1]
         sc = np.stack([s8, np.zeros_like(s8)], -1)
@@ -97,24 +140,36 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     return out
 
 
+def _prepared(scheme: str, w: torch.Tensor):
+    """(prepared weight, its dequantized fp32 [n, k]) for an int scheme or "nvfp4"."""
+    if scheme == "nvfp4":
+        from ninfer_plugins.quant_nvfp4 import formats as NF
+        from ninfer_plugins.quant_nvfp4.kernels import dequantize_prepared, prepare_nvfp4
+
+        p = prepare_nvfp4(NF.quantize(w))
+        return p, dequantize_prepared(p).float()
+    from ninfer_plugins.quant_int.linear import prepare_int
+
+    packed = F.quantize(w, scheme)
+    return prepare_int(packed), F.dequantize(packed).float()
+
+
 @pytest.mark.skipif(CUDA, reason="the x pairs come from the interpreted Triton kernel here")
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32", "nvfp4"])
 @pytest.mark.parametrize("m", [1, 3, 4])
 def test_the_kernels_arithmetic_emulated_matches_the_reference(scheme, m, monkeypatch):
     """The whole kernel emulated (decode, index math, fp16 sums, scales, x's per-block scaling) on
     x pairs from gemv_kw.xpairs against dequantize-then-matmul, x rows of very different scale."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from ninfer_plugins.quant_int import gemv_kw as KW
-    from ninfer_plugins.quant_int.linear import prepare_int
 
     g = torch.Generator().manual_seed(m)
     n, k = 40, 640
-    packed = F.quantize(torch.randn(n, k, generator=g), scheme)
-    p = prepare_int(packed)
+    p, deq = _prepared(scheme, torch.randn(n, k, generator=g))
     x = (torch.randn(m, k, generator=g) * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m])[:, None]).to(torch.bfloat16)
     xp, _inv, invm = KW.xpairs(x, p.fmt, k, 1 if m == 1 else 4, fast=False)
     got = _emulate(p, xp, invm, m)
-    ref = (x.float() @ F.dequantize(packed).T).numpy()
+    ref = (x.float() @ deq.T).numpy()
     for r in range(m):
         assert np.linalg.norm(got[r] - ref[r]) / np.linalg.norm(ref[r]) < 6e-3, r
 
@@ -137,11 +192,8 @@ def configs(m: int) -> list:
 
 
 def _case(scheme: str, n: int, k: int, seed: int):
-    from ninfer_plugins.quant_int.linear import prepare_int
-
     g = torch.Generator(device="cuda").manual_seed(seed)
-    packed = F.quantize(torch.randn(n, k, device="cuda", generator=g), scheme)
-    return prepare_int(packed), F.dequantize(packed).float()
+    return _prepared(scheme, torch.randn(n, k, device="cuda", generator=g))
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -154,7 +206,9 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
                                         ("q5_g64", 5120, 6144), ("q4_g64", 1024, 5120), ("q4_g64", 300, 640),
                                         ("q5_g64", 77, 1152), ("q5_g64", 13312, 5120), ("q8_g32", 14336, 5120),
                                         ("q8_g32", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
-                                        ("q8_g32", 40, 384)])
+                                        ("q8_g32", 40, 384), ("nvfp4", 34816, 5120), ("nvfp4", 5120, 17408),
+                                        ("nvfp4", 16384, 5120), ("nvfp4", 5120, 6144), ("nvfp4", 12288, 2048),
+                                        ("nvfp4", 300, 640)])
 def test_every_config_matches_the_reference(scheme, n, k):
     why = CU.unavailable(torch.device("cuda"))
     if why:
@@ -177,7 +231,7 @@ def test_every_config_matches_the_reference(scheme, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "nvfp4"])
 def test_gated_input_and_a_graph_replay(scheme):
     why = CU.unavailable(torch.device("cuda"))
     if why:
