@@ -65,6 +65,13 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// The wait, then (a late launch: launch.late_dependents, PDL = 2) the trigger: the next kernel is
+// scheduled only once this one has waited, i.e. once every kernel before it has completed, so
+// that it may read before its own wait what those wrote (the GDN decode step's state).
+__device__ __forceinline__ void pdl_wait_then(bool late) {
+  pdl_wait();
+  if (late) pdl_trigger();
+}
 
 // x's pairs and scalings: written by the previous launch, possibly while this grid was already
 // resident (PDL), so plain coherent loads (L1-cached), not the read-only path
@@ -258,7 +265,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
                                             const void* __restrict__ sc, const float* __restrict__ g,
                                             const uint4* __restrict__ xp,
                                             const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
-                                            int V) {
+                                            int V, bool late) {
   // q4/q5: 4 vectors a K block of 128, one fp16 pair of scales (groups 2kb, 2kb + 1) a block;
   // q8: 8 vectors a block, one fp16 scale a group of 32 (2 vectors)
   constexpr int VPB = BITS == 8 ? 8 : 4;
@@ -267,10 +274,11 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   const int slice = KS > 1 ? warp % KS : 0;
   const int group = KS > 1 ? warp / KS : warp;
   const int row0 = (blockIdx.x * ((blockDim.x >> 5) / KS) + group) * R;
-  // under programmatic dependent launch the next kernel may start now (it waits for this one)
-  pdl_trigger();
+  // under programmatic dependent launch the next kernel may start now (it waits for this one),
+  // or after this one's wait when launched late
+  if (!late) pdl_trigger();
   if (KS == 1 && row0 >= n) {
-    pdl_wait();
+    pdl_wait_then(late);
     return;
   }
   // with KS > 1 every warp reaches the barrier below; a group past n walks nothing
@@ -290,7 +298,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
   // a lane with no vector skips the loop, and its wait in it; it may still store outputs
-  if (v_start >= v_end) pdl_wait();
+  if (v_start >= v_end) pdl_wait_then(late);
   // pointers at this lane's first vector, advanced a trip at a time (per-load 64-bit index math
   // was a fifth of the unrolled loops' instructions)
   const uint4* qp = q_rows + v_start;
@@ -320,7 +328,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     if (first) {
       // x is the previous launch's output: the first trip's weights load before the wait for it
       // (a no-op without programmatic dependent launch)
-      pdl_wait();
+      pdl_wait_then(late);
       first = false;
     }
 #pragma unroll
@@ -388,7 +396,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
 }
 
 typedef void (*Kernel)(const uint4*, const uint16_t*, const void*, const float*, const uint4*, const float*,
-                       __nv_bfloat16*, int, int);
+                       __nv_bfloat16*, int, int, bool);
 
 template <int BITS>
 Kernel pick(int m, int r, int u, int ks) {
@@ -456,6 +464,6 @@ extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, in
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, sc, (const float*)g,
-                                     (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V);
+                                     (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, pdl == 2);
   return (int)e;
 }

@@ -219,7 +219,7 @@ def ready(p) -> None:
 
 def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:
     """y [M, n] bf16 = x2 [M, k] bf16 (gated: [M, 2k], silu(gate) * up) @ W.T, M = 1..4."""
-    from ninfer.kernels.triton.launch import pdl_enabled
+    from ninfer.kernels.triton.launch import pdl_enabled, pdl_value
     from ninfer_plugins.quant_int import gemv_kw
 
     m = x2.shape[0]
@@ -247,7 +247,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
     rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
                          p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
-                         int(pdl_enabled(x2.device)), torch.cuda.current_stream(x2.device).cuda_stream, device)
+                         _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream, device)
     if rc == 0:
         return y
     if rc == 1000:
@@ -256,6 +256,12 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     # kernel image for this GPU) will not launch later either
     _give_up(f"cudaError {rc} at a launch")
     return _fallback(x2, p, gated)
+
+
+def _pdl(enabled: bool, value) -> int:
+    """The launcher's pdl argument: 0 off, 1 the trigger at the kernel's start, 2 after its wait
+    (a launch inside launch.late_dependents(), whose dependents read before their own wait)."""
+    return 0 if not enabled else 2 if value == 2 else 1
 
 
 def _give_up(why: str) -> None:

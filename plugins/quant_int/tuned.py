@@ -557,7 +557,8 @@ TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
 # gemv_cu.CUConfig's fields. A launch goes to that kernel where its shape is here (unless
 # NINFER_CU_GEMV=0). Measured on an H100 by bench/cu_gemv_bench.py (thirty-sixth session,
 # BENCHMARKS.md "Thirty-seventh run"): the winners by kw_bench's margins against what the dispatch
-# picked before; the 27B int4 step went from 8.02 to 7.52 ms with them.
+# picked before; the 27B int4 step went from 8.02 to 7.52 ms with them, the nvfp4 step from 9.09
+# to 8.94 ms.
 TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {
     (4, 34816, 5120, 1): (4, 1, 4, 1),  # 33.91 us 93.7% against KW BN16 BW128 S1 w4 pp 37.75 us
     (5, 5120, 17408, 1): (2, 1, 4, 4),  # 25.57 us 76.8% against KW BN8 BW128 S1 w2 pf 27.9 us
@@ -570,4 +571,17 @@ TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {
     (8, 14336, 5120, 1): (2, 1, 4, 2),  # 27.09 us 96.6% against KW BN16 BW128 S1 w4 pf 35.47 us
     (8, 14336, 5120, 4): (4, 1, 4, 1),  # 32.4 us 80.7% against None 50.21 us
     (8, 12288, 2048, 1): (2, 1, 4, 2),  # 10.64 us 84.3% against KW BN8 BW128 S1 w2 pf 11.67 us
+    # NVFP4 (same bench, second H100 call of the session)
+    (16, 34816, 5120, 1): (1, 1, 4, 1),  # 37.1 us 90.4% against KW BN16 BW128 S1 w4 pp 46.22 us
+    (16, 5120, 17408, 1): (4, 1, 8, 2),  # 20.46 us 81.9% against KW BN8 BW128 S2 w2 pf 25.67 us
+    (16, 5120, 17408, 4): (2, 1, 4, 2),  # 42.3 us 39.6% against KW BN8 BW128 S1 w2 pf 48.54 us
+    (16, 16384, 5120, 1): (2, 1, 4, 1),  # 18.39 us 85.8% against KW BN16 BW64 S1 w4 pf pin 22.22 us
+    (16, 13312, 5120, 1): (2, 1, 4, 1),  # 15.69 us 81.8% against KW BN16 BW64 S1 w4 pf 20.01 us
+    (16, 13312, 5120, 4): (2, 2, 4, 1),  # 30.56 us 42.0% against None 39.87 us
+    (16, 5120, 6144, 1): (4, 1, 4, 2),  # 8.5 us 69.7% against H2 BN16 KBS8 C6 w4 pf early 11.25 us
+    (16, 5120, 6144, 4): (2, 1, 4, 2),  # 16.62 us 35.6% against None 24.96 us
+    (16, 12288, 2048, 1): (2, 1, 4, 1),  # 7.32 us 64.9% against H2 BN16 KBS8 C6 w4 pf early 8.84 us
+    (16, 12288, 2048, 4): (2, 1, 4, 1),  # 13.07 us 36.3% against None 24.23 us
+    (16, 9216, 2048, 1): (1, 1, 4, 1),  # 6.54 us 54.4% against H2 BN16 KBS8 C6 w4 pf early 8.72 us
+    (16, 9216, 2048, 4): (2, 2, 4, 1),  # 10.56 us 33.7% against None 17.12 us
 }

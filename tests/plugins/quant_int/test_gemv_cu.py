@@ -181,6 +181,16 @@ def test_the_q5_bit_permutation_is_one_to_one():
     assert CU.q5_bits(np.array([0xFFFFFFFF], dtype=np.uint32))[0] == 0xFFFFFFFF
 
 
+def test_a_late_launch_triggers_its_dependents_after_its_wait():
+    """Inside launch.late_dependents() (the GDN decode step's projection) the kernel is launched
+    with pdl = 2: its dependents may read, before their own wait, what earlier kernels wrote."""
+    from ninfer.kernels.triton.launch import late_dependents, pdl_value
+
+    assert CU._pdl(False, pdl_value()) == 0 and CU._pdl(True, pdl_value()) == 1
+    with late_dependents():
+        assert CU._pdl(True, pdl_value()) == 2 and CU._pdl(False, pdl_value()) == 0
+
+
 def test_unavailable_says_why_on_the_cpu():
     assert "CUDA GPU" in CU.unavailable(torch.device("cpu"))
 
