@@ -56,7 +56,7 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: cu3 (the CUDA GEMV: GPU tests, cu_gemv_bench, the 27B step
+#   bash bench/next_session.sh auto    # whichever card comes: cu8 (the CUDA GEMV: GPU tests after its PDL fix, the 27B step
 #                                      # and round with NINFER_CU_GEMV; AUTO_H200 / AUTO_OTHER to change)
 #   bash bench/next_session.sh s33     # bench/calls/s33.sh: the bf16 GEMV's tests, bench and step A/B; the MTP merge A/B (~9 min)
 #   bash bench/next_session.sh s33h    # bench/calls/s33h.sh: GPU tests of the 32nd session's changes; the MTP merge A/B (~7 min)
@@ -207,21 +207,21 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts; thirty-third and thirty-fifth: almost no machine) runs cu3 on any card: the CUDA C++
-# GEMV (written in the thirty-fifth session, never run on a GPU): its tests, its bench against the
-# dispatched kernels, the 27B step and round with it. Then, on an H200, s35b (the bars with every
-# default). `AUTO_H200=s35b` / `AUTO_OTHER=s35c` for older choices
+# starts; thirty-third, thirty-fifth and thirty-sixth: few machines) runs cu8 on any card: the
+# CUDA C++ GEMV (the default on its winners since the thirty-sixth session) re-tested after its PDL
+# fix, the 27B int4 round and nvfp4 step against it off, NVFP4 merged (NINFER_NV_MERGE=1). Then, on
+# an H200, s35b (the bars with every default). `AUTO_H200=s35b` / `AUTO_OTHER=cu3` for other choices
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-cu3} ;;
-    *) set -- ${AUTO_OTHER:-cu3} ;;
+    *H200*) set -- ${AUTO_H200:-cu8} ;;
+    *) set -- ${AUTO_OTHER:-cu8} ;;
   esac
 fi
 
 case "${1:-}" in
-  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7)
+  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8)
     # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
     TCACHE_PACK=0 bash "bench/calls/$1.sh"
     ;;

@@ -94,9 +94,12 @@ class TritonQuantLinear:
         """Stack prepared weights of one format and K by rows: (the merged weight, each part as a
         row view of it), or None when a part has padding rows or they differ in layout."""
         p0 = preps[0]
-        if p0.fmt == K_NVFP4:
-            # merged NVFP4 shapes have no tuned config yet: measured slower than the tuned parts
-            # (27B nvfp4 8K decode 73.9 -> 69.5 tok/s), so the parts stay apart until tuned
+        if p0.fmt == K_NVFP4 and os.environ.get("NINFER_NV_MERGE", "0") != "1":
+            # merged NVFP4 shapes were slower than the tuned parts on the Triton kernels (27B nvfp4
+            # 8K decode 73.9 -> 69.5 tok/s), so the parts stay apart. The CUDA GEMV reads the merged
+            # gate+up at 90% of copy on an H100 (37.1 us, BENCHMARKS.md thirty-seventh run), about
+            # 12 us under the two parts on the K-walk: NINFER_NV_MERGE=1 (read at load) merges
+            # them, an A/B switch until a step has measured it
             return None
         for p in preps:
             if (p.fmt, p.k, p.fast, p.device) != (p0.fmt, p0.k, p0.fast, p0.device) or p.qweight.shape[0] != p.n:

@@ -139,12 +139,15 @@ def test_interpreted_tiled_q4_equals_row_major(m, n, k, cfg):
 
 
 @interp
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32"])
-def test_interpreted_merged_weight_is_the_parts_stacked(scheme):
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32", "nvfp4"])
+def test_interpreted_merged_weight_is_the_parts_stacked(scheme, monkeypatch):
     """TritonQuantLinear.merge_prepared: one launch over the stacked rows gives each part's own
-    output, and the parts, re-pointed at row views, still give theirs (GEMV and MMA paths)."""
+    output, and the parts, re-pointed at row views, still give theirs (GEMV and MMA paths).
+    NVFP4 merges only under NINFER_NV_MERGE=1."""
     from ninfer_plugins.quant_int.linear import int_kernels
     from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
+
+    monkeypatch.setenv("NINFER_NV_MERGE", "1")
 
     kernel = nvfp4_kernels()[0] if scheme == "nvfp4" else int_kernels(scheme)[0]
     g = torch.Generator().manual_seed(11)
@@ -163,8 +166,10 @@ def test_interpreted_merged_weight_is_the_parts_stacked(scheme):
     assert kernel.merge_prepared([parts[0][0], padded]) is None
 
 
-def test_nvfp4_parts_stay_apart_until_merged_shapes_are_tuned():
+def test_nvfp4_parts_stay_apart_unless_asked(monkeypatch):
     from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
+
+    monkeypatch.delenv("NINFER_NV_MERGE", raising=False)
 
     g = torch.Generator().manual_seed(12)
     parts = [packed_and_ref(torch.randn(256, 256, generator=g), "nvfp4")[0] for _ in range(2)]
