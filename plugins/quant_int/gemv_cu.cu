@@ -1,4 +1,4 @@
-// GEMV of 1-4 x rows over q4_g64 / q5_g64 / q8_g32 weights (layout kb128-v1, formats.py) and NVFP4
+// GEMV of 1-4 x rows over q4_g64 / q5_g64 / q6_g64 / q8_g32 weights (layout kb128-v1, formats.py) and NVFP4
 // (quant_nvfp4's "g16-split8-f16" layout), in CUDA C++.
 //
 // Why a CUDA kernel beside the Triton K-walk (gemv_kw.py): on the H200 the K-walk moves q4
@@ -22,6 +22,11 @@
 //       that C, D leave 2x and 32x the code is why the pairs carry 0.5 and 1/32 (gemv_h2.X_FACTORS).
 // A lane's 32 q5 high bits (two 16-bit runs of qhigh) are permuted once a vector into Q so that
 // one rotation a word puts that word's eight bits where its four pairs need them.
+// q6: a vector's two bits a code come as two 32-bit words of qhigh (HL: its 16 low-group elements,
+// HH: its 16 high-group ones, 2 bits an element in order); word i's byte of each goes under its
+// pairs by one multiply (two shifted copies that cannot overlap), a mask, and the sign bit flipped:
+//   A = ((w & 0x000F000F) | 0x64206420) ^ ((ul * (2^4 + 2^16)) & 0x00300030) = 1056 + code, and
+//   B, C, D likewise (gemv_h2's q6 decode, here with the constants in registers).
 // The products are summed in fp16 over a vector's 16 codes a group (x's scaling keeps them in
 // range, as in gemv_h2), then scaled in fp32.
 //
@@ -93,7 +98,7 @@ constexpr int ANDNOT_OR = 0xAE;   // (~a & b) | c
 
 // the decode's constants as register operands (see lop3)
 struct Masks {
-  uint32_t lo, hi, lo_x, hi_x, c5, d5, b4lo, b4hi, b4c, b4d, magic, sign;
+  uint32_t lo, hi, lo_x, hi_x, c5, d5, b4lo, b4hi, b4c, b4d, magic, sign, m6ac, m6bd, g6ac, g6bd;
 };
 
 __device__ __forceinline__ Masks masks() {
@@ -111,6 +116,10 @@ __device__ __forceinline__ Masks masks() {
   asm volatile("mov.b32 %0, 0x02000200;" : "=r"(k.b4d));
   asm volatile("mov.b32 %0, 0x64006400;" : "=r"(k.magic));
   asm volatile("mov.b32 %0, 0x80008000;" : "=r"(k.sign));
+  asm volatile("mov.b32 %0, 0x00300030;" : "=r"(k.m6ac));
+  asm volatile("mov.b32 %0, 0x03000300;" : "=r"(k.m6bd));
+  asm volatile("mov.b32 %0, 0x64206420;" : "=r"(k.g6ac));
+  asm volatile("mov.b32 %0, 0x66006600;" : "=r"(k.g6bd));
   return k;
 }
 
@@ -148,6 +157,18 @@ __device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, const Masks&
   }
 }
 
+// q6: word i's pairs from its codes' low nibbles (w) and the bytes i of HL and HH (two bits a code)
+__device__ __forceinline__ void decode_word_q6(uint32_t w, uint32_t hl, uint32_t hh, int i, const Masks& k, half2& a,
+                                               half2& b, half2& c, half2& d) {
+  const uint32_t ul = __byte_perm(hl, 0u, 0x4440u | (uint32_t)i), uh = __byte_perm(hh, 0u, 0x4440u | (uint32_t)i);
+  const uint32_t w8 = w >> 8;
+  const half2 c_ac = __float2half2_rn(1056.f), c_bd = __float2half2_rn(1536.f);
+  a = __hsub2(h2(lop3<AND_XOR>(ul * 0x00010010u, k.m6ac, lop3<AND_OR>(w, k.lo, k.g6ac))), c_ac);
+  b = __hsub2(h2(lop3<AND_XOR>(uh * 0x00100100u, k.m6bd, lop3<AND_OR>(w, k.hi, k.g6bd))), c_bd);
+  c = __hsub2(h2(lop3<AND_XOR>(ul * 0x00004004u, k.m6ac, lop3<AND_OR>(w8, k.lo, k.g6ac))), c_ac);
+  d = __hsub2(h2(lop3<AND_XOR>(uh * 0x00040040u, k.m6bd, lop3<AND_OR>(w8, k.hi, k.g6bd))), c_bd);
+}
+
 // q8: a word's four codes (bytes, natural order) as the pairs A = (byte 0, byte 2) and C = (1, 3):
 // PRMT puts 0x64 above each offset-binary byte, 1024 + code + 128.
 __device__ __forceinline__ void decode_word_q8(uint32_t w, half2& a, half2& c) {
@@ -182,7 +203,7 @@ __device__ __forceinline__ uint32_t part(const uint4& v, int i) { return i == 0 
 // One row's vector: its 32 codes decoded once, against each of M x rows' pairs (x[m * 4 + part]),
 // scaled per group, added to acc[m].
 template <int BITS, int M>
-__device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t scales, const uint4 (&x)[M * 4],
+__device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t hbits2, uint32_t scales, const uint4 (&x)[M * 4],
                                            const float (&inv)[M], const Masks& k, float (&acc)[M]) {
   half2 lo[M], hi[M];
 #pragma unroll
@@ -235,7 +256,10 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t sca
   for (int i = 0; i < 4; ++i) {
     const uint32_t S = BITS == 5 ? (i == 0 ? Q : __funnelshift_r(Q, Q, i == 1 ? 2 : i == 2 ? 8 : 10)) : 0u;
     half2 a, b, c, d;
-    decode_word<BITS>(part(q, i), S, k, a, b, c, d);
+    if (BITS == 6)
+      decode_word_q6(part(q, i), hbits, hbits2, i, k, a, b, c, d);
+    else
+      decode_word<BITS>(part(q, i), S, k, a, b, c, d);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       lo[m] = __hfma2(a, h2(part(x[m * 4 + 0], i)), lo[m]);
@@ -306,12 +330,14 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   const uint16_t* sp8 = s16 + (v_start >> 1);
   const uint16_t* spf = s16 + v_start;
   const uint16_t* hp = h_rows + ((v_start >> 2) << 3) + (lane & 3);
+  // q6: qhigh [rows, 2 V] 32-bit words (8 a K block: the low group's four, then the high group's)
+  const uint32_t* hp6 = (const uint32_t*)qh + (size_t)row0 * (V << 1) + ((v_start >> 2) << 3) + (lane & 3);
   const uint4* xq = xp + v_start;
   const float* ip = invm + v_start / VPB;
   bool first = true;
   for (int v0 = v_start; v0 < v_end; v0 += 32 * U * KS) {
     uint4 q[U][R];
-    uint32_t s[U][R], hb[U][R];
+    uint32_t s[U][R], hb[U][R], hb2[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u == 0 || v0 + 32 * u < V) {
@@ -321,7 +347,10 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
           s[u][r] = BITS == 16  ? (uint32_t)__ldg(spf + r * s_per_row + 32 * u)
                     : BITS == 8 ? (uint32_t)__ldg(sp8 + r * s_per_row + 16 * u)
                                 : __ldg(sp + r * s_per_row + 8 * u);
-          hb[u][r] = BITS == 5 ? (uint32_t)__ldg(hp + r * 2 * V + 64 * u) | ((uint32_t)__ldg(hp + r * 2 * V + 64 * u + 4) << 16) : 0u;
+          hb[u][r] = BITS == 5 ? (uint32_t)__ldg(hp + r * 2 * V + 64 * u) | ((uint32_t)__ldg(hp + r * 2 * V + 64 * u + 4) << 16)
+                     : BITS == 6 ? __ldg(hp6 + r * 2 * V + 64 * u)
+                                 : 0u;
+          hb2[u][r] = BITS == 6 ? __ldg(hp6 + r * 2 * V + 64 * u + 4) : 0u;
         }
       }
     }
@@ -345,7 +374,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
           inv[m] = ld_x(ip + m * nkb + (32 / VPB) * u);
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], s[u][r], x, inv, k, acc[r]);
+        for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], hb2[u][r], s[u][r], x, inv, k, acc[r]);
       }
     }
     qp += 32 * U * KS;
@@ -353,6 +382,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     sp8 += 16 * U * KS;
     spf += 32 * U * KS;
     hp += 64 * U * KS;
+    hp6 += 64 * U * KS;
     xq += 32 * U * KS;
     ip += (32 / VPB) * U * KS;
   }
@@ -425,8 +455,8 @@ extern "C" int ninfer_gemv_preload(int device) {
     for (int r : rs)
       for (int u : us)
         for (int ks : kss) {
-          const Kernel ks_[] = {pick<4>(m, r, u, ks), pick<5>(m, r, u, ks), pick<8>(m, r, u, ks),
-                                pick<16>(m, r, u, ks)};
+          const Kernel ks_[] = {pick<4>(m, r, u, ks), pick<5>(m, r, u, ks), pick<6>(m, r, u, ks),
+                                pick<8>(m, r, u, ks), pick<16>(m, r, u, ks)};
           for (Kernel k : ks_) {
             if (k == nullptr) continue;
             cudaFuncAttributes attr;
@@ -449,6 +479,7 @@ extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, in
   }
   Kernel k = bits == 4   ? pick<4>(m, rows, unroll, ksplit)
              : bits == 5 ? pick<5>(m, rows, unroll, ksplit)
+             : bits == 6 ? pick<6>(m, rows, unroll, ksplit)
              : bits == 8 ? pick<8>(m, rows, unroll, ksplit)
              : bits == 16 ? pick<16>(m, rows, unroll, ksplit)
                          : nullptr;

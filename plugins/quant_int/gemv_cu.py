@@ -1,4 +1,4 @@
-"""The GEMV of 1-4 x rows over q4/q5/q8 and NVFP4 weights in CUDA C++ (gemv_cu.cu), built with nvcc on first
+"""The GEMV of 1-4 x rows over q4/q5/q6/q8 and NVFP4 weights in CUDA C++ (gemv_cu.cu), built with nvcc on first
 use and called through ctypes; x's pairs come from the K-walk's preparation (gemv_kw.xpairs).
 
 Built once per source, nvcc and GPU architecture into NINFER_CACHE (default ~/.cache/ninfer)/cuda/;
@@ -30,7 +30,7 @@ import structlog
 import torch
 
 SOURCE = Path(__file__).with_name("gemv_cu.cu")
-FORMATS = (4, 5, 8, 16)  # q4_g64, q5_g64, q8_g32, NVFP4 (quant_nvfp4, "g16-split8-f16")
+FORMATS = (4, 5, 6, 8, 16)  # q4_g64, q5_g64, q6_g64, q8_g32, NVFP4 (quant_nvfp4, "g16-split8-f16")
 # x rows -> the (rows a warp, vectors a row ahead, warps a row group) the library holds (gemv_cu.cu: pick)
 BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (4, 1, 1), (4, 2, 1), (8, 1, 1),
              (1, 2, 2), (2, 1, 2), (2, 2, 2), (4, 1, 2), (2, 1, 4)),
@@ -138,7 +138,7 @@ DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: 
 def mode() -> str:
     """NINFER_CU_GEMV: unset (the default) sends a launch here where tuned.TUNED_CU (or the
     NINFER_CU_TUNED file) names its (format, N, K, rows), that is where this kernel was measured to
-    win; =1 every one-token q4/q5/q8/NVFP4 launch (DEFAULT where nothing is tuned), =4 every launch of
+    win; =1 every one-token q4/q5/q6/q8/NVFP4 launch (DEFAULT where nothing is tuned), =4 every launch of
     1-4 rows, =0 none. Read at each launch so an A/B may switch it between runs of one process."""
     v = os.environ.get("NINFER_CU_GEMV", "")
     return v if v in ("0", "1", "4") else "tuned"
@@ -161,7 +161,7 @@ def _runs_here() -> bool:
 
 
 def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
-    """The config for an m-row launch of a q4/q5/q8/NVFP4 [n, k] weight: its measured winner, else (under
+    """The config for an m-row launch of a q4/q5/q6/q8/NVFP4 [n, k] weight: its measured winner, else (under
     NINFER_CU_GEMV=1/4) DEFAULT; None where the kernel does not apply or (by default) was not measured to win."""
     from ninfer_plugins.quant_int.tuned import TUNED_CU
 
@@ -199,7 +199,7 @@ def _applies(p, m: int) -> bool:
 
 
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
-    """A q4/q5/q8/NVFP4 weight whose K is whole blocks of 128 and whose stored rows cover every row the
+    """A q4/q5/q6/q8/NVFP4 weight whose K is whole blocks of 128 and whose stored rows cover every row the
     CTAs read, at m x rows, with a config the library holds."""
     return (_applies(p, m) and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8
             and cfg.num_warps % cfg.ksplit == 0 and _rows_covered(p, cfg))
@@ -231,7 +231,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
         # rows the CTAs cannot tile without reading past the weight (a merged weight's part)
         return _fallback(x2, p, gated)
     if not supports(p, cfg, m):
-        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5/q8/NVFP4 weight with K a multiple of 128, got "
+        raise ValueError(f"the CUDA GEMV takes 1-4 rows of a q4/q5/q6/q8/NVFP4 weight with K a multiple of 128, got "
                          f"{tuple(x2.shape)} for q{p.fmt} {p.n}x{p.k} at {cfg.describe()}")
     if not _runs_here():
         return _fallback(x2, p, gated)
@@ -319,12 +319,27 @@ def fp4_scales(sb: np.ndarray) -> np.ndarray:
 
 def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) -> np.ndarray:
     """Vectors of codes as the kernel decodes them: words uint32 [..., 4] (hbits uint32 [...], lo16 |
-    hi16 << 16, for q5) -> fp16 [..., 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16, 1,
-    16 for q4; 1, 16, 2, 32 for q5, as the x pairs' factors expect; q8: A and C the codes, B and D
+    hi16 << 16, for q5; [..., 2], the words HL and HH of qhigh, for q6) -> fp16 [..., 4 words, 4 pairs A, B, C, D, 2] of code multiples (1, 16, 1,
+    16 for q4 and q6; 1, 16, 2, 32 for q5, as the x pairs' factors expect; q8: A and C the codes, B and D
     zeros; NVFP4: each code's E2M1 value times 2^-14, A/B element j / 8 + j of bytes 0 and 2, C/D
     of bytes 1 and 3)."""
     w = words.astype(np.uint32)
     out = np.empty((*w.shape, 4, 2), dtype=np.float16)
+    if bits == 6:
+        # q6: hbits [..., 2] (HL, HH); byte i of each holds word i's four elements' two high bits
+        u32 = np.uint32
+        hb = hbits.astype(np.uint32)
+        i = np.arange(4, dtype=np.uint32)
+        ul = (hb[..., 0:1] >> (u32(8) * i)) & u32(0xFF)  # [..., 4 words]
+        uh = (hb[..., 1:2] >> (u32(8) * i)) & u32(0xFF)
+        w8 = w >> u32(8)
+        parts = (((((ul * u32(0x00010010)) & u32(0x00300030)) ^ ((w & u32(0x000F000F)) | u32(0x64206420))), 1056),
+                 ((((uh * u32(0x00100100)) & u32(0x03000300)) ^ ((w & u32(0x00F000F0)) | u32(0x66006600))), 1536),
+                 ((((ul * u32(0x00004004)) & u32(0x00300030)) ^ ((w8 & u32(0x000F000F)) | u32(0x64206420))), 1056),
+                 ((((uh * u32(0x00040040)) & u32(0x03000300)) ^ ((w8 & u32(0x00F000F0)) | u32(0x66006600))), 1536))
+        for j, (h, c) in enumerate(parts):
+            out[..., j, :] = _h2(np.asarray(h, dtype=np.uint32)) - np.float16(c)
+        return out
     if bits == 16:
         # NVFP4: A, B of bytes 0 and 2, then C, D of bytes 1 and 3, each E2M1 value times 2^-14
         u32 = np.uint32

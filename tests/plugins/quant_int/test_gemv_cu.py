@@ -1,6 +1,6 @@
 """The CUDA C++ one-token GEMV (quant_int/gemv_cu.py, gemv_cu.cu).
 
-CPU (CI): the kernel's decode emulated bit for bit (numpy) on random packed q4/q5/q8/NVFP4 weights, every
+CPU (CI): the kernel's decode emulated bit for bit (numpy) on random packed q4/q5/q6/q8/NVFP4 weights, every
 pair of every word of every vector against the codes `formats.unpack_codes` reads back; the q5
 bit permutation is one-to-one; where the kernel cannot run, why.
 GPU (`-m gpu`): every built config against dequantize-then-matmul in fp32 at the 27B's shapes and
@@ -16,7 +16,7 @@ from ninfer_plugins.quant_int import formats as F
 from ninfer_plugins.quant_int import gemv_cu as CU
 
 CUDA = torch.cuda.is_available()
-FACTORS = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32), 8: (1, 0, 1, 0)}
+FACTORS = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32), 6: (1, 16, 1, 16), 8: (1, 0, 1, 0)}
 
 
 def _vectors(packed) -> tuple[np.ndarray, np.ndarray | None]:
@@ -28,12 +28,16 @@ def _vectors(packed) -> tuple[np.ndarray, np.ndarray | None]:
     h = packed.tensors.get("qhigh")
     if h is None:
         return words, None
+    if F.FORMATS[packed.scheme].bits == 6:
+        # q6: per K block 8 words, the low group's four then the high group's; vector t takes words t, 4 + t
+        hw = h.numpy().view(np.uint32).reshape(n, -1, 8)
+        return words, np.stack([hw[:, :, :4], hw[:, :, 4:]], -1).reshape(n, -1, 2)
     runs = h.numpy().view(np.uint16).reshape(n, -1, 8).astype(np.uint32)  # [n, K blocks, 8]
     lo, hi = runs[:, :, :4], runs[:, :, 4:]
     return words, (lo | (hi << 16)).reshape(n, -1)
 
 
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q6_g64", "q8_g32"])
 def test_the_decode_emulated_gives_every_code(scheme):
     bits = F.FORMATS[scheme].bits
     g = torch.Generator().manual_seed(bits)
@@ -100,7 +104,10 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     vpb = 8 if p.fmt == 8 else 4  # vectors a K block of 128
     words = p.qweight.numpy().view(np.uint32).reshape(rows, V, 4)[: p.n]
     hb = None
-    if p.qhigh is not None:
+    if p.fmt == 6:
+        hw = p.qhigh.numpy().view(np.uint32).reshape(rows, V // 4, 8)[: p.n]
+        hb = np.stack([hw[:, :, :4], hw[:, :, 4:]], -1).reshape(p.n, V, 2)
+    elif p.qhigh is not None:
         runs = p.qhigh.numpy().view(np.uint16).reshape(rows, 2 * V).astype(np.uint32)[: p.n]
         v = np.arange(V)
         hb = runs[:, (v >> 2) * 8 + (v & 3)] | (runs[:, (v >> 2) * 8 + 4 + (v & 3)] << 16)
@@ -155,7 +162,7 @@ def _prepared(scheme: str, w: torch.Tensor):
 
 
 @pytest.mark.skipif(CUDA, reason="the x pairs come from the interpreted Triton kernel here")
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q8_g32", "nvfp4"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q6_g64", "q8_g32", "nvfp4"])
 @pytest.mark.parametrize("m", [1, 3, 4])
 def test_the_kernels_arithmetic_emulated_matches_the_reference(scheme, m, monkeypatch):
     """The whole kernel emulated (decode, index math, fp16 sums, scales, x's per-block scaling) on
@@ -218,7 +225,8 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
                                         ("q8_g32", 5120, 17408), ("q8_g32", 12288, 2048), ("q8_g32", 2048, 4096),
                                         ("q8_g32", 40, 384), ("nvfp4", 34816, 5120), ("nvfp4", 5120, 17408),
                                         ("nvfp4", 16384, 5120), ("nvfp4", 5120, 6144), ("nvfp4", 12288, 2048),
-                                        ("nvfp4", 300, 640)])
+                                        ("nvfp4", 300, 640), ("q6_g64", 16384, 5120), ("q6_g64", 8192, 2048),
+                                        ("q6_g64", 300, 640)])
 def test_every_config_matches_the_reference(scheme, n, k):
     why = CU.unavailable(torch.device("cuda"))
     if why:
@@ -310,7 +318,7 @@ def test_pick_takes_measured_winners_by_default_and_every_shape_under_the_switch
     for switch in ("", "1", "4"):
         monkeypatch.setenv("NINFER_CU_GEMV", switch)
         assert CU.pick(5, 1, 5120, 6144) == CU.CUConfig(*TUNED_CU[(5, 5120, 6144, 1)])
-        assert CU.pick(6, 1, 5120, 6144) is None  # q6: not a format of the kernel
+        assert CU.pick(7, 1, 5120, 6144) is None  # not a format of the kernel
         assert CU.pick(5, 1, 5120, 6100) is None  # K not whole blocks of 128
     monkeypatch.setenv("NINFER_CU_GEMV", "")
     assert CU.mode() == "tuned" and CU.pick(5, 4, 5120, 6144) is None and CU.pick(5, 1, 256, 640) is None
