@@ -122,7 +122,7 @@ def tuned_table(rows: list) -> str:
         fields = b["config"].split()  # "cu R4 U1 w4 [ks2]"
         rows_, unroll, warps = int(fields[1][1:]), int(fields[2][1:]), int(fields[3][1:])
         ks = int(fields[4][2:]) if len(fields) > 4 else 1
-        bits = {"q4_g64": 4, "q5_g64": 5, "q8_g32": 8, "nvfp4": 16}[r["fmt"]]
+        bits = {"q4_g64": 4, "q5_g64": 5, "q6_g64": 6, "q8_g32": 8, "nvfp4": 16}[r["fmt"]]
         lines.append(f"    ({bits}, {r['n']}, {r['k']}, {r['m']}): ({rows_}, {unroll}, {warps}, {ks}),  # {b['us']} us "
                      f"{b['share']:.1%} against {r['dispatched']} {r['dispatched_us']} us")
     lines.append("}")
