@@ -74,8 +74,6 @@ def unavailable(device: torch.device) -> str | None:
         return "needs a CUDA GPU"
     if torch.cuda.get_device_capability(device) < (8, 0):
         return "needs compute capability 8.0 or later"
-    if os.environ.get("NINFER_CU_GEMV") == "0":
-        return "NINFER_CU_GEMV=0"
     if _nvcc() is None:
         return "no nvcc (on PATH, $NVCC, $CUDA_HOME/bin or /usr/local/cuda/bin): the CUDA toolkit builds this kernel on first use"
     return None
@@ -97,38 +95,53 @@ def nvcc_command(arch: str, out: Path | str) -> list[str]:
 
 
 def library(device: torch.device) -> ctypes.CDLL:
-    """The built library for `device`'s architecture, compiled on first use (a few seconds)."""
+    """The built library for `device`'s architecture, compiled on first use (about 10 s), with every
+    kernel loaded on `device` (once a device). Raises RuntimeError where it cannot be built or loaded
+    (nvcc failing, an unwritable cache, a library the loader refuses, a driver too old)."""
     arch = _arch(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
     with _LOCK:
-        if arch in _LIBS:
-            return _LIBS[arch]
-        from ninfer.testing import cache_root
-
-        src = SOURCE.read_bytes()
-        version = subprocess.run([_nvcc() or "nvcc", "--version"], capture_output=True, text=True, check=False).stdout
-        tag = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
-        out = cache_root() / "cuda" / f"gemv_cu_sm{arch}_{tag}.so"
-        if not out.exists():
-            log.info("building the CUDA GEMV with nvcc, once for this GPU architecture", arch=f"sm_{arch}", out=str(out))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            done = subprocess.run(nvcc_command(arch, tmp), capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"nvcc failed building {SOURCE.name} for sm_{arch}:\n{done.stderr[-2000:]}")
-            os.replace(tmp, out)
-        lib = ctypes.CDLL(str(out))
-        fn = lib.ninfer_gemv
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
-        lib.ninfer_gemv_preload.restype = ctypes.c_int
-        lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
-        # every kernel loaded now, not lazily at a first launch that may fall inside a graph capture
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        rc = lib.ninfer_gemv_preload(index)
-        if rc != 0:
-            raise RuntimeError(f"the CUDA GEMV library built for sm_{arch} does not load on {device} (cudaError {rc})")
-        _LIBS[arch] = lib
+        lib = _LIBS.get(arch)
+        if lib is None:
+            try:
+                lib = _build_and_load(arch)
+            except OSError as exc:
+                raise RuntimeError(f"the CUDA GEMV library for sm_{arch} cannot be built or loaded: {exc}") from exc
+            _LIBS[arch] = lib
+        if index not in _PRELOADED:
+            # every kernel loaded now, not lazily at a first launch that may fall inside a graph capture
+            rc = lib.ninfer_gemv_preload(index)
+            if rc != 0:
+                raise RuntimeError(f"the CUDA GEMV library built for sm_{arch} does not load on {device} (cudaError {rc})")
+            _PRELOADED.add(index)
         return lib
+
+
+_PRELOADED: set[int] = set()
+
+
+def _build_and_load(arch: str) -> ctypes.CDLL:
+    from ninfer.testing import cache_root
+
+    src = SOURCE.read_bytes()
+    version = subprocess.run([_nvcc() or "nvcc", "--version"], capture_output=True, text=True, check=False).stdout
+    tag = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
+    out = cache_root() / "cuda" / f"gemv_cu_sm{arch}_{tag}.so"
+    if not out.exists():
+        log.info("building the CUDA GEMV with nvcc, once for this GPU architecture", arch=f"sm_{arch}", out=str(out))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        done = subprocess.run(nvcc_command(arch, tmp), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc failed building {SOURCE.name} for sm_{arch}:\n{done.stderr[-2000:]}")
+        os.replace(tmp, out)
+    lib = ctypes.CDLL(str(out))
+    fn = lib.ninfer_gemv
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    lib.ninfer_gemv_preload.restype = ctypes.c_int
+    lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
+    return lib
 
 
 # rows a warp, unroll, warps: the config of a shape tuned.TUNED_CU does not name, under NINFER_CU_GEMV=1/4
@@ -138,8 +151,9 @@ DEFAULT = {1: CUConfig(2, 2, 4), 2: CUConfig(2, 1, 4), 3: CUConfig(2, 1, 4), 4: 
 def mode() -> str:
     """NINFER_CU_GEMV: unset (the default) sends a launch here where tuned.TUNED_CU (or the
     NINFER_CU_TUNED file) names its (format, N, K, rows), that is where this kernel was measured to
-    win; =1 every one-token q4/q5/q6/q8/NVFP4 launch (DEFAULT where nothing is tuned), =4 every launch of
-    1-4 rows, =0 none. Read at each launch so an A/B may switch it between runs of one process."""
+    win; =1 those and every other one-token launch it can take (DEFAULT where nothing is tuned),
+    =4 every launch of 1-4 rows, =0 none. Read at each launch so an A/B may switch it between runs
+    of one process."""
     v = os.environ.get("NINFER_CU_GEMV", "")
     return v if v in ("0", "1", "4") else "tuned"
 
@@ -147,8 +161,7 @@ def mode() -> str:
 def enabled(m: int) -> bool:
     """Whether an m-row launch may come here (kernels.pick_decode), only where the kernel can run
     (`unavailable`, asked once a process)."""
-    v = mode()
-    return ((v == "1" and m == 1) or (v in ("4", "tuned") and 1 <= m <= MAX_M)) and _runs_here()
+    return mode() != "0" and 1 <= m <= MAX_M and _runs_here()
 
 
 _RUNS: list[bool] = []
@@ -168,9 +181,24 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
     hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
-    if hit:
+    if hit and _built(CUConfig(*hit), m):
         return CUConfig(*hit)
-    return None if mode() == "tuned" else DEFAULT[m]
+    v = mode()
+    return DEFAULT[m] if v == "4" or (v == "1" and m == 1) else None
+
+
+def _built(cfg: CUConfig, m: int) -> bool:
+    """A config the library holds for m x rows (a tuned entry that is not falls through)."""
+    return ((cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0
+            and cfg.rows * m <= 32)
+
+
+def tuned_for(p) -> bool:
+    """Whether tuned.TUNED_CU (or the NINFER_CU_TUNED file) names this weight at some row count."""
+    from ninfer_plugins.quant_int.tuned import TUNED_CU
+
+    keys = [(p.fmt, p.n, p.k, m) for m in range(1, MAX_M + 1)]
+    return any(key in TUNED_CU or key in _trial_table() for key in keys)
 
 
 _TRIALS: dict[str, dict] = {}
@@ -201,15 +229,16 @@ def _applies(p, m: int) -> bool:
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
     """A q4/q5/q6/q8/NVFP4 weight whose K is whole blocks of 128 and whose stored rows cover every row the
     CTAs read, at m x rows, with a config the library holds."""
-    return (_applies(p, m) and (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8
-            and cfg.num_warps % cfg.ksplit == 0 and _rows_covered(p, cfg))
+    return _applies(p, m) and _built(cfg, m) and _rows_covered(p, cfg)
 
 
 def ready(p) -> None:
     """Build and load the library when a weight it may serve is prepared (kernels.reserve_workspace),
-    so nvcc never runs at a first launch inside a graph capture; a library that cannot be built or
+    so nvcc never runs at a first launch inside a graph capture; by default only for a weight
+    TUNED_CU names (a model with no winner never builds it); a library that cannot be built or
     loaded is given up here, once."""
-    if not (_applies(p, 1) and p.device.type == "cuda" and mode() != "0" and _runs_here()):
+    v = mode()
+    if not (_applies(p, 1) and p.device.type == "cuda" and v != "0" and (v != "tuned" or tuned_for(p)) and _runs_here()):
         return
     try:
         library(p.device)

@@ -697,7 +697,7 @@ def pick_decode(fmt: int, m: int, n: int, k: int, sm_count: int):
     the faster one. Every config kind launches with `.run(x2, p, fast)` and sizes its scratch
     with `.workspace(p)`.
 
-    Order: for q4/q5/q8 at M <= 4 a measured CUDA C++ GEMV winner (tuned.TUNED_CU, gemv_cu.py, where
+    Order: for q4/q5/q6/q8/NVFP4 at M <= 4 a measured CUDA C++ GEMV winner (tuned.TUNED_CU, gemv_cu.py, where
     nvcc can build it; NINFER_CU_GEMV=0/1/4 to change); for q4/q5 a measured tensor-core K-walk winner (tuned.TUNED_TKW, M <= 8, unless
     NINFER_TKW=0), and with NINFER_TKW=1 (an experiment) that kernel (gemv_tkw.py) wherever it
     fits; at M <= 4 a measured K-walk winner (tuned.TUNED_KW, unless NINFER_KW=0), and with

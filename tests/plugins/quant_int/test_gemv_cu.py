@@ -74,14 +74,15 @@ def test_the_nvfp4_decode_emulated_gives_every_code():
     from ninfer_plugins.quant_nvfp4.kernels import unpack_byte
 
     g = torch.Generator().manual_seed(16)
-    rows = torch.cat([torch.arange(256, dtype=torch.uint8).view(4, 64),
-                      torch.randint(0, 256, (4, 64), generator=g, dtype=torch.uint8)])  # [8 rows, 64 bytes]
-    words = rows.numpy().view(np.uint32).reshape(8, 4, 4)  # 4 vectors a row
-    got = CU.decode_words(16, words).astype(np.float32)  # [8, V, 4 words, 4 pairs, 2]
+    # rows j < 4: every byte value at every position of its word (value b at position (b + j) % 4)
+    every = torch.stack([torch.roll(torch.arange(256, dtype=torch.uint8), j) for j in range(4)]).view(16, 64)
+    rows = torch.cat([every, torch.randint(0, 256, (4, 64), generator=g, dtype=torch.uint8)])  # [20 rows, 64 bytes]
+    words = rows.numpy().view(np.uint32).reshape(20, 4, 4)  # 4 vectors a row
+    got = CU.decode_words(16, words).astype(np.float32)  # [20, V, 4 words, 4 pairs, 2]
     a, b = unpack_byte(rows)
     vals = NF.e2m1_values("cpu").numpy()
     va, vb = vals[a.long().numpy()] * 2.0**-14, vals[b.long().numpy()] * 2.0**-14
-    for r in range(8):
+    for r in range(20):
         for v in range(4):
             for i in range(4):
                 j = 16 * v + 4 * i  # the word's first byte
@@ -151,7 +152,10 @@ def _prepared(scheme: str, w: torch.Tensor):
     """(prepared weight, its dequantized fp32 [n, k]) for an int scheme or "nvfp4"."""
     if scheme == "nvfp4":
         from ninfer_plugins.quant_nvfp4 import formats as NF
-        from ninfer_plugins.quant_nvfp4.kernels import dequantize_prepared, prepare_nvfp4
+        from ninfer_plugins.quant_nvfp4.kernels import (
+            dequantize_prepared,
+            prepare_nvfp4,
+        )
 
         p = prepare_nvfp4(NF.quantize(w))
         return p, dequantize_prepared(p).float()
@@ -326,6 +330,47 @@ def test_pick_takes_measured_winners_by_default_and_every_shape_under_the_switch
     assert CU.pick(5, 1, 256, 640) == CU.DEFAULT[1]
     monkeypatch.setenv("NINFER_CU_GEMV", "4")
     assert CU.pick(5, 4, 5120, 6144) == CU.DEFAULT[4]
+    # =1 keeps the tuned winners at every row count (a superset of the default)
+    monkeypatch.setenv("NINFER_CU_GEMV", "1")
+    assert CU.pick(16, 4, 5120, 17408) == CU.CUConfig(*TUNED_CU[(16, 5120, 17408, 4)])
+    assert CU.pick(5, 4, 5120, 6144) is None
+    monkeypatch.setenv("NINFER_CU_GEMV", "0")
+    assert not CU.enabled(1)
+
+
+def test_a_tuned_entry_the_library_does_not_hold_falls_through(monkeypatch, tmp_path):
+    trial = tmp_path / "tuned_cu.py"
+    trial.write_text("TUNED_CU = {(5, 256, 640, 1): (8, 4, 4, 1), (5, 256, 768, 1): (2, 1, 4, 1)}\n")
+    monkeypatch.setenv("NINFER_CU_TUNED", str(trial))
+    monkeypatch.delenv("NINFER_CU_GEMV", raising=False)
+    assert CU.pick(5, 1, 256, 640) is None  # R8 U4 is not built
+    assert CU.pick(5, 1, 256, 768) == CU.CUConfig(2, 1, 4, 1)
+
+
+def test_the_library_is_prepared_only_for_weights_it_was_measured_on(monkeypatch):
+    import types
+
+    from ninfer_plugins.quant_int.tuned import TUNED_CU
+
+    monkeypatch.delenv("NINFER_CU_TUNED", raising=False)
+    fmt, n, k, _m = next(iter(TUNED_CU))
+    tuned = types.SimpleNamespace(fmt=fmt, n=n, k=k)
+    assert CU.tuned_for(tuned) and not CU.tuned_for(types.SimpleNamespace(fmt=fmt, n=n + 128, k=k))
+
+
+def test_a_library_that_cannot_be_built_is_a_runtime_error(monkeypatch):
+    """An unwritable cache or a library the loader refuses (OSError) is given up like a failed
+    build, so a model still loads on the Triton kernels."""
+    monkeypatch.setattr(CU, "_LIBS", {})
+
+    def refuse(arch):
+        raise PermissionError("read-only cache")
+
+    monkeypatch.setattr(CU, "_build_and_load", refuse)
+    monkeypatch.setattr(CU, "_arch", lambda device: "90")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(RuntimeError, match="read-only cache"):
+        CU.library(torch.device("cuda", 0))
 
 
 @pytest.mark.skipif(CUDA, reason="the fallback where the kernel cannot run")
