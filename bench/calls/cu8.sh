@@ -8,7 +8,8 @@
 #    CUDA GEMV's, the captured-round tests (two failed before the fix), the graph tests; then the
 #    graph tests again with NINFER_NV_MERGE=1;
 # 2. the 27B int4 MTP round and plain step, the default against NINFER_CU_GEMV=0;
-# 3. the 27B nvfp4 step: the default, NINFER_NV_MERGE=1, NINFER_CU_GEMV=0;
+# 3. the 27B nvfp4 step: the default, NINFER_NV_MERGE=1 (merged where TUNED_CU has the merged
+#    shape), =all, NINFER_CU_GEMV=0;
 # 4. the nvfp4 step's kernel profile with NINFER_NV_MERGE=1, if time is left
 . bench/device_env.sh
 t0=$(date +%s)
@@ -28,7 +29,7 @@ fi
 left=$(( T - ($(date +%s) - t0) ))
 if [ $left -gt 90 ]; then
   timeout $left python3 bench/dense_27b.py --skip-tests --only nvfp4_8k --budget-s $(( left - 15 )) \
-    --variants "X=1|NINFER_NV_MERGE=1|NINFER_CU_GEMV=0" > "$OUT/s.txt" 2>&1
+    --variants "X=1|NINFER_NV_MERGE=1|NINFER_NV_MERGE=all|NINFER_CU_GEMV=0" > "$OUT/s.txt" 2>&1
   echo "27B nvfp4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^nvfp4|^skipped|ERROR" "$OUT/s.txt" | cut -c1-150
 fi
 left=$(( T - ($(date +%s) - t0) ))

@@ -40,6 +40,25 @@ def _dequant():
 TRITON_SM80 = Requirements(devices=("cuda",), min_capability=(8, 0), features=("triton",))
 
 
+def _nv_merge(preps: list[K.Prepared]) -> bool:
+    """Whether NVFP4 parts that share an input are merged. Merged NVFP4 shapes were slower than the
+    tuned parts on the Triton kernels (27B nvfp4 8K decode 73.9 -> 69.5 tok/s), so by default the
+    parts stay apart. The CUDA GEMV reads the merged gate+up at 90% of copy on an H100 (37.1 us,
+    BENCHMARKS.md thirty-seventh run), about 12 us under the two parts on the K-walk. An A/B switch
+    read at load until a step has measured it: NINFER_NV_MERGE=1 merges where the CUDA GEMV has a
+    one-token winner for the merged shape (tuned.TUNED_CU), =all every group."""
+    v = os.environ.get("NINFER_NV_MERGE", "0")
+    if v == "all":
+        return True
+    if v != "1":
+        return False
+    from ninfer_plugins.quant_int import gemv_cu
+    from ninfer_plugins.quant_int.tuned import TUNED_CU
+
+    key = (K_NVFP4, sum(p.n for p in preps), preps[0].k, 1)
+    return key in TUNED_CU or key in gemv_cu._trial_table()
+
+
 def _decode_config(x2: torch.Tensor, prepared: K.Prepared, kind: type | tuple[type, ...]) -> Any:
     """The dispatched decode config for these rows where it is of `kind` (a type or a tuple; bf16 on a GPU, unit
     last stride, 16-byte aligned, and the dispatch picks that kernel for this shape and row
@@ -94,12 +113,7 @@ class TritonQuantLinear:
         """Stack prepared weights of one format and K by rows: (the merged weight, each part as a
         row view of it), or None when a part has padding rows or they differ in layout."""
         p0 = preps[0]
-        if p0.fmt == K_NVFP4 and os.environ.get("NINFER_NV_MERGE", "0") != "1":
-            # merged NVFP4 shapes were slower than the tuned parts on the Triton kernels (27B nvfp4
-            # 8K decode 73.9 -> 69.5 tok/s), so the parts stay apart. The CUDA GEMV reads the merged
-            # gate+up at 90% of copy on an H100 (37.1 us, BENCHMARKS.md thirty-seventh run), about
-            # 12 us under the two parts on the K-walk: NINFER_NV_MERGE=1 (read at load) merges
-            # them, an A/B switch until a step has measured it
+        if p0.fmt == K_NVFP4 and not _nv_merge(preps):
             return None
         for p in preps:
             if (p.fmt, p.k, p.fast, p.device) != (p0.fmt, p0.k, p0.fast, p0.device) or p.qweight.shape[0] != p.n:

@@ -8,6 +8,7 @@ dispatch of kernels.launch, split-K bit-reproducibility.
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 import torch
@@ -147,7 +148,7 @@ def test_interpreted_merged_weight_is_the_parts_stacked(scheme, monkeypatch):
     from ninfer_plugins.quant_int.linear import int_kernels
     from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
 
-    monkeypatch.setenv("NINFER_NV_MERGE", "1")
+    monkeypatch.setenv("NINFER_NV_MERGE", "all")
 
     kernel = nvfp4_kernels()[0] if scheme == "nvfp4" else int_kernels(scheme)[0]
     g = torch.Generator().manual_seed(11)
@@ -167,9 +168,18 @@ def test_interpreted_merged_weight_is_the_parts_stacked(scheme, monkeypatch):
 
 
 def test_nvfp4_parts_stay_apart_unless_asked(monkeypatch):
+    """Off by default; NINFER_NV_MERGE=1 merges only where the CUDA GEMV has a winner for the merged
+    shape (tuned.TUNED_CU), =all every group."""
+    from ninfer_plugins.quant_int.linear import _nv_merge
     from ninfer_plugins.quant_nvfp4.kernels import nvfp4_kernels
 
-    monkeypatch.delenv("NINFER_NV_MERGE", raising=False)
+    gate_up = [types.SimpleNamespace(n=17408, k=5120)] * 2
+    odd = [types.SimpleNamespace(n=256, k=256)] * 2
+    for env, want in (("0", (False, False)), ("1", (True, False)), ("all", (True, True))):
+        monkeypatch.setenv("NINFER_NV_MERGE", env)
+        assert (_nv_merge(gate_up), _nv_merge(odd)) == want, env
+    monkeypatch.setenv("NINFER_NV_MERGE", "1")
+    monkeypatch.delenv("NINFER_CU_TUNED", raising=False)
 
     g = torch.Generator().manual_seed(12)
     parts = [packed_and_ref(torch.randn(256, 256, generator=g), "nvfp4")[0] for _ in range(2)]
