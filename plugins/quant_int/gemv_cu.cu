@@ -443,6 +443,147 @@ Kernel pick(int m, int r, int u, int ks) {
   return nullptr;
 }
 
+
+// --- the tensor-core form, for the verify's 2-4 x rows (q4/q5) ---------------------------------------
+//
+// The CUDA-core kernel above pays one HFMA2 a pair of weights and x row, so at four x rows it is
+// issue-bound (4.9 SASS instructions a q4 weight against 2.4 at one row). Here the products are
+// mma.sync m16n8k16 (weights as A, 16 rows x 16 k; x as B, 16 k x 8 columns of which M are x
+// rows), so any M <= 4 costs the same instructions. The K order inside an MMA is free when x uses
+// the same relabelling (gemv_tc's trick): lane (g, t) = (lane / 4, lane % 4) of a warp owning 16
+// rows loads vector t of K block kb of rows g and g + 8; word j's decoded pairs are its A
+// fragments for two k-steps: (pa, pc) of group 2kb and (pb, pd) of group 2kb + 1. Its B fragments
+// are then exactly the K-walk's x pairs of x row g, word column 4 (4 kb + t) + j: parts A, C for
+// the first k-step, B, D for the second. Each K block's two groups accumulate apart (a fresh fp32
+// accumulator each), then are scaled by their row's group scales and x's per-block 1/scale in fp32.
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t u32(half2 h) {
+  union { half2 h; uint32_t u; } c;
+  c.h = h;
+  return c.u;
+}
+
+// rows padded to a multiple of 16 x warps a CTA / KS; m (1-4) x rows at run time.
+template <int BITS, int U, int KS>
+__global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
+                                                const uint32_t* __restrict__ sc, const uint4* __restrict__ xp,
+                                                const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
+                                                int V, int m, bool late) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int slice = KS > 1 ? warp % KS : 0;
+  const int group = KS > 1 ? warp / KS : warp;
+  const int row0 = (blockIdx.x * ((blockDim.x >> 5) / KS) + group) * 16;
+  const int g = lane >> 2, t = lane & 3;
+  if (!late) pdl_trigger();
+  if (KS == 1 && row0 >= n) {
+    pdl_wait_then(late);
+    return;
+  }
+  const int nkb = V >> 2;
+  const int kb_start = U * slice;
+  const int kb_end = row0 < n ? nkb : 0;
+  const uint4* q_g = qw + (size_t)(row0 + g) * V + t;
+  const uint4* q_g8 = q_g + (size_t)8 * V;
+  const uint32_t* s_g = sc + (size_t)(row0 + g) * (V >> 2);
+  const uint32_t* s_g8 = s_g + (size_t)8 * (V >> 2);
+  const uint16_t* h_g = qh + (size_t)(row0 + g) * (V << 1) + t;
+  const uint16_t* h_g8 = h_g + (size_t)8 * (V << 1);
+  const bool x_row = g < m;  // this lane's B column is x row g
+  const uint4* xq = xp + (size_t)(g * 4) * V + t;
+  const int n0 = 2 * t, n1 = 2 * t + 1;  // this lane's accumulator columns
+  const Masks k = masks();
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (kb_start >= kb_end) pdl_wait_then(late);
+  bool first = true;
+  for (int kb0 = kb_start; kb0 < kb_end; kb0 += U * KS) {
+    uint4 q0[U], q1[U];
+    uint32_t s0[U], s1[U], hb0[U], hb1[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u == 0 || kb0 + u < nkb) {
+        const int kb = kb0 + u;
+        q0[u] = ld_stream(q_g + 4 * kb);
+        q1[u] = ld_stream(q_g8 + 4 * kb);
+        s0[u] = __ldg(s_g + kb);
+        s1[u] = __ldg(s_g8 + kb);
+        hb0[u] = BITS == 5 ? (uint32_t)__ldg(h_g + 8 * kb) | ((uint32_t)__ldg(h_g + 8 * kb + 4) << 16) : 0u;
+        hb1[u] = BITS == 5 ? (uint32_t)__ldg(h_g8 + 8 * kb) | ((uint32_t)__ldg(h_g8 + 8 * kb + 4) << 16) : 0u;
+      }
+    }
+    if (first) {
+      pdl_wait_then(late);
+      first = false;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u == 0 || kb0 + u < nkb) {
+        const int kb = kb0 + u;
+        uint4 xv[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq + p * V + 4 * kb) : make_uint4(0, 0, 0, 0);
+        const float i0 = n0 < m ? ld_x(invm + n0 * nkb + kb) : 0.f;
+        const float i1 = n1 < m ? ld_x(invm + n1 * nkb + kb) : 0.f;
+        const uint32_t Q0 = BITS == 5 ? q5_bits(hb0[u]) : 0u, Q1 = BITS == 5 ? q5_bits(hb1[u]) : 0u;
+        float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int rot = j == 0 ? 0 : j == 1 ? 2 : j == 2 ? 8 : 10;
+          half2 a0, b0, c0, d0, a1, b1, c1, d1;
+          decode_word<BITS>(part(q0[u], j), BITS == 5 ? __funnelshift_r(Q0, Q0, rot) : 0u, k, a0, b0, c0, d0);
+          decode_word<BITS>(part(q1[u], j), BITS == 5 ? __funnelshift_r(Q1, Q1, rot) : 0u, k, a1, b1, c1, d1);
+          mma16816(dlo, u32(a0), u32(a1), u32(c0), u32(c1), part(xv[0], j), part(xv[2], j));
+          mma16816(dhi, u32(b0), u32(b1), u32(d0), u32(d1), part(xv[1], j), part(xv[3], j));
+        }
+        const float2 sg = __half22float2(h2(s0[u])), sg8 = __half22float2(h2(s1[u]));
+        acc[0] = fmaf(fmaf(dlo[0], sg.x, dhi[0] * sg.y), i0, acc[0]);
+        acc[1] = fmaf(fmaf(dlo[1], sg.x, dhi[1] * sg.y), i1, acc[1]);
+        acc[2] = fmaf(fmaf(dlo[2], sg8.x, dhi[2] * sg8.y), i0, acc[2]);
+        acc[3] = fmaf(fmaf(dlo[3], sg8.x, dhi[3] * sg8.y), i1, acc[3]);
+      }
+    }
+  }
+  if (KS > 1) {
+    // slices 1.. hand their accumulators to slice 0 of their group
+    __shared__ float part_sums[8][32][4];
+    if (slice > 0) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) part_sums[warp][lane][c] = acc[c];
+    }
+    __syncthreads();
+    if (slice > 0 || row0 >= n) return;
+#pragma unroll
+    for (int j = 1; j < KS; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[c] += part_sums[warp + j][lane][c];
+  }
+  // D[row g (+8)][column 2t (+1)]: column n is x row n's output
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int row = row0 + g + 8 * (c >> 1), col = 2 * t + (c & 1);
+    if (col < m && row < n) y[(size_t)col * n + row] = __float2bfloat16(acc[c]);
+  }
+}
+
+typedef void (*MmaKernel)(const uint4*, const uint16_t*, const uint32_t*, const uint4*, const float*, __nv_bfloat16*,
+                          int, int, int, bool);
+
+template <int BITS>
+MmaKernel pick_mma(int u, int ks) {
+#define NINFER_MMA(U_, KS_) \
+  if (u == U_ && ks == KS_) return gemv_mma<BITS, U_, KS_>;
+  NINFER_MMA(1, 1) NINFER_MMA(2, 1) NINFER_MMA(4, 1) NINFER_MMA(1, 2) NINFER_MMA(2, 2) NINFER_MMA(1, 4)
+#undef NINFER_MMA
+  return nullptr;
+}
+
 }  // namespace
 
 // Loads every kernel of the library on `device` now (CUDA loads a kernel lazily at its first
@@ -464,7 +605,43 @@ extern "C" int ninfer_gemv_preload(int device) {
             if (e != cudaSuccess) return (int)e;
           }
         }
+  for (int u : us)
+    for (int ks : kss) {
+      const MmaKernel mk[] = {pick_mma<4>(u, ks), pick_mma<5>(u, ks)};
+      for (MmaKernel k : mk) {
+        if (k == nullptr) continue;
+        cudaFuncAttributes attr;
+        e = cudaFuncGetAttributes(&attr, k);
+        if (e != cudaSuccess) return (int)e;
+      }
+    }
   return 0;
+}
+
+// The tensor-core form (q4/q5, 1-4 x rows, 16 rows a warp). Returns a cudaError_t; 1000 for a
+// (bits, unroll, K split) not built.
+extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int warps, const void* qw, const void* qh,
+                               const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
+                               void* stream, int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return (int)e;
+  }
+  MmaKernel k = bits == 4 ? pick_mma<4>(unroll, ksplit) : bits == 5 ? pick_mma<5>(unroll, ksplit) : nullptr;
+  if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
+  const int per_cta = 16 * (warps / ksplit);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
+  cfg.blockDim = dim3(32 * warps);
+  cfg.stream = (cudaStream_t)stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc, (const uint4*)xp,
+                                 (const float*)invm, (__nv_bfloat16*)y, n, V, m, pdl == 2);
 }
 
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.

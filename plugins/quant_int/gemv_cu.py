@@ -37,6 +37,9 @@ BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (
          2: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)), 3: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)),
          4: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2), (1, 1, 2))}
 MAX_M = 4
+# the tensor-core form (gemv_cu.cu: gemv_mma): formats and (K blocks ahead, warps a row group) built
+MMA_FORMATS = (4, 5)
+BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4))
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
 log = structlog.get_logger("ninfer.quant_int")
@@ -48,9 +51,14 @@ class CUConfig:
     unroll: int = 1  # 16-byte vectors of each row a lane loads ahead
     num_warps: int = 4
     ksplit: int = 1  # warps sharing a row group, each walking every ksplit-th trip of K
+    # the tensor-core form (gemv_mma: q4/q5, 16 rows a warp, `unroll` K blocks of 128 ahead)
+    mma: bool = False
 
     def describe(self) -> str:
-        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + (f" ks{self.ksplit}" if self.ksplit > 1 else "")
+        ks = f" ks{self.ksplit}" if self.ksplit > 1 else ""
+        if self.mma:
+            return f"cu mma U{self.unroll} w{self.num_warps}{ks}"
+        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks
 
     @property
     def rows_a_cta(self) -> int:
@@ -139,6 +147,9 @@ def _build_and_load(arch: str) -> ctypes.CDLL:
     fn = lib.ninfer_gemv
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    mma = lib.ninfer_gemv_mma
+    mma.restype = ctypes.c_int
+    mma.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     lib.ninfer_gemv_preload.restype = ctypes.c_int
     lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
     return lib
@@ -181,16 +192,20 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
     hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
-    if hit and _built(CUConfig(*hit), m):
+    if hit and _built(CUConfig(*hit), m, fmt):
         return CUConfig(*hit)
     v = mode()
     return DEFAULT[m] if v == "4" or (v == "1" and m == 1) else None
 
 
-def _built(cfg: CUConfig, m: int) -> bool:
-    """A config the library holds for m x rows (a tuned entry that is not falls through)."""
-    return ((cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and 1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0
-            and cfg.rows * m <= 32)
+def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
+    """A config the library holds for m x rows (a tuned entry that is not falls through); the
+    tensor-core form only for q4/q5, 16 rows a warp."""
+    if not (1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0 and 1 <= m <= MAX_M):
+        return False
+    if cfg.mma:
+        return cfg.rows == 16 and (cfg.unroll, cfg.ksplit) in BUILT_MMA and (fmt is None or fmt in MMA_FORMATS)
+    return (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and cfg.rows * m <= 32
 
 
 def tuned_for(p) -> bool:
@@ -229,7 +244,7 @@ def _applies(p, m: int) -> bool:
 def supports(p, cfg: CUConfig, m: int = 1) -> bool:
     """A q4/q5/q6/q8/NVFP4 weight whose K is whole blocks of 128 and whose stored rows cover every row the
     CTAs read, at m x rows, with a config the library holds."""
-    return _applies(p, m) and _built(cfg, m) and _rows_covered(p, cfg)
+    return _applies(p, m) and _built(cfg, m, p.fmt) and _rows_covered(p, cfg)
 
 
 def ready(p) -> None:
@@ -274,9 +289,15 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
     gs = p.gscale.data_ptr() if p.fmt == 16 else 0
     device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
-                         p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n, p.qweight.shape[1] // 16,
-                         _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream, device)
+    pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
+    if cfg.mma:
+        rc = lib.ninfer_gemv_mma(p.fmt, m, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
+                                 p.scales.data_ptr(), xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
+                                 p.qweight.shape[1] // 16, pdl, stream, device)
+    else:
+        rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
+                             p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
+                             p.qweight.shape[1] // 16, pdl, stream, device)
     if rc == 0:
         return y
     if rc == 1000:

@@ -185,6 +185,79 @@ def test_the_kernels_arithmetic_emulated_matches_the_reference(scheme, m, monkey
         assert np.linalg.norm(got[r] - ref[r]) / np.linalg.norm(ref[r]) < 6e-3, r
 
 
+def _emulate_mma(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
+    """gemv_cu.cu's gemv_mma lane by lane: per warp tile of 16 rows and K block, lane (g, t) puts
+    word j's decoded pairs of rows g and g + 8 (vector t) in its A registers and x row g's pairs
+    (word column 4 (4 kb + t) + j) in its B registers, as mma.sync m16n8k16's fragment layout
+    reads them (A reg 0: row g, k 2t, 2t+1; reg 1: row g+8; reg 2: row g, k 2t+8, 2t+9; reg 3: row
+    g+8; B reg 0: k 2t, 2t+1 of column g; reg 1: k 2t+8, 2t+9); the MMAs in fp32, the two groups'
+    sums scaled by the row's group scales and x's 1/scale: y [m, n] fp32."""
+    rows, V = p.qweight.shape[0], p.qweight.shape[1] // 16
+    nkb = V // 4
+    words = p.qweight.numpy().view(np.uint32).reshape(rows, V, 4)
+    hb = None
+    if p.qhigh is not None:
+        runs = p.qhigh.numpy().view(np.uint16).reshape(rows, 2 * V).astype(np.uint32)
+        v = np.arange(V)
+        hb = runs[:, (v >> 2) * 8 + (v & 3)] | (runs[:, (v >> 2) * 8 + 4 + (v & 3)] << 16)
+    dec = CU.decode_words(p.fmt, words, hb).astype(np.float32)  # [rows, V, 4 words, 4 parts, 2]
+    xv = xp.numpy().view(np.uint32).reshape(4, 4, V, 4)
+    inv = invm.numpy().reshape(4, nkb)
+    sc = p.scales.numpy().astype(np.float32).reshape(rows, nkb, 2)
+    out = np.zeros((m, p.n), dtype=np.float32)
+    for r0 in range(0, p.n, 16):
+        for kb in range(nkb):
+            d = [np.zeros((16, 8), dtype=np.float32) for _ in range(2)]
+            for j in range(4):
+                for grp in range(2):
+                    a, b = np.zeros((16, 16), dtype=np.float32), np.zeros((16, 8), dtype=np.float32)
+                    sel0, sel1 = (0, 2) if grp == 0 else (1, 3)  # (A, C) of group 2kb; (B, D) of 2kb + 1
+                    for lane in range(32):
+                        g, t = divmod(lane, 4)
+                        v = 4 * kb + t
+                        a[g, 2 * t : 2 * t + 2] = dec[r0 + g, v, j, sel0]
+                        a[g + 8, 2 * t : 2 * t + 2] = dec[r0 + g + 8, v, j, sel0]
+                        a[g, 2 * t + 8 : 2 * t + 10] = dec[r0 + g, v, j, sel1]
+                        a[g + 8, 2 * t + 8 : 2 * t + 10] = dec[r0 + g + 8, v, j, sel1]
+                        if g < m:
+                            b[2 * t : 2 * t + 2, g] = CU._h2(xv[g, sel0, v, j : j + 1])[0]
+                            b[2 * t + 8 : 2 * t + 10, g] = CU._h2(xv[g, sel1, v, j : j + 1])[0]
+                    d[grp] += a @ b
+            for r in range(16):
+                if r0 + r < p.n:
+                    s_lo, s_hi = sc[r0 + r, kb]
+                    out[:, r0 + r] += (d[0][r, :m] * s_lo + d[1][r, :m] * s_hi) * inv[:m, kb]
+    return out
+
+
+@pytest.mark.skipif(CUDA, reason="the x pairs come from the interpreted Triton kernel here")
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_the_tensor_core_forms_fragments_emulated_match_the_reference(scheme, m, monkeypatch):
+    """gemv_mma's lane-to-fragment mapping, emulated, against dequantize-then-matmul (rows not a
+    multiple of 16, x rows of very different scale)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ninfer_plugins.quant_int import gemv_kw as KW
+
+    g = torch.Generator().manual_seed(10 + m)
+    n, k = 40, 640
+    p, deq = _prepared(scheme, torch.randn(n, k, generator=g))
+    x = (torch.randn(m, k, generator=g) * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m])[:, None]).to(torch.bfloat16)
+    xp, _inv, invm = KW.xpairs(x, p.fmt, k, 1 if m == 1 else 2 if m == 2 else 4, fast=False)
+    got = _emulate_mma(p, xp, invm, m)
+    ref = (x.float() @ deq.T).numpy()
+    for r in range(m):
+        assert np.linalg.norm(got[r] - ref[r]) / np.linalg.norm(ref[r]) < 6e-3, r
+
+
+def test_the_tensor_core_form_takes_q4_q5_at_16_rows_a_warp():
+    cfg = CU.CUConfig(16, 2, 4, 2, True)
+    assert cfg.describe() == "cu mma U2 w4 ks2" and cfg.rows_a_cta == 32
+    assert CU._built(cfg, 4, 4) and CU._built(cfg, 1, 5) and not CU._built(cfg, 4, 8) and not CU._built(cfg, 4, 16)
+    assert not CU._built(CU.CUConfig(16, 4, 4, 2, True), 4, 4)  # U4 KS2 not built
+    assert not CU._built(CU.CUConfig(8, 1, 4, 1, True), 4, 4)  # 16 rows a warp only
+
+
 def test_the_q5_bit_permutation_is_one_to_one():
     for b in range(32):
         q = CU.q5_bits(np.array([1 << b], dtype=np.uint32))[0]
@@ -209,7 +282,8 @@ def test_unavailable_says_why_on_the_cpu():
 # --- GPU -------------------------------------------------------------------------------------------
 
 def configs(m: int) -> list:
-    return [CU.CUConfig(r, u, w, ks) for (r, u, ks) in CU.BUILT[m] for w in (4, 8) if r * w // ks <= 32]
+    return ([CU.CUConfig(r, u, w, ks) for (r, u, ks) in CU.BUILT[m] for w in (4, 8) if r * w // ks <= 32]
+            + [CU.CUConfig(16, u, w, ks, True) for (u, ks) in CU.BUILT_MMA for w in (4, 8)])
 
 
 def _case(scheme: str, n: int, k: int, seed: int):
