@@ -502,6 +502,16 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
   const Masks k = masks();
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (kb_start >= kb_end) pdl_wait_then(late);
+  // pointers at this lane's first block, advanced a trip at a time (no per-load index math)
+  const uint4* qp0 = q_g + 4 * kb_start;
+  const uint4* qp1 = q_g8 + 4 * kb_start;
+  const uint32_t* sp0 = s_g + kb_start;
+  const uint32_t* sp1 = s_g8 + kb_start;
+  const uint16_t* hp0 = h_g + 8 * kb_start;
+  const uint16_t* hp1 = h_g8 + 8 * kb_start;
+  const uint4* xq0 = xq + 4 * kb_start;
+  const float* ip0 = invm + (n0 < m ? n0 : 0) * nkb + kb_start;
+  const float* ip1 = invm + (n1 < m ? n1 : 0) * nkb + kb_start;
   bool first = true;
   for (int kb0 = kb_start; kb0 < kb_end; kb0 += U * KS) {
     uint4 q0[U], q1[U];
@@ -509,13 +519,12 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u == 0 || kb0 + u < nkb) {
-        const int kb = kb0 + u;
-        q0[u] = ld_stream(q_g + 4 * kb);
-        q1[u] = ld_stream(q_g8 + 4 * kb);
-        s0[u] = __ldg(s_g + kb);
-        s1[u] = __ldg(s_g8 + kb);
-        hb0[u] = BITS == 5 ? (uint32_t)__ldg(h_g + 8 * kb) | ((uint32_t)__ldg(h_g + 8 * kb + 4) << 16) : 0u;
-        hb1[u] = BITS == 5 ? (uint32_t)__ldg(h_g8 + 8 * kb) | ((uint32_t)__ldg(h_g8 + 8 * kb + 4) << 16) : 0u;
+        q0[u] = ld_stream(qp0 + 4 * u);
+        q1[u] = ld_stream(qp1 + 4 * u);
+        s0[u] = __ldg(sp0 + u);
+        s1[u] = __ldg(sp1 + u);
+        hb0[u] = BITS == 5 ? (uint32_t)__ldg(hp0 + 8 * u) | ((uint32_t)__ldg(hp0 + 8 * u + 4) << 16) : 0u;
+        hb1[u] = BITS == 5 ? (uint32_t)__ldg(hp1 + 8 * u) | ((uint32_t)__ldg(hp1 + 8 * u + 4) << 16) : 0u;
       }
     }
     if (first) {
@@ -525,12 +534,11 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u == 0 || kb0 + u < nkb) {
-        const int kb = kb0 + u;
         uint4 xv[4];
 #pragma unroll
-        for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq + p * V + 4 * kb) : make_uint4(0, 0, 0, 0);
-        const float i0 = n0 < m ? ld_x(invm + n0 * nkb + kb) : 0.f;
-        const float i1 = n1 < m ? ld_x(invm + n1 * nkb + kb) : 0.f;
+        for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq0 + p * V + 4 * u) : make_uint4(0, 0, 0, 0);
+        const float i0 = n0 < m ? ld_x(ip0 + u) : 0.f;
+        const float i1 = n1 < m ? ld_x(ip1 + u) : 0.f;
         const uint32_t Q0 = BITS == 5 ? q5_bits(hb0[u]) : 0u, Q1 = BITS == 5 ? q5_bits(hb1[u]) : 0u;
         float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -549,6 +557,15 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         acc[3] = fmaf(fmaf(dlo[3], sg8.x, dhi[3] * sg8.y), i1, acc[3]);
       }
     }
+    qp0 += 4 * U * KS;
+    qp1 += 4 * U * KS;
+    sp0 += U * KS;
+    sp1 += U * KS;
+    hp0 += 8 * U * KS;
+    hp1 += 8 * U * KS;
+    xq0 += 4 * U * KS;
+    ip0 += U * KS;
+    ip1 += U * KS;
   }
   if (KS > 1) {
     // slices 1.. hand their accumulators to slice 0 of their group

@@ -559,7 +559,7 @@ TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
 # BENCHMARKS.md "Thirty-seventh run"): the winners by kw_bench's margins against what the dispatch
 # picked before; the 27B int4 step went from 8.02 to 7.52 ms with them, the nvfp4 step from 9.09
 # to 8.94 ms.
-TUNED_CU: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {
+TUNED_CU: dict[tuple[int, int, int, int], tuple] = {
     (4, 34816, 5120, 1): (4, 1, 4, 1),  # 33.91 us 93.7% against KW BN16 BW128 S1 w4 pp 37.75 us
     (5, 5120, 17408, 1): (2, 1, 4, 4),  # 25.57 us 76.8% against KW BN8 BW128 S1 w2 pf 27.9 us
     (5, 16384, 5120, 1): (2, 1, 8, 1),  # 22.68 us 81.5% against KW BN16 BW128 S1 w4 pf 25.72 us
