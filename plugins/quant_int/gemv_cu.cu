@@ -635,42 +635,48 @@ extern "C" int ninfer_gemv_preload(int device) {
   return 0;
 }
 
+// The launchers' shared part: this library's own (static) runtime keeps its own current device,
+// made the stream's; a grid of one CTA per `per_cta` rows, with programmatic dependent launch
+// when pdl (1: trigger at the start, 2: after the wait; the kernels read which).
+struct Launch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+};
+
+static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int warps, int pdl, void* stream) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return e;
+  }
+  l.cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
+  l.cfg.blockDim = dim3(32 * warps);
+  l.cfg.stream = (cudaStream_t)stream;
+  l.attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  l.attr[0].val.programmaticStreamSerializationAllowed = 1;
+  l.cfg.attrs = l.attr;
+  l.cfg.numAttrs = pdl ? 1 : 0;
+  return cudaSuccess;
+}
+
 // The tensor-core form (q4/q5, 1-4 x rows, 16 rows a warp). Returns a cudaError_t; 1000 for a
 // (bits, unroll, K split) not built.
 extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int warps, const void* qw, const void* qh,
                                const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
                                void* stream, int device) {
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
-    const cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return (int)e;
-  }
   MmaKernel k = bits == 4 ? pick_mma<4>(unroll, ksplit) : bits == 5 ? pick_mma<5>(unroll, ksplit) : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
-  const int per_cta = 16 * (warps / ksplit);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
-  cfg.blockDim = dim3(32 * warps);
-  cfg.stream = (cudaStream_t)stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc, (const uint4*)xp,
-                                 (const float*)invm, (__nv_bfloat16*)y, n, V, m, pdl == 2);
+  Launch l;
+  const cudaError_t e = prepare_launch(l, device, n, 16 * (warps / ksplit), warps, pdl, stream);
+  if (e != cudaSuccess) return (int)e;
+  return (int)cudaLaunchKernelEx(&l.cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc,
+                                 (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, m, pdl == 2);
 }
 
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.
 extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int warps, const void* qw, const void* qh,
                            const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
                            int pdl, void* stream, int device) {
-  // this library's own (static) runtime keeps its own current device: make it the stream's
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess || current != device) {
-    const cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return (int)e;
-  }
   Kernel k = bits == 4   ? pick<4>(m, rows, unroll, ksplit)
              : bits == 5 ? pick<5>(m, rows, unroll, ksplit)
              : bits == 6 ? pick<6>(m, rows, unroll, ksplit)
@@ -678,17 +684,9 @@ extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, in
              : bits == 16 ? pick<16>(m, rows, unroll, ksplit)
                          : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || rows * m > 32) return 1000;
-  const int per_cta = rows * (warps / ksplit);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
-  cfg.blockDim = dim3(32 * warps);
-  cfg.stream = (cudaStream_t)stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, k, (const uint4*)qw, (const uint16_t*)qh, sc, (const float*)g,
-                                     (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, pdl == 2);
-  return (int)e;
+  Launch l;
+  const cudaError_t e = prepare_launch(l, device, n, rows * (warps / ksplit), warps, pdl, stream);
+  if (e != cudaSuccess) return (int)e;
+  return (int)cudaLaunchKernelEx(&l.cfg, k, (const uint4*)qw, (const uint16_t*)qh, sc, (const float*)g,
+                                 (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, pdl == 2);
 }
