@@ -71,7 +71,7 @@ def main() -> int:
             picked = K.pick_gemv(p.fmt, m, n, k, sms)
             want = K.launch(x, p)
             base = QL.graph_ms_per_call([lambda q=q, x=x: K.launch(x, q) for q in copies])
-            tx = QL.graph_ms_per_call([lambda x=x, m=m: KW.xpairs(x, p.fmt, k, 1 if m == 1 else 2 if m == 2 else 4, True)] * 64)
+            tx = QL.graph_ms_per_call([lambda x=x, m=m: KW.xpairs(x, p.fmt, k, K.block_rows(m), True)] * 64)
             row = {"fmt": name, "n": n, "k": k, "m": m, "mb": round(nbytes / 1e6, 1),
                    "dispatched": getattr(picked, "describe", lambda: str(picked))(), "dispatched_us": round(base * 1e3, 2),
                    "dispatched_share": round(share(base), 3), "dispatched_err": rel_err(want, ref),

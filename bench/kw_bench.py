@@ -140,6 +140,7 @@ def main() -> int:
 
     from ninfer_plugins.quant_int import formats as IF
     from ninfer_plugins.quant_int import gemv_kw as KW
+    from ninfer_plugins.quant_int import kernels as K
 
     # the baseline is the dispatch without the K-walk (tuned.TUNED_KW's winners off)
     os.environ["NINFER_KW"] = "0"
@@ -167,7 +168,7 @@ def main() -> int:
             if fits:
                 t = QL.graph_ms_per_call([lambda q=q: KW.launch(x, q, fits[0], ablate=1) for q in copies])
                 row["ablated"] = dict(config=fits[0].describe(), us=round(t * 1e3, 2), share=round(share(t), 3))
-                tx = QL.graph_ms_per_call([lambda f=p.fmt: KW.xpairs(x, f, k, 1 if m == 1 else 2 if m == 2 else 4, True)] * 64)
+                tx = QL.graph_ms_per_call([lambda f=p.fmt: KW.xpairs(x, f, k, K.block_rows(m), True)] * 64)
                 row["xpairs_us"] = round(tx * 1e3, 2)
                 print(f"    ablated {fits[0].describe():16s} {t * 1e3:8.2f} us {share(t):6.1%}; x pairs alone {tx * 1e3:.2f} us",
                       flush=True)

@@ -349,7 +349,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: GemvConfig, fast: bool | None 
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    block_m = 1 if m == 1 else 2 if m == 2 else 4
+    block_m = QK.block_rows(m)
     kb = min(cfg.kb, -(-p.k // 128))
     split, per, even = resolve(cfg, p.k)
     if tiled and (p.fmt != QK.Q4 or not even or kb != cfg.kb):

@@ -987,7 +987,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: H2Config, fast: bool | None = 
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    block_m = 1 if m == 1 else 2 if m == 2 else 4
+    block_m = QK.block_rows(m)
     chunks, n_slices, rows_per_cta = grid_of(p, cfg)
     ws = QK.Workspace.get(x2.device)
     ws.ensure(*workspace_need(p, cfg), QK.capturing(x2))

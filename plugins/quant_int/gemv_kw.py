@@ -685,7 +685,7 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     y = torch.empty((m, p.n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return y
-    block_m = 1 if m == 1 else 2 if m == 2 else 4
+    block_m = QK.block_rows(m)
     fast = p.fast if fast is None else fast
     interp = QK.interpreting()
     reuse = reuse_inputs()

@@ -48,6 +48,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def block_rows(m: int) -> int:
+    """The x rows a GEMV of m <= 4 rows works on: m rounded up to 1, 2 or 4 (its BLOCK_M; the
+    prepared x pairs hold that many, zeros past m)."""
+    return 1 if m == 1 else 2 if m == 2 else 4
+
+
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 

@@ -16,6 +16,7 @@ import torch
 from ninfer_plugins.quant_int import formats as F
 from ninfer_plugins.quant_int import gemv_cu as CU
 from ninfer_plugins.quant_int import gemv_kw as KW
+from ninfer_plugins.quant_int import kernels as QK
 from ninfer_plugins.quant_int.linear import prepare_int
 
 
@@ -205,7 +206,7 @@ def main(scheme, n, k, m, U, KS, warps, seed=0):
     xp0, _inv0, invm0 = KW.x_scratch(x.device, p.fmt, k)
     xp0.fill_(0x7E007E00)  # f16 NaN pairs
     invm0.fill_(float("nan"))
-    block_m = 1 if m == 1 else 2 if m == 2 else 4
+    block_m = QK.block_rows(m)
     xp, _inv, invm = KW.xpairs(x, p.fmt, k, block_m, False)
     V = p.qweight.shape[1] // 16
     nkb = V // 4
