@@ -4,7 +4,8 @@
 
 Builds the library as the engine does (gemv_cu.nvcc_command) for sm_<arch>, disassembles it (cuobjdump on PATH, or the one Triton's
 wheel carries: triton/backends/nvidia/bin/cuobjdump), finds each kernel's longest backward branch
-(the K loop) and prints its instructions per weight and its most frequent opcodes. No GPU needed.
+(the K loop) and prints its instructions per weight and its most frequent opcodes, for the
+CUDA-core form (gemv) and the tensor-core form (gemv_mma, a lane's weights a trip). No GPU needed.
 The issue budget to compare with (BENCHMARKS.md, fourteenth run): an H200 issues ~33.4 T
 thread-instructions a second, so at 100% of copy q4 may spend ~4.3 instructions a weight, q5 ~5.3.
 """
@@ -43,13 +44,15 @@ def _addr(line: str) -> int:
     return int(re.match(r"\s+/\*([0-9a-f]{4,})\*/", line).group(1), 16)
 
 
-def loops(sass: str) -> list[tuple[tuple[int, int, int, int, int], int, dict]]:
-    """Per gemv<BITS, M, R, U, KS>: ((bits, m, rows, unroll, ksplit), loop instructions, opcode counts)."""
+def loops(sass: str) -> list[tuple[tuple[str, tuple[int, ...]], int, dict]]:
+    """Per instantiation: ((kernel, template arguments), loop instructions, opcode counts), kernel
+    "gemv" (<BITS, M, R, U, KS>) or "gemv_mma" (<BITS, U, KS>)."""
     out = []
     for f in re.split(r"\n\s+Function : ", sass)[1:]:
-        m = re.search(r"gemvILi(\d+)ELi(\d)ELi(\d)ELi(\d)ELi(\d)E", f.split("\n", 1)[0])
+        m = re.search(r"(gemv|gemv_mma)I((?:Li\d+E)+)E", f.split("\n", 1)[0])
         if not m:
             continue
+        args = tuple(int(a) for a in re.findall(r"Li(\d+)E", m.group(2)))
         lines = [ln for ln in f.split("\n") if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
         best = None
         for i, ln in enumerate(lines):
@@ -67,7 +70,7 @@ def loops(sass: str) -> list[tuple[tuple[int, int, int, int, int], int, dict]]:
             t = ln.split("*/", 1)[1].split()
             op = (t[1] if t[0].startswith("@") else t[0]).split(".")[0].rstrip(";")
             ops[op] = ops.get(op, 0) + 1
-        out.append((tuple(int(g) for g in m.groups()), i - j + 1, ops))
+        out.append(((m.group(1), args), i - j + 1, ops))
     return sorted(out)
 
 
@@ -81,10 +84,17 @@ def main() -> int:
         so = Path(d) / "g.so"
         subprocess.run(nvcc_command(args.arch, so), check=True)
         sass = subprocess.run([tool, "-sass", str(so)], check=True, capture_output=True, text=True).stdout
-    for (bits, m, r, u, ks), n, ops in loops(sass):
-        weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector
+    for (kernel, args), n, ops in loops(sass):
         top = " ".join(f"{k}:{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
-        print(f"{'nvfp4' if bits == 16 else f'q{bits}'} M{m} R{r} U{u} KS{ks}: {n} / {weights} weights = {n / weights:.2f}   {top}")
+        if kernel == "gemv_mma":
+            # a trip: U K blocks of two rows' 16-byte vectors a lane, 64 U weights, at any M <= 4
+            bits, u, ks = args
+            name, weights = f"mma q{bits} U{u} KS{ks}", 64 * u
+        else:
+            bits, m, r, u, ks = args
+            weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector
+            name = f"{'nvfp4' if bits == 16 else f'q{bits}'} M{m} R{r} U{u} KS{ks}"
+        print(f"{name}: {n} / {weights} weights = {n / weights:.2f}   {top}")
     return 0
 
 

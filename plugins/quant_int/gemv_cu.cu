@@ -137,6 +137,17 @@ __device__ __forceinline__ uint32_t q5_bits(uint32_t src) {
   return q;
 }
 
+// q5: a vector's 32 high bits, lo16 | hi16 << 16, from its two 16-bit runs of qhigh (p: the low
+// group's run; the high group's is 4 runs on)
+__device__ __forceinline__ uint32_t q5_high(const uint16_t* p) {
+  return (uint32_t)__ldg(p) | ((uint32_t)__ldg(p + 4) << 16);
+}
+
+// q5: word i's rotation of the permuted bits Q (q5_bits)
+__device__ __forceinline__ uint32_t q5_word_bits(uint32_t Q, int i) {
+  return i == 0 ? Q : __funnelshift_r(Q, Q, i == 1 ? 2 : i == 2 ? 8 : 10);
+}
+
 // A word's four pairs of decoded codes (see the top: A and C the low group's, B and D the high's).
 template <int BITS>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, const Masks& k, half2& a, half2& b, half2& c,
@@ -254,7 +265,7 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t hbi
   const uint32_t Q = BITS == 5 ? q5_bits(hbits) : 0u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t S = BITS == 5 ? (i == 0 ? Q : __funnelshift_r(Q, Q, i == 1 ? 2 : i == 2 ? 8 : 10)) : 0u;
+    const uint32_t S = BITS == 5 ? q5_word_bits(Q, i) : 0u;
     half2 a, b, c, d;
     if (BITS == 6)
       decode_word_q6(part(q, i), hbits, hbits2, i, k, a, b, c, d);
@@ -347,7 +358,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
           s[u][r] = BITS == 16  ? (uint32_t)__ldg(spf + r * s_per_row + 32 * u)
                     : BITS == 8 ? (uint32_t)__ldg(sp8 + r * s_per_row + 16 * u)
                                 : __ldg(sp + r * s_per_row + 8 * u);
-          hb[u][r] = BITS == 5 ? (uint32_t)__ldg(hp + r * 2 * V + 64 * u) | ((uint32_t)__ldg(hp + r * 2 * V + 64 * u + 4) << 16)
+          hb[u][r] = BITS == 5 ? q5_high(hp + r * 2 * V + 64 * u)
                      : BITS == 6 ? __ldg(hp6 + r * 2 * V + 64 * u)
                                  : 0u;
           hb2[u][r] = BITS == 6 ? __ldg(hp6 + r * 2 * V + 64 * u + 4) : 0u;
@@ -523,8 +534,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         q1[u] = ld_stream(qp1 + 4 * u);
         s0[u] = __ldg(sp0 + u);
         s1[u] = __ldg(sp1 + u);
-        hb0[u] = BITS == 5 ? (uint32_t)__ldg(hp0 + 8 * u) | ((uint32_t)__ldg(hp0 + 8 * u + 4) << 16) : 0u;
-        hb1[u] = BITS == 5 ? (uint32_t)__ldg(hp1 + 8 * u) | ((uint32_t)__ldg(hp1 + 8 * u + 4) << 16) : 0u;
+        hb0[u] = BITS == 5 ? q5_high(hp0 + 8 * u) : 0u;
+        hb1[u] = BITS == 5 ? q5_high(hp1 + 8 * u) : 0u;
       }
     }
     if (first) {
@@ -543,10 +554,9 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int rot = j == 0 ? 0 : j == 1 ? 2 : j == 2 ? 8 : 10;
           half2 a0, b0, c0, d0, a1, b1, c1, d1;
-          decode_word<BITS>(part(q0[u], j), BITS == 5 ? __funnelshift_r(Q0, Q0, rot) : 0u, k, a0, b0, c0, d0);
-          decode_word<BITS>(part(q1[u], j), BITS == 5 ? __funnelshift_r(Q1, Q1, rot) : 0u, k, a1, b1, c1, d1);
+          decode_word<BITS>(part(q0[u], j), BITS == 5 ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
+          decode_word<BITS>(part(q1[u], j), BITS == 5 ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
           mma16816(dlo, u32(a0), u32(a1), u32(c0), u32(c1), part(xv[0], j), part(xv[2], j));
           mma16816(dhi, u32(b0), u32(b1), u32(d0), u32(d1), part(xv[1], j), part(xv[3], j));
         }

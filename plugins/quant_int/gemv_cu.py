@@ -71,6 +71,10 @@ class CUConfig:
         return launch(x2, p, self)
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     return f"{major}{minor}"
@@ -106,8 +110,7 @@ def library(device: torch.device) -> ctypes.CDLL:
     """The built library for `device`'s architecture, compiled on first use (about 10 s), with every
     kernel loaded on `device` (once a device). Raises RuntimeError where it cannot be built or loaded
     (nvcc failing, an unwritable cache, a library the loader refuses, a driver too old)."""
-    arch = _arch(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    arch, index = _arch(device), _index(device)
     with _LOCK:
         lib = _LIBS.get(arch)
         if lib is None:
@@ -187,13 +190,11 @@ def _runs_here() -> bool:
 def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
     """The config for an m-row launch of a q4/q5/q6/q8/NVFP4 [n, k] weight: its measured winner, else (under
     NINFER_CU_GEMV=1/4) DEFAULT; None where the kernel does not apply or (by default) was not measured to win."""
-    from ninfer_plugins.quant_int.tuned import TUNED_CU
-
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
-    hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
-    if hit and _built(CUConfig(*hit), m, fmt):
-        return CUConfig(*hit)
+    hit = tuned_entry(fmt, n, k, m)
+    if hit is not None and _built(hit, m, fmt):
+        return hit
     v = mode()
     return DEFAULT[m] if v == "4" or (v == "1" and m == 1) else None
 
@@ -208,12 +209,18 @@ def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     return (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and cfg.rows * m <= 32
 
 
-def tuned_for(p) -> bool:
-    """Whether tuned.TUNED_CU (or the NINFER_CU_TUNED file) names this weight at some row count."""
+def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
+    """The measured winner of (format, N, K, x rows): the NINFER_CU_TUNED file's entry, else
+    tuned.TUNED_CU's; None where neither names it."""
     from ninfer_plugins.quant_int.tuned import TUNED_CU
 
-    keys = [(p.fmt, p.n, p.k, m) for m in range(1, MAX_M + 1)]
-    return any(key in TUNED_CU or key in _trial_table() for key in keys)
+    hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
+    return CUConfig(*hit) if hit else None
+
+
+def tuned_for(p) -> bool:
+    """Whether a measured winner names this weight at some row count."""
+    return any(tuned_entry(p.fmt, p.n, p.k, m) is not None for m in range(1, MAX_M + 1))
 
 
 _TRIALS: dict[str, dict] = {}
@@ -265,6 +272,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     """y [M, n] bf16 = x2 [M, k] bf16 (gated: [M, 2k], silu(gate) * up) @ W.T, M = 1..4."""
     from ninfer.kernels.triton.launch import pdl_enabled, pdl_value
     from ninfer_plugins.quant_int import gemv_kw
+    from ninfer_plugins.quant_int import kernels as QK
 
     m = x2.shape[0]
     width = 2 * p.k if gated else p.k
@@ -284,11 +292,11 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     except RuntimeError as exc:  # nvcc failed, or the library does not load here (an old driver)
         _give_up(str(exc))
         return _fallback(x2, p, gated)
-    xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, 1 if m == 1 else 2 if m == 2 else 4, True, gated=gated)
+    xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, QK.block_rows(m), True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
     gs = p.gscale.data_ptr() if p.fmt == 16 else 0
-    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    device = _index(x2.device)
     pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
     if cfg.mma:
         rc = lib.ninfer_gemv_mma(p.fmt, m, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
@@ -387,10 +395,7 @@ def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) 
                  ((((uh * u32(0x00100100)) & u32(0x03000300)) ^ ((w & u32(0x00F000F0)) | u32(0x66006600))), 1536),
                  ((((ul * u32(0x00004004)) & u32(0x00300030)) ^ ((w8 & u32(0x000F000F)) | u32(0x64206420))), 1056),
                  ((((uh * u32(0x00040040)) & u32(0x03000300)) ^ ((w8 & u32(0x00F000F0)) | u32(0x66006600))), 1536))
-        for j, (h, c) in enumerate(parts):
-            out[..., j, :] = _h2(np.asarray(h, dtype=np.uint32)) - np.float16(c)
-        return out
-    if bits == 16:
+    elif bits == 16:
         # NVFP4: A, B of bytes 0 and 2, then C, D of bytes 1 and 3, each E2M1 value times 2^-14
         u32 = np.uint32
         a = (w << u32(8)) & u32(0x8E008E00)
@@ -400,7 +405,7 @@ def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) 
         for i, h in enumerate((a, b, c, d)):
             out[..., i, :] = _h2(h)
         return out
-    if bits == 8:
+    elif bits == 8:
         # bytes in natural order: A = (byte 0, byte 2), C = (byte 1, byte 3); B, D unused (zeros)
         t = w ^ np.uint32(0x80808080)
         byte = [(t >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
@@ -412,7 +417,7 @@ def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) 
         out[..., 1, :] = 0
         out[..., 3, :] = 0
         return out
-    if bits == 4:
+    elif bits == 4:
         w8 = w >> np.uint32(8)
         parts = (((w & 0x000F000F) ^ 0x64086408, 1032), ((w & 0x00F000F0) ^ 0x64806480, 1152),
                  ((w8 & 0x000F000F) ^ 0x64086408, 1032), ((w8 & 0x00F000F0) ^ 0x64806480, 1152))

@@ -53,10 +53,8 @@ def _nv_merge(preps: list[K.Prepared]) -> bool:
     if v != "1":
         return False
     from ninfer_plugins.quant_int import gemv_cu
-    from ninfer_plugins.quant_int.tuned import TUNED_CU
 
-    key = (K_NVFP4, sum(p.n for p in preps), preps[0].k, 1)
-    return key in TUNED_CU or key in gemv_cu._trial_table()
+    return gemv_cu.tuned_entry(K_NVFP4, sum(p.n for p in preps), preps[0].k, 1) is not None
 
 
 def _decode_config(x2: torch.Tensor, prepared: K.Prepared, kind: type | tuple[type, ...]) -> Any:

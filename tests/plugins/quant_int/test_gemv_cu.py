@@ -14,27 +14,32 @@ import pytest
 import torch
 from ninfer_plugins.quant_int import formats as F
 from ninfer_plugins.quant_int import gemv_cu as CU
+from ninfer_plugins.quant_int import kernels as QK
 
 CUDA = torch.cuda.is_available()
 FACTORS = {4: (1, 16, 1, 16), 5: (1, 16, 2, 32), 6: (1, 16, 1, 16), 8: (1, 0, 1, 0)}
 
 
+def _high_bits(bits: int, qhigh: torch.Tensor | None) -> np.ndarray | None:
+    """A q5/q6 qhigh [rows, ...] as the kernel loads it a vector: q5 uint32 [rows, V], lo16 | hi16
+    << 16 (16-bit runs t and 4 + t of each K block's 8); q6 uint32 [rows, V, 2], the words HL, HH
+    (words t and 4 + t of each K block's 8: the low group's four, then the high group's)."""
+    if qhigh is None:
+        return None
+    rows = qhigh.shape[0]
+    if bits == 6:
+        hw = qhigh.numpy().view(np.uint32).reshape(rows, -1, 8)
+        return np.stack([hw[:, :, :4], hw[:, :, 4:]], -1).reshape(rows, -1, 2)
+    runs = qhigh.numpy().view(np.uint16).reshape(rows, -1, 8).astype(np.uint32)  # [rows, K blocks, 8]
+    return (runs[:, :, :4] | (runs[:, :, 4:] << 16)).reshape(rows, -1)
+
+
 def _vectors(packed) -> tuple[np.ndarray, np.ndarray | None]:
-    """A packed weight's codes as the kernel loads them: words uint32 [n, V, 4] and (q5) the high
-    bits uint32 [n, V], lo16 | hi16 << 16 (16-bit runs 2t and 4 + 2t... of each K block's qhigh)."""
+    """A packed weight's codes as the kernel loads them: words uint32 [n, V, 4] and (q5/q6) the
+    high bits (_high_bits)."""
     q = packed.tensors["qweight"].numpy().view(np.uint8)
-    n = q.shape[0]
-    words = q.view(np.uint32).reshape(n, -1, 4)
-    h = packed.tensors.get("qhigh")
-    if h is None:
-        return words, None
-    if F.FORMATS[packed.scheme].bits == 6:
-        # q6: per K block 8 words, the low group's four then the high group's; vector t takes words t, 4 + t
-        hw = h.numpy().view(np.uint32).reshape(n, -1, 8)
-        return words, np.stack([hw[:, :, :4], hw[:, :, 4:]], -1).reshape(n, -1, 2)
-    runs = h.numpy().view(np.uint16).reshape(n, -1, 8).astype(np.uint32)  # [n, K blocks, 8]
-    lo, hi = runs[:, :, :4], runs[:, :, 4:]
-    return words, (lo | (hi << 16)).reshape(n, -1)
+    words = q.view(np.uint32).reshape(q.shape[0], -1, 4)
+    return words, _high_bits(F.FORMATS[packed.scheme].bits, packed.tensors.get("qhigh"))
 
 
 @pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "q6_g64", "q8_g32"])
@@ -104,14 +109,8 @@ def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     rows, V = p.qweight.shape[0], p.qweight.shape[1] // 16
     vpb = 8 if p.fmt == 8 else 4  # vectors a K block of 128
     words = p.qweight.numpy().view(np.uint32).reshape(rows, V, 4)[: p.n]
-    hb = None
-    if p.fmt == 6:
-        hw = p.qhigh.numpy().view(np.uint32).reshape(rows, V // 4, 8)[: p.n]
-        hb = np.stack([hw[:, :, :4], hw[:, :, 4:]], -1).reshape(p.n, V, 2)
-    elif p.qhigh is not None:
-        runs = p.qhigh.numpy().view(np.uint16).reshape(rows, 2 * V).astype(np.uint32)[: p.n]
-        v = np.arange(V)
-        hb = runs[:, (v >> 2) * 8 + (v & 3)] | (runs[:, (v >> 2) * 8 + 4 + (v & 3)] << 16)
+    hb = _high_bits(p.fmt, p.qhigh)
+    hb = None if hb is None else hb[: p.n]
     dec = CU.decode_words(p.fmt, words, hb)  # [n, V, 4 words, 4 parts, 2]
     xv = xp.numpy().view(np.uint32).reshape(4, 4, V, 4)  # [x row, part, vector, word]
     inv = invm.numpy().reshape(4, V // vpb)
@@ -195,11 +194,7 @@ def _emulate_mma(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     rows, V = p.qweight.shape[0], p.qweight.shape[1] // 16
     nkb = V // 4
     words = p.qweight.numpy().view(np.uint32).reshape(rows, V, 4)
-    hb = None
-    if p.qhigh is not None:
-        runs = p.qhigh.numpy().view(np.uint16).reshape(rows, 2 * V).astype(np.uint32)
-        v = np.arange(V)
-        hb = runs[:, (v >> 2) * 8 + (v & 3)] | (runs[:, (v >> 2) * 8 + 4 + (v & 3)] << 16)
+    hb = _high_bits(p.fmt, p.qhigh)
     dec = CU.decode_words(p.fmt, words, hb).astype(np.float32)  # [rows, V, 4 words, 4 parts, 2]
     xv = xp.numpy().view(np.uint32).reshape(4, 4, V, 4)
     inv = invm.numpy().reshape(4, nkb)
@@ -243,7 +238,7 @@ def test_the_tensor_core_forms_fragments_emulated_match_the_reference(scheme, m,
     n, k = 40, 640
     p, deq = _prepared(scheme, torch.randn(n, k, generator=g))
     x = (torch.randn(m, k, generator=g) * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m])[:, None]).to(torch.bfloat16)
-    xp, _inv, invm = KW.xpairs(x, p.fmt, k, 1 if m == 1 else 2 if m == 2 else 4, fast=False)
+    xp, _inv, invm = KW.xpairs(x, p.fmt, k, QK.block_rows(m), fast=False)
     got = _emulate_mma(p, xp, invm, m)
     ref = (x.float() @ deq.T).numpy()
     for r in range(m):
