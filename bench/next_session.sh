@@ -215,13 +215,13 @@ if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-cu8} ;;
-    *) set -- ${AUTO_OTHER:-cu8} ;;
+    *H200*) set -- ${AUTO_H200:-cu11} ;;
+    *) set -- ${AUTO_OTHER:-cu11} ;;
   esac
 fi
 
 case "${1:-}" in
-  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10)
+  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11)
     # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
     TCACHE_PACK=0 bash "bench/calls/$1.sh"
     ;;
