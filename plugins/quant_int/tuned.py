@@ -558,7 +558,10 @@ TUNED_TKW_TRY: dict[tuple[int, int, int, str], tuple] = {
 # NINFER_CU_GEMV=0). Measured on an H100 by bench/cu_gemv_bench.py (thirty-sixth session,
 # BENCHMARKS.md "Thirty-seventh run"): the winners by kw_bench's margins against what the dispatch
 # picked before; the 27B int4 step went from 8.02 to 7.52 ms with them, the nvfp4 step from 9.09
-# to 8.94 ms.
+# to 8.94 ms. The thirty-seventh session's entries (BENCHMARKS.md "Thirty-eighth run", H100): the
+# 27B nvfp4 step 8.92 -> 7.61 ms (unmerged NVFP4 shapes), the 35B int4 step 2.217 -> 2.133 ms, the
+# 35B nvfp4 step 2.562 -> 2.167 ms, the 27B int4 MTP round 10.97 -> 10.57 ms (gemv_mma at M = 4).
+# A 5-tuple ending in True is the tensor-core form (gemv_cu.CUConfig's mma field, 16 rows a warp).
 TUNED_CU: dict[tuple[int, int, int, int], tuple] = {
     (4, 34816, 5120, 1): (4, 1, 4, 1),  # 33.91 us 93.7% against KW BN16 BW128 S1 w4 pp 37.75 us
     (5, 5120, 17408, 1): (2, 1, 4, 4),  # 25.57 us 76.8% against KW BN8 BW128 S1 w2 pf 27.9 us
@@ -584,4 +587,45 @@ TUNED_CU: dict[tuple[int, int, int, int], tuple] = {
     (16, 12288, 2048, 4): (2, 1, 4, 1),  # 13.07 us 36.3% against None 24.23 us
     (16, 9216, 2048, 1): (1, 1, 4, 1),  # 6.54 us 54.4% against H2 BN16 KBS8 C6 w4 pf early 8.72 us
     (16, 9216, 2048, 4): (2, 2, 4, 1),  # 10.56 us 33.7% against None 17.12 us
+    # tensor-core form (gemv_mma) at M = 4 on the verify's q5 shapes (thirty-eighth run, H100, cu11)
+    (5, 16384, 5120, 4): (16, 2, 8, 2, True),  # 27.86 us 65.9% against TKW TB4 P3 w4 S1 pin 32.56 us
+    (5, 13312, 5120, 4): (16, 2, 8, 2, True),  # 25.38 us 58.8% against TKW TB4 P3 w4 S1 pin 26.24 us
+    # the 35B-A3B's q8 projections, its q6 head and shortlist head (thirty-eighth run, H100, cu12)
+    (8, 2048, 4096, 1): (2, 1, 4, 4),  # 4.53 us 65.7% against H2 BN16 KBS4 C8 w4 pf 6.52 us
+    (8, 2048, 4096, 4): (2, 1, 8, 2),  # 7.36 us 40.4% against KW BN16 BW128 S1 w4 pp 10.57 us
+    (8, 9216, 2048, 1): (4, 1, 4, 2),  # 7.95 us 84.2% against KW BN8 BW128 S1 w2 pf 9.87 us
+    (8, 9216, 2048, 4): (2, 1, 4, 1),  # 11.58 us 57.8% against KW BN16 BW64 S1 w4 pf 12.59 us
+    (8, 1024, 2048, 1): (2, 1, 4, 4),  # 2.4 us 31.0% against H2 BN32 KBS4 C4 w4 pf 4.41 us
+    (8, 1024, 2048, 4): (2, 1, 8, 2),  # 3.96 us 18.8% against None 11.67 us
+    (8, 2048, 512, 1): (2, 2, 8, 2),  # 1.91 us 19.5% against H2 BN32 KBS4 C4 w4 pf 3.55 us
+    (8, 2048, 512, 4): (2, 1, 4, 1),  # 2.67 us 13.9% against GEMV BN32 KB1 SK4 w2 s1 6.58 us
+    (6, 248320, 2048, 1): (1, 2, 4, 1),  # 130.94 us 101.3% against KW BN8 BW128 S1 w2 pf 154.22 us
+    (4, 131072, 2048, 1): (2, 1, 4, 1),  # 47.0 us 101.3% against H2 BN32 KBS4 C4 w4 pf 85.38 us
+    (4, 131072, 2048, 4): (16, 2, 4, 1, True),  # 56.96 us 83.6% against None 71.41 us
+    # unmerged NVFP4 shapes of the 27B and 35B, the q8 / q6 heads, the 27B's shortlist head (thirty-eighth run, H100, cu9)
+    (16, 17408, 5120, 1): (1, 1, 4, 1),  # 19.74 us 85.1% against H2 BN16 KBS8 C6 w4 pf early 27.89 us
+    (16, 17408, 5120, 4): (2, 2, 4, 1),  # 37.3 us 45.1% against None 41.56 us
+    (16, 10240, 5120, 1): (1, 1, 4, 1),  # 12.96 us 76.3% against H2 BN16 KBS8 C6 w4 pf early 16.89 us
+    (16, 10240, 5120, 4): (2, 1, 4, 2),  # 25.23 us 39.2% against None 34.51 us
+    (16, 6144, 5120, 1): (1, 1, 4, 1),  # 8.41 us 70.5% against H2 BN16 KBS8 C6 w4 pf early 11.42 us
+    (16, 6144, 5120, 4): (2, 2, 4, 1),  # 15.95 us 37.2% against None 24.02 us
+    (16, 12288, 5120, 1): (1, 1, 4, 1),  # 14.83 us 80.0% against H2 BN16 KBS8 C6 w4 pf early 18.66 us
+    (16, 12288, 5120, 4): (2, 1, 4, 1),  # 27.21 us 43.6% against None 37.6 us
+    (16, 1024, 5120, 1): (2, 1, 4, 4),  # 3.64 us 27.1% against H2 BN16 KBS8 C6 w4 pf early 5.82 us
+    (16, 1024, 5120, 4): (2, 1, 8, 2),  # 6.37 us 15.5% against None 12.96 us
+    (16, 8192, 2048, 1): (2, 1, 4, 1),  # 5.36 us 59.2% against H2 BN16 KBS8 C6 w4 pf early 8.63 us
+    (16, 8192, 2048, 4): (4, 1, 4, 1),  # 9.32 us 34.0% against None 18.91 us
+    (16, 4096, 2048, 1): (2, 4, 4, 1),  # 3.69 us 43.0% against H2 BN16 KBS8 C6 w4 pf early 6.09 us
+    (16, 4096, 2048, 4): (4, 1, 4, 1),  # 5.39 us 29.4% against None 11.17 us
+    (16, 512, 2048, 1): (2, 1, 4, 2),  # 2.49 us 7.9% against H2 BN16 KBS8 C6 w4 pf early 4.64 us
+    (16, 512, 2048, 4): (2, 1, 4, 2),  # 3.48 us 5.7% against None 7.4 us
+    (16, 2048, 4096, 1): (2, 1, 4, 4),  # 3.94 us 40.2% against H2 BN16 KBS8 C6 w4 pf early 6.55 us
+    (16, 2048, 4096, 4): (2, 1, 4, 2),  # 5.91 us 26.8% against None 11.4 us
+    (8, 248320, 5120, 1): (2, 1, 4, 4),  # 426.38 us 106.1% against KW BN8 BW128 S1 w2 pf 512.04 us
+    (8, 248320, 5120, 4): (4, 1, 4, 1),  # 463.42 us 97.6% against KW BN16 BW64 S1 w4 pf 574.8 us
+    (8, 248320, 2048, 1): (2, 1, 8, 2),  # 173.62 us 104.2% against H2 BN32 KBS4 C4 w4 pf 267.94 us
+    (8, 248320, 2048, 4): (4, 1, 4, 1),  # 193.09 us 93.7% against None 247.34 us
+    (4, 131072, 5120, 1): (2, 1, 4, 1),  # 118.64 us 100.6% against KW BN16 BW128 S1 w4 pp 141.22 us
+    (4, 131072, 5120, 4): (16, 2, 4, 1, True),  # 139.16 us 85.8% against TKW TB4 P2 w4 S1 pin 164.42 us
+    (6, 248320, 5120, 1): (2, 4, 4, 1),  # 320.28 us 103.8% against KW BN8 BW128 S1 w2 pf 380.7 us
 }
