@@ -79,7 +79,7 @@ def main() -> int:
             print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base * 1e3:.2f} us "
                   f"{share(base):.1%} (err {row['dispatched_err']:.1e}); x pairs alone {tx * 1e3:.2f} us", flush=True)
             cands = [CU.CUConfig(r_, u_, w, ks) for r_, u_, ks in CU.BUILT[m] for w in (4, 8) if r_ * w // ks <= 32]
-            cands += [CU.CUConfig(16, u_, w, ks, True) for u_, ks in CU.BUILT_MMA for w in (4, 8)]
+            cands += [CU.CUConfig(16, u_, w, ks, True) for u_, ks in CU.BUILT_MMA for w in (4, 8) if w % ks == 0]
             for cfg in cands:
                 if not CU.supports(p, cfg, m):
                     continue

@@ -56,8 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: cu8 (the CUDA GEMV: GPU tests after its PDL fix, the 27B step
-#                                      # and round with NINFER_CU_GEMV; AUTO_H200 / AUTO_OTHER to change)
+#   bash bench/next_session.sh auto    # whichever card comes: an H200 runs s35b (every bar with the defaults), another card
+#                                      # cu13 (gemv_mma's new K splits at M = 4, the round; AUTO_H200 / AUTO_OTHER to change)
 #   bash bench/next_session.sh s33     # bench/calls/s33.sh: the bf16 GEMV's tests, bench and step A/B; the MTP merge A/B (~9 min)
 #   bash bench/next_session.sh s33h    # bench/calls/s33h.sh: GPU tests of the 32nd session's changes; the MTP merge A/B (~7 min)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
@@ -207,21 +207,21 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts; thirty-third, thirty-fifth and thirty-sixth: few machines) runs cu8 on any card: the
-# CUDA C++ GEMV (the default on its winners since the thirty-sixth session) re-tested after its PDL
-# fix, the 27B int4 round and nvfp4 step against it off, NVFP4 merged (NINFER_NV_MERGE=1). Then, on
-# an H200, s35b (the bars with every default). `AUTO_H200=s35b` / `AUTO_OTHER=cu3` for other choices
+# starts; thirty-third, thirty-fifth to thirty-seventh: few machines): on an H200, s35b (every bar
+# with the defaults: no H200 since the thirty-fourth run, and the CUDA GEMV's winners are new); on
+# any other card cu13 (gemv_mma's new K splits for the verify's q5 down, then the round).
+# `AUTO_H200=cu13` / `AUTO_OTHER=s35b` for other choices
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-cu11} ;;
-    *) set -- ${AUTO_OTHER:-cu11} ;;
+    *H200*) set -- ${AUTO_H200:-s35b} ;;
+    *) set -- ${AUTO_OTHER:-cu13} ;;
   esac
 fi
 
 case "${1:-}" in
-  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11|cu12)
+  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11|cu12|cu13)
     # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
     TCACHE_PACK=0 bash "bench/calls/$1.sh"
     ;;

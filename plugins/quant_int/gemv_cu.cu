@@ -607,6 +607,7 @@ MmaKernel pick_mma(int u, int ks) {
 #define NINFER_MMA(U_, KS_) \
   if (u == U_ && ks == KS_) return gemv_mma<BITS, U_, KS_>;
   NINFER_MMA(1, 1) NINFER_MMA(2, 1) NINFER_MMA(4, 1) NINFER_MMA(1, 2) NINFER_MMA(2, 2) NINFER_MMA(1, 4)
+  NINFER_MMA(2, 4) NINFER_MMA(1, 8) NINFER_MMA(2, 8)
 #undef NINFER_MMA
   return nullptr;
 }
@@ -618,7 +619,7 @@ MmaKernel pick_mma(int u, int ks) {
 extern "C" int ninfer_gemv_preload(int device) {
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return (int)e;
-  const int ms[] = {1, 2, 3, 4}, rs[] = {1, 2, 4, 8}, us[] = {1, 2, 4}, kss[] = {1, 2, 4};
+  const int ms[] = {1, 2, 3, 4}, rs[] = {1, 2, 4, 8}, us[] = {1, 2, 4}, kss[] = {1, 2, 4, 8};
   for (int m : ms)
     for (int r : rs)
       for (int u : us)

@@ -39,7 +39,9 @@ BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (
 MAX_M = 4
 # the tensor-core form (gemv_cu.cu: gemv_mma): formats and (K blocks ahead, warps a row group) built
 MMA_FORMATS = (4, 5)
-BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4))
+# (2, 4), (1, 8), (2, 8): long-K shapes with few rows (q5 down, 5120 x 17408: 320 row groups of 16 at
+# KS = 1, 2.4 warps an SM) keep more bytes in flight by splitting K over more warps of a CTA
+BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
 log = structlog.get_logger("ninfer.quant_int")
