@@ -8,7 +8,7 @@
 t0=$(date +%s)
 timeout 150 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_cu.py > "$OUT/t.txt" 2>&1
 echo "CU GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
-S="q5_g64:5120x17408,q4_g64:34816x5120,q5_g64:5120x6144"
+S="q5_g64:5120x17408,q4_g64:34816x5120,q5_g64:16384x5120,q5_g64:13312x5120,q5_g64:5120x6144,q4_g64:131072x5120"
 timeout 150 python3 bench/cu_gemv_bench.py --out "$OUT" --ms 4 --budget-s 120 --shapes $S > "$OUT/b.txt" 2>&1
 echo "cu_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A10 "^best" "$OUT/b.txt" | cut -c1-170; grep -E "Error|error:" "$OUT/b.txt" | head -5
 grep -E "cu mma" "$OUT/b.txt" | head -40 | cut -c1-120
