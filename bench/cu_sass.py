@@ -89,7 +89,7 @@ def main() -> int:
         if kernel == "gemv_mma":
             # a trip: U K blocks of two rows' 16-byte vectors a lane, 64 U weights, at any M <= 4
             bits, u, ks = args
-            name, weights = f"mma q{bits} U{u} KS{ks}", 64 * u
+            name, weights = f"mma {'nvfp4' if bits == 16 else f'q{bits}'} U{u} KS{ks}", 64 * u
         else:
             bits, m, r, u, ks = args
             weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector

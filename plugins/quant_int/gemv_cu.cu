@@ -203,11 +203,12 @@ __device__ __forceinline__ void decode_word_fp4(uint32_t w, uint32_t sign_mask, 
 
 // NVFP4: the 16-bit load of a vector's two E4M3 block scales -> their values times 2^-8 (each
 // scale's bits under an f16's: sign on 15, exponent and mantissa on 7-13), block 2v first.
-__device__ __forceinline__ float2 fp4_scales(uint32_t sb) {
+__device__ __forceinline__ uint32_t fp4_scale_bits(uint32_t sb) {
   const uint32_t lo = ((sb & 0x7Fu) << 7) | ((sb & 0x80u) << 8);
   const uint32_t hi = ((sb & 0x7F00u) << 15) | ((sb & 0x8000u) << 16);
-  return __half22float2(h2(lo | hi));
+  return lo | hi;
 }
+__device__ __forceinline__ float2 fp4_scales(uint32_t sb) { return __half22float2(h2(fp4_scale_bits(sb))); }
 
 __device__ __forceinline__ uint32_t part(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
@@ -467,6 +468,12 @@ Kernel pick(int m, int r, int u, int ks) {
 // are then exactly the K-walk's x pairs of x row g, word column 4 (4 kb + t) + j: parts A, C for
 // the first k-step, B, D for the second. Each K block's two groups accumulate apart (a fresh fp32
 // accumulator each), then are scaled by their row's group scales and x's per-block 1/scale in fp32.
+// NVFP4 (BITS 16): one MMA's 16 k come from four lanes' vectors, that is four scale blocks, so each
+// decoded pair is multiplied by its row's block scale before the MMA (one HMUL2 a pair). Exact in
+// f16: a code decodes to its E2M1 value v times 2^-14 and the scale to its E4M3 value s (the
+// fp4_scales bits times 256); v * s is a multiple of 2^-10 of at most 6 significant bits and at most
+// 2688, so v * s * 2^-14 is a multiple of 2^-24 (f16's subnormal step) below 0.17. The 2^14 and the
+// row's global scale are applied at the store.
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -481,12 +488,18 @@ __device__ __forceinline__ uint32_t u32(half2 h) {
   return c.u;
 }
 
-// rows padded to a multiple of 16 x warps a CTA / KS; m (1-4) x rows at run time.
+// An NVFP4 vector's two block scales as f16 E4M3 values (block 2v low): fp4_scales' bits times 2^8.
+__device__ __forceinline__ half2 fp4_scales_h2(uint32_t sb) {
+  return __hmul2(h2(fp4_scale_bits(sb)), __float2half2_rn(256.f));
+}
+
+// rows padded to a multiple of 16 x warps a CTA / KS; m (1-4) x rows at run time. g: NVFP4's
+// per-row global scales (BITS 16 only).
 template <int BITS, int U, int KS>
 __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
-                                                const uint32_t* __restrict__ sc, const uint4* __restrict__ xp,
-                                                const float* __restrict__ invm, __nv_bfloat16* __restrict__ y, int n,
-                                                int V, int m, bool late) {
+                                                const uint32_t* __restrict__ sc, const float* __restrict__ gsc,
+                                                const uint4* __restrict__ xp, const float* __restrict__ invm,
+                                                __nv_bfloat16* __restrict__ y, int n, int V, int m, bool late) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int slice = KS > 1 ? warp % KS : 0;
@@ -505,6 +518,9 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
   const uint4* q_g8 = q_g + (size_t)8 * V;
   const uint32_t* s_g = sc + (size_t)(row0 + g) * (V >> 2);
   const uint32_t* s_g8 = s_g + (size_t)8 * (V >> 2);
+  // NVFP4: a 16-bit pair of block scales a vector
+  const uint16_t* f_g = (const uint16_t*)sc + (size_t)(row0 + g) * V + t;
+  const uint16_t* f_g8 = f_g + (size_t)8 * V;
   const uint16_t* h_g = qh + (size_t)(row0 + g) * (V << 1) + t;
   const uint16_t* h_g8 = h_g + (size_t)8 * (V << 1);
   const bool x_row = g < m;  // this lane's B column is x row g
@@ -518,6 +534,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
   const uint4* qp1 = q_g8 + 4 * kb_start;
   const uint32_t* sp0 = s_g + kb_start;
   const uint32_t* sp1 = s_g8 + kb_start;
+  const uint16_t* fp0 = f_g + 4 * kb_start;
+  const uint16_t* fp1 = f_g8 + 4 * kb_start;
   const uint16_t* hp0 = h_g + 8 * kb_start;
   const uint16_t* hp1 = h_g8 + 8 * kb_start;
   const uint4* xq0 = xq + 4 * kb_start;
@@ -532,8 +550,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
       if (u == 0 || kb0 + u < nkb) {
         q0[u] = ld_stream(qp0 + 4 * u);
         q1[u] = ld_stream(qp1 + 4 * u);
-        s0[u] = __ldg(sp0 + u);
-        s1[u] = __ldg(sp1 + u);
+        s0[u] = BITS == 16 ? (uint32_t)__ldg(fp0 + 4 * u) : __ldg(sp0 + u);
+        s1[u] = BITS == 16 ? (uint32_t)__ldg(fp1 + 4 * u) : __ldg(sp1 + u);
         hb0[u] = BITS == 5 ? q5_high(hp0 + 8 * u) : 0u;
         hb1[u] = BITS == 5 ? q5_high(hp1 + 8 * u) : 0u;
       }
@@ -552,25 +570,47 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         const float i1 = n1 < m ? ld_x(ip1 + u) : 0.f;
         const uint32_t Q0 = BITS == 5 ? q5_bits(hb0[u]) : 0u, Q1 = BITS == 5 ? q5_bits(hb1[u]) : 0u;
         float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
+        // NVFP4: rows g and g + 8's block scales (words 0, 1: block 2v; 2, 3: block 2v + 1)
+        const half2 f0 = BITS == 16 ? fp4_scales_h2(s0[u]) : __float2half2_rn(0.f);
+        const half2 f1 = BITS == 16 ? fp4_scales_h2(s1[u]) : __float2half2_rn(0.f);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           half2 a0, b0, c0, d0, a1, b1, c1, d1;
-          decode_word<BITS>(part(q0[u], j), BITS == 5 ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
-          decode_word<BITS>(part(q1[u], j), BITS == 5 ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
+          if constexpr (BITS == 16) {
+            decode_word_fp4(part(q0[u], j), k.sign, a0, b0, c0, d0);
+            decode_word_fp4(part(q1[u], j), k.sign, a1, b1, c1, d1);
+            const half2 e0 = j < 2 ? __low2half2(f0) : __high2half2(f0);
+            const half2 e1 = j < 2 ? __low2half2(f1) : __high2half2(f1);
+            a0 = __hmul2(a0, e0), b0 = __hmul2(b0, e0), c0 = __hmul2(c0, e0), d0 = __hmul2(d0, e0);
+            a1 = __hmul2(a1, e1), b1 = __hmul2(b1, e1), c1 = __hmul2(c1, e1), d1 = __hmul2(d1, e1);
+          } else {
+            decode_word<BITS>(part(q0[u], j), BITS == 5 ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
+            decode_word<BITS>(part(q1[u], j), BITS == 5 ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
+          }
           mma16816(dlo, u32(a0), u32(a1), u32(c0), u32(c1), part(xv[0], j), part(xv[2], j));
           mma16816(dhi, u32(b0), u32(b1), u32(d0), u32(d1), part(xv[1], j), part(xv[3], j));
         }
-        const float2 sg = __half22float2(h2(s0[u])), sg8 = __half22float2(h2(s1[u]));
-        acc[0] = fmaf(fmaf(dlo[0], sg.x, dhi[0] * sg.y), i0, acc[0]);
-        acc[1] = fmaf(fmaf(dlo[1], sg.x, dhi[1] * sg.y), i1, acc[1]);
-        acc[2] = fmaf(fmaf(dlo[2], sg8.x, dhi[2] * sg8.y), i0, acc[2]);
-        acc[3] = fmaf(fmaf(dlo[3], sg8.x, dhi[3] * sg8.y), i1, acc[3]);
+        if constexpr (BITS == 16) {
+          // the scales are in the products: the two halves' sums, by x's 1/scale
+          acc[0] = fmaf(dlo[0] + dhi[0], i0, acc[0]);
+          acc[1] = fmaf(dlo[1] + dhi[1], i1, acc[1]);
+          acc[2] = fmaf(dlo[2] + dhi[2], i0, acc[2]);
+          acc[3] = fmaf(dlo[3] + dhi[3], i1, acc[3]);
+        } else {
+          const float2 sg = __half22float2(h2(s0[u])), sg8 = __half22float2(h2(s1[u]));
+          acc[0] = fmaf(fmaf(dlo[0], sg.x, dhi[0] * sg.y), i0, acc[0]);
+          acc[1] = fmaf(fmaf(dlo[1], sg.x, dhi[1] * sg.y), i1, acc[1]);
+          acc[2] = fmaf(fmaf(dlo[2], sg8.x, dhi[2] * sg8.y), i0, acc[2]);
+          acc[3] = fmaf(fmaf(dlo[3], sg8.x, dhi[3] * sg8.y), i1, acc[3]);
+        }
       }
     }
     qp0 += 4 * U * KS;
     qp1 += 4 * U * KS;
     sp0 += U * KS;
     sp1 += U * KS;
+    fp0 += 4 * U * KS;
+    fp1 += 4 * U * KS;
     hp0 += 8 * U * KS;
     hp1 += 8 * U * KS;
     xq0 += 4 * U * KS;
@@ -595,12 +635,14 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     const int row = row0 + g + 8 * (c >> 1), col = 2 * t + (c & 1);
-    if (col < m && row < n) y[(size_t)col * n + row] = __float2bfloat16(acc[c]);
+    // NVFP4: the codes' 2^-14 undone, times the row's global scale
+    if (col < m && row < n)
+      y[(size_t)col * n + row] = __float2bfloat16(BITS == 16 ? acc[c] * __ldg(gsc + row) * 16384.f : acc[c]);
   }
 }
 
-typedef void (*MmaKernel)(const uint4*, const uint16_t*, const uint32_t*, const uint4*, const float*, __nv_bfloat16*,
-                          int, int, int, bool);
+typedef void (*MmaKernel)(const uint4*, const uint16_t*, const uint32_t*, const float*, const uint4*, const float*,
+                          __nv_bfloat16*, int, int, int, bool);
 
 template <int BITS>
 MmaKernel pick_mma(int u, int ks) {
@@ -635,7 +677,7 @@ extern "C" int ninfer_gemv_preload(int device) {
         }
   for (int u : us)
     for (int ks : kss) {
-      const MmaKernel mk[] = {pick_mma<4>(u, ks), pick_mma<5>(u, ks)};
+      const MmaKernel mk[] = {pick_mma<4>(u, ks), pick_mma<5>(u, ks), pick_mma<16>(u, ks)};
       for (MmaKernel k : mk) {
         if (k == nullptr) continue;
         cudaFuncAttributes attr;
@@ -670,18 +712,22 @@ static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int
   return cudaSuccess;
 }
 
-// The tensor-core form (q4/q5, 1-4 x rows, 16 rows a warp). Returns a cudaError_t; 1000 for a
-// (bits, unroll, K split) not built.
+// The tensor-core form (q4/q5/NVFP4, 1-4 x rows, 16 rows a warp; g: NVFP4's global scales). Returns a
+// cudaError_t; 1000 for a (bits, unroll, K split) not built.
 extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int warps, const void* qw, const void* qh,
-                               const void* sc, const void* xp, const void* invm, void* y, int n, int V, int pdl,
-                               void* stream, int device) {
-  MmaKernel k = bits == 4 ? pick_mma<4>(unroll, ksplit) : bits == 5 ? pick_mma<5>(unroll, ksplit) : nullptr;
+                               const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
+                               int pdl, void* stream, int device) {
+  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit)
+                : bits == 5  ? pick_mma<5>(unroll, ksplit)
+                : bits == 16 ? pick_mma<16>(unroll, ksplit)
+                             : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
   Launch l;
   const cudaError_t e = prepare_launch(l, device, n, 16 * (warps / ksplit), warps, pdl, stream);
   if (e != cudaSuccess) return (int)e;
   return (int)cudaLaunchKernelEx(&l.cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc,
-                                 (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, m, pdl == 2);
+                                 (const float*)g, (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, m,
+                                 pdl == 2);
 }
 
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.

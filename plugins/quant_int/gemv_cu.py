@@ -38,7 +38,7 @@ BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (
          4: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2), (1, 1, 2))}
 MAX_M = 4
 # the tensor-core form (gemv_cu.cu: gemv_mma): formats and (K blocks ahead, warps a row group) built
-MMA_FORMATS = (4, 5)
+MMA_FORMATS = (4, 5, 16)
 # (2, 4), (1, 8), (2, 8): long-K shapes with few rows (q5 down, 5120 x 17408: 320 row groups of 16 at
 # KS = 1, 2.4 warps an SM) keep more bytes in flight by splitting K over more warps of a CTA
 BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
@@ -53,7 +53,7 @@ class CUConfig:
     unroll: int = 1  # 16-byte vectors of each row a lane loads ahead
     num_warps: int = 4
     ksplit: int = 1  # warps sharing a row group, each walking every ksplit-th trip of K
-    # the tensor-core form (gemv_mma: q4/q5, 16 rows a warp, `unroll` K blocks of 128 ahead)
+    # the tensor-core form (gemv_mma: q4/q5/NVFP4, 16 rows a warp, `unroll` K blocks of 128 ahead)
     mma: bool = False
 
     def describe(self) -> str:
@@ -154,7 +154,7 @@ def _build_and_load(arch: str) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     mma = lib.ninfer_gemv_mma
     mma.restype = ctypes.c_int
-    mma.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    mma.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     lib.ninfer_gemv_preload.restype = ctypes.c_int
     lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
     return lib
@@ -203,7 +203,7 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
 
 def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     """A config the library holds for m x rows (a tuned entry that is not falls through); the
-    tensor-core form only for q4/q5, 16 rows a warp."""
+    tensor-core form only for q4/q5/NVFP4, 16 rows a warp."""
     if not (1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0 and 1 <= m <= MAX_M):
         return False
     if cfg.mma:
@@ -302,7 +302,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
     if cfg.mma:
         rc = lib.ninfer_gemv_mma(p.fmt, m, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
-                                 p.scales.data_ptr(), xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
+                                 p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
                                  p.qweight.shape[1] // 16, pdl, stream, device)
     else:
         rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,

@@ -190,7 +190,9 @@ def _emulate_mma(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     (word column 4 (4 kb + t) + j) in its B registers, as mma.sync m16n8k16's fragment layout
     reads them (A reg 0: row g, k 2t, 2t+1; reg 1: row g+8; reg 2: row g, k 2t+8, 2t+9; reg 3: row
     g+8; B reg 0: k 2t, 2t+1 of column g; reg 1: k 2t+8, 2t+9); the MMAs in fp32, the two groups'
-    sums scaled by the row's group scales and x's 1/scale: y [m, n] fp32."""
+    sums scaled by the row's group scales and x's 1/scale: y [m, n] fp32. NVFP4: each decoded pair
+    times its row's block scale in fp16 before the MMAs (words 0, 1 block 2v, words 2, 3 block
+    2v + 1), one sum a K block by x's 1/scale, the 2^14 and the global scale at the end."""
     rows, V = p.qweight.shape[0], p.qweight.shape[1] // 16
     nkb = V // 4
     words = p.qweight.numpy().view(np.uint32).reshape(rows, V, 4)
@@ -198,7 +200,15 @@ def _emulate_mma(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     dec = CU.decode_words(p.fmt, words, hb).astype(np.float32)  # [rows, V, 4 words, 4 parts, 2]
     xv = xp.numpy().view(np.uint32).reshape(4, 4, V, 4)
     inv = invm.numpy().reshape(4, nkb)
-    sc = p.scales.numpy().astype(np.float32).reshape(rows, nkb, 2)
+    nv = p.fmt == 16
+    if nv:
+        # the block scales as the kernel's fp4_scales_h2 makes them (E4M3 values, exact in fp16)
+        s16 = CU.fp4_scales(p.scales.numpy().view(np.uint16).reshape(-1, V)[:rows]).astype(np.float32) * 256.0
+        word_scale = s16[:, :, [0, 0, 1, 1]]  # [rows, V, 4 words]
+        dec = (dec * word_scale[..., None, None]).astype(np.float16).astype(np.float32)
+        sc = np.ones((rows, nkb, 2), dtype=np.float32)
+    else:
+        sc = p.scales.numpy().astype(np.float32).reshape(rows, nkb, 2)
     out = np.zeros((m, p.n), dtype=np.float32)
     for r0 in range(0, p.n, 16):
         for kb in range(nkb):
@@ -222,11 +232,13 @@ def _emulate_mma(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
                 if r0 + r < p.n:
                     s_lo, s_hi = sc[r0 + r, kb]
                     out[:, r0 + r] += (d[0][r, :m] * s_lo + d[1][r, :m] * s_hi) * inv[:m, kb]
+    if nv:
+        out *= p.gscale.numpy().reshape(-1)[: p.n] * 2.0**14
     return out
 
 
 @pytest.mark.skipif(CUDA, reason="the x pairs come from the interpreted Triton kernel here")
-@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64"])
+@pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "nvfp4"])
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_the_tensor_core_forms_fragments_emulated_match_the_reference(scheme, m, monkeypatch):
     """gemv_mma's lane-to-fragment mapping, emulated, against dequantize-then-matmul (rows not a
@@ -259,10 +271,11 @@ def test_the_tensor_core_form_simulated_warp_by_warp(case, monkeypatch):
     cu_mma_sim.main(*case)
 
 
-def test_the_tensor_core_form_takes_q4_q5_at_16_rows_a_warp():
+def test_the_tensor_core_form_takes_q4_q5_nvfp4_at_16_rows_a_warp():
     cfg = CU.CUConfig(16, 2, 4, 2, True)
     assert cfg.describe() == "cu mma U2 w4 ks2" and cfg.rows_a_cta == 32
-    assert CU._built(cfg, 4, 4) and CU._built(cfg, 1, 5) and not CU._built(cfg, 4, 8) and not CU._built(cfg, 4, 16)
+    assert CU._built(cfg, 4, 4) and CU._built(cfg, 1, 5) and CU._built(cfg, 4, 16)
+    assert not CU._built(cfg, 4, 8) and not CU._built(cfg, 4, 6)
     assert not CU._built(CU.CUConfig(16, 4, 4, 2, True), 4, 4)  # U4 KS2 not built
     assert not CU._built(CU.CUConfig(8, 1, 4, 1, True), 4, 4)  # 16 rows a warp only
 
