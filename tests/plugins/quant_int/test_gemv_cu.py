@@ -102,6 +102,24 @@ def test_the_nvfp4_decode_emulated_gives_every_code():
     assert np.array_equal(dec[finite, 0], e4m3[finite]) and np.array_equal(dec[finite, 1], e4m3[::-1][finite])
 
 
+def test_the_tensor_core_forms_nvfp4_prescale_is_exact_in_fp16():
+    """gemv_mma multiplies each decoded NVFP4 pair (E2M1 value times 2^-14) by its block scale (the
+    E4M3 value) in fp16 before the MMA: every code against every finite scale, sign included, gives
+    the exact product (no rounding, no underflow), so the form loses nothing to the order."""
+    codes = np.arange(16, dtype=np.uint32)
+    # a word whose byte 0 holds code c as its element A (sign bit 7, magnitude bits 1-3)
+    words = ((codes & 7) << 1 | (codes >> 3) << 7).reshape(16, 1)
+    v = CU.decode_words(16, np.concatenate([words, np.zeros((16, 3), np.uint32)], 1))[:, 0, 0, 0]  # [16] fp16
+    e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    e4m3 = e4m3[np.isfinite(e4m3)]
+    s = e4m3.astype(np.float16)
+    assert np.array_equal(s.astype(np.float64), e4m3)
+    got = (v[:, None] * s[None, :]).astype(np.float64)  # fp16 products, rounded once as HMUL2
+    want = v.astype(np.float64)[:, None] * e4m3[None, :].astype(np.float64)
+    assert np.array_equal(got, want)
+    assert len(set(np.abs(v.astype(np.float64)) * 2.0**14)) == 8  # every E2M1 magnitude was covered
+
+
 def _emulate(p, xp: torch.Tensor, invm: torch.Tensor, m: int) -> np.ndarray:
     """gemv_cu.cu's arithmetic over a prepared weight with its index math (vectors, scale pairs,
     16-bit runs of qhigh, the x pairs' [row][part][V] vectors, INVM [row][K block]), the decoded
