@@ -79,6 +79,7 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
     y = np.full((m * n,), np.nan, np.float32)
     stores = np.zeros(m * n, np.int32)
     qw, qh, sc, xp, invm = mem["qw"], mem["qh"], mem["sc"], mem["xp"], mem["invm"]
+    nv = BITS == 16  # NVFP4: sc holds 16-bit scale pairs, one a vector; gsc the rows' global scales
     waits = 0
     for bx in range(grid):
         part_sums = np.full((8, 32, 4), np.nan, np.float32)
@@ -98,14 +99,15 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                 g, t = lane >> 2, lane & 3
                 q_g = (row0 + g) * V + t
                 q_g8 = q_g + 8 * V
-                s_g = (row0 + g) * (V >> 2)
-                s_g8 = s_g + 8 * (V >> 2)
+                s_g = (row0 + g) * V + t if nv else (row0 + g) * (V >> 2)
+                s_g8 = s_g + 8 * V if nv else s_g + 8 * (V >> 2)
+                s_step = 4 if nv else 1  # f_g, f_g8 in the kernel: a vector's pair, 4 vectors a K block
                 h_g = (row0 + g) * (V << 1) + t
                 h_g8 = h_g + 8 * (V << 1)
                 xq = (g * 4) * V + t
                 n0, n1 = 2 * t, 2 * t + 1
                 L = dict(g=g, t=t, x_row=g < m, n0=n0, n1=n1,
-                         qp0=q_g + 4 * kb_start, qp1=q_g8 + 4 * kb_start, sp0=s_g + kb_start, sp1=s_g8 + kb_start,
+                         qp0=q_g + 4 * kb_start, qp1=q_g8 + 4 * kb_start, sp0=s_g + s_step * kb_start, sp1=s_g8 + s_step * kb_start, s_step=s_step,
                          hp0=h_g + 8 * kb_start, hp1=h_g8 + 8 * kb_start, xq0=xq + 4 * kb_start,
                          ip0=(n0 if n0 < m else 0) * nkb + kb_start, ip1=(n1 if n1 < m else 0) * nkb + kb_start,
                          acc=[0.0] * 4)
@@ -121,7 +123,7 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                     for u in range(U):
                         if u == 0 or kb0 + u < nkb:
                             d[u] = (qw.ld(4 * (L["qp0"] + 4 * u), 4).copy(), qw.ld(4 * (L["qp1"] + 4 * u), 4).copy(),
-                                    sc.ld(L["sp0"] + u), sc.ld(L["sp1"] + u),
+                                    sc.ld(L["sp0"] + L["s_step"] * u), sc.ld(L["sp1"] + L["s_step"] * u),
                                     (int(qh.ld(L["hp0"] + 8 * u)) | (int(qh.ld(L["hp0"] + 8 * u + 4)) << 16)) if BITS == 5 else 0,
                                     (int(qh.ld(L["hp1"] + 8 * u)) | (int(qh.ld(L["hp1"] + 8 * u + 4)) << 16)) if BITS == 5 else 0)
                     loads.append(d)
@@ -139,6 +141,12 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                             q0, q1, s0, s1, hb0, hb1 = d[u]
                             dec0 = CU.decode_words(BITS, q0[None], np.array([hb0], np.uint32) if BITS == 5 else None)[0]
                             dec1 = CU.decode_words(BITS, q1[None], np.array([hb1], np.uint32) if BITS == 5 else None)[0]
+                            if nv:
+                                # each pair times its row's block scale in fp16 (words 0, 1: block 2v; 2, 3: 2v + 1)
+                                for dec, sb in ((dec0, s0), (dec1, s1)):
+                                    e = CU.fp4_scales(np.array([sb], np.uint16))[0].astype(np.float32) * 256.0
+                                    for j in range(4):
+                                        dec[j] = (dec[j].astype(np.float32) * e[j // 2]).astype(np.float16)
                             decs.append((dec0.view(np.uint32).reshape(4, 4), dec1.view(np.uint32).reshape(4, 4)))
                         dlo = [[0.0] * 4 for _ in range(32)]
                         dhi = [[0.0] * 4 for _ in range(32)]
@@ -152,14 +160,17 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                             mma(dhi, A_hi, B_hi)
                         for l, (L, d) in enumerate(zip(lanes, loads)):
                             q0, q1, s0, s1, hb0, hb1 = d[u]
-                            sg, sg8 = h2f(s0), h2f(s1)
+                            sg, sg8 = (np.ones(2, np.float32),) * 2 if nv else (h2f(s0), h2f(s1))
+                            if nv:
+                                dlo[l] = [dlo[l][c] + dhi[l][c] for c in range(4)]
+                                dhi[l] = [0.0] * 4
                             a = L["acc"]
                             a[0] += (dlo[l][0] * sg[0] + dhi[l][0] * sg[1]) * i0s[l]
                             a[1] += (dlo[l][1] * sg[0] + dhi[l][1] * sg[1]) * i1s[l]
                             a[2] += (dlo[l][2] * sg8[0] + dhi[l][2] * sg8[1]) * i0s[l]
                             a[3] += (dlo[l][3] * sg8[0] + dhi[l][3] * sg8[1]) * i1s[l]
                 for L in lanes:
-                    for key, step in (("qp0", 4), ("qp1", 4), ("sp0", 1), ("sp1", 1), ("hp0", 8), ("hp1", 8),
+                    for key, step in (("qp0", 4), ("qp1", 4), ("sp0", L["s_step"]), ("sp1", L["s_step"]), ("hp0", 8), ("hp1", 8),
                                       ("xq0", 4), ("ip0", 1), ("ip1", 1)):
                         L[key] += step * U * KS
                 kb0 += U * KS
@@ -189,16 +200,27 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                     row = row0 + L["g"] + 8 * (c >> 1)
                     col = 2 * L["t"] + (c & 1)
                     if col < m and row < n:
-                        y[col * n + row] = L["acc"][c]
+                        y[col * n + row] = L["acc"][c] * (float(mem["gsc"].ld(row)) * 2.0**14 if nv else 1.0)
                         stores[col * n + row] += 1
     return y.reshape(m, n), stores.reshape(m, n), waits
 
 
 def main(scheme, n, k, m, U, KS, warps, seed=0):
     g = torch.Generator().manual_seed(seed)
-    packed = F.quantize(torch.randn(n, k, generator=g), scheme)
-    p = prepare_int(packed)
-    deq = F.dequantize(packed).float()
+    w = torch.randn(n, k, generator=g)
+    if scheme == "nvfp4":
+        from ninfer_plugins.quant_nvfp4 import formats as NF
+        from ninfer_plugins.quant_nvfp4.kernels import (
+            dequantize_prepared,
+            prepare_nvfp4,
+        )
+
+        p = prepare_nvfp4(NF.quantize(w))
+        deq = dequantize_prepared(p).float()
+    else:
+        packed = F.quantize(w, scheme)
+        p = prepare_int(packed)
+        deq = F.dequantize(packed).float()
     x = (torch.randn(m, k, generator=g) * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m])[:, None]).to(torch.bfloat16)
     cfg = CU.CUConfig(16, U, warps, KS, True)
     assert CU.supports(p, cfg, m), cfg
@@ -217,7 +239,8 @@ def main(scheme, n, k, m, U, KS, warps, seed=0):
     ivalid[: m * nkb] = True
     mem = dict(qw=Mem(p.qweight.numpy().view(np.uint32).reshape(-1).copy(), "qw"),
                qh=Mem(p.qhigh.numpy().view(np.uint16).reshape(-1).copy() if p.qhigh is not None else np.zeros(0, np.uint16), "qh"),
-               sc=Mem(p.scales.numpy().view(np.uint32).reshape(-1).copy(), "sc"),
+               sc=Mem(p.scales.numpy().view(np.uint16 if p.fmt == 16 else np.uint32).reshape(-1).copy(), "sc"),
+               gsc=Mem(p.gscale.numpy().reshape(-1).copy() if p.fmt == 16 else np.zeros(0, np.float32), "gsc"),
                xp=Mem(xpw, "xp", xvalid), invm=Mem(invm.numpy().reshape(-1).copy(), "invm", ivalid))
     y, stores, waits = run_kernel(p.fmt, U, KS, warps, m, mem, p.n, V)
     ref = (x.float() @ deq.T).numpy()
@@ -232,7 +255,7 @@ def main(scheme, n, k, m, U, KS, warps, seed=0):
 
 if __name__ == "__main__":
     cases = []
-    for scheme in ("q4_g64", "q5_g64"):
+    for scheme in ("q4_g64", "q5_g64", "nvfp4"):
         for (U, KS) in CU.BUILT_MMA:
             for warps in (4, 8):
                 if warps % KS:

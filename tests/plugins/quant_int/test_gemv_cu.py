@@ -278,7 +278,8 @@ def test_the_tensor_core_forms_fragments_emulated_match_the_reference(scheme, m,
 @pytest.mark.skipif(CUDA, reason="the x pairs come from the interpreted Triton kernel here")
 @pytest.mark.parametrize("case", [("q4_g64", 40, 640, 3, 2, 2, 4), ("q5_g64", 40, 640, 4, 4, 1, 8),
                                   ("q4_g64", 40, 640, 1, 1, 4, 8), ("q5_g64", 300, 1152, 2, 1, 2, 4),
-                                  ("q4_g64", 300, 1152, 4, 2, 1, 4), ("q5_g64", 300, 1152, 4, 2, 8, 8)])
+                                  ("q4_g64", 300, 1152, 4, 2, 1, 4), ("q5_g64", 300, 1152, 4, 2, 8, 8),
+                                  ("nvfp4", 300, 1152, 3, 2, 2, 4), ("nvfp4", 40, 640, 4, 1, 8, 8)])
 def test_the_tensor_core_form_simulated_warp_by_warp(case, monkeypatch):
     """cu_mma_sim: the kernel's walk lane by lane (pointers, U blocks a trip, KS slices and their
     sum, partial trips, rows past n, stale x rows) with the PTX fragment layout: every output stored
