@@ -456,7 +456,7 @@ Kernel pick(int m, int r, int u, int ks) {
 }
 
 
-// --- the tensor-core form, for the verify's 2-4 x rows (q4/q5) ---------------------------------------
+// --- the tensor-core form, for the verify's 2-4 x rows (q4/q5/NVFP4) --------------------------------
 //
 // The CUDA-core kernel above pays one HFMA2 a pair of weights and x row, so at four x rows it is
 // issue-bound (4.9 SASS instructions a q4 weight against 2.4 at one row). Here the products are

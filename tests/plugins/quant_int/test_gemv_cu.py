@@ -368,6 +368,33 @@ def test_every_config_matches_the_reference(scheme, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_nvfp4_blocks_of_tiny_scale_through_every_form():
+    """NVFP4 rows 3e-5 the size of the others (one global scale for the tensor): their E4M3 block
+    scales are subnormal and the tensor-core form feeds the MMA f16 subnormal products (v * s *
+    2^-14 near 2^-20); every form meets the reference on those rows as on the large ones."""
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    n, k = 1024, 2048
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(n, k, device="cuda", generator=g)
+    w[n // 2 :] *= 3e-5  # block scales 1-7 x 2^-9: every one an E4M3 subnormal
+    p, deq = _prepared("nvfp4", w)
+    assert float(deq[n // 2 :].abs().max()) > 0  # the tiny rows did not quantize to zero
+    for m in (1, 4):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ref = x.float() @ deq.T
+        for cfg in configs(m):
+            if not CU.supports(p, cfg, m):
+                continue
+            y = CU.launch(x, p, cfg).float()
+            for rows in (slice(0, n // 2), slice(n // 2, n)):
+                err = _rel(y[:, rows], ref[:, rows])
+                assert err < 6e-3, (m, cfg.describe(), rows, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
 @pytest.mark.parametrize("scheme", ["q4_g64", "q5_g64", "nvfp4"])
 def test_gated_input_and_a_graph_replay(scheme):
     why = CU.unavailable(torch.device("cuda"))
