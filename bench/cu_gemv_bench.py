@@ -12,6 +12,7 @@ against the fp32 reference and the dispatched kernel.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -72,21 +73,21 @@ def main() -> int:
             want = K.launch(x, p)
             base = QL.graph_ms_per_call([lambda q=q, x=x: K.launch(x, q) for q in copies])
             tx = QL.graph_ms_per_call([lambda x=x, m=m: KW.xpairs(x, p.fmt, k, K.block_rows(m), True)] * 64)
-            row = {"fmt": name, "n": n, "k": k, "m": m, "mb": round(nbytes / 1e6, 1),
+            row = {"fmt": name, "bits": p.fmt, "n": n, "k": k, "m": m, "mb": round(nbytes / 1e6, 1),
                    "dispatched": getattr(picked, "describe", lambda: str(picked))(), "dispatched_us": round(base * 1e3, 2),
                    "dispatched_share": round(share(base), 3), "dispatched_err": rel_err(want, ref),
                    "xpairs_us": round(tx * 1e3, 2), "cu": []}
             print(f"  {name} {n}x{k} M={m} ({row['mb']} MB): dispatched {row['dispatched']} {base * 1e3:.2f} us "
                   f"{share(base):.1%} (err {row['dispatched_err']:.1e}); x pairs alone {tx * 1e3:.2f} us", flush=True)
-            cands = [CU.CUConfig(r_, u_, w, ks) for r_, u_, ks in CU.BUILT[m] for w in (4, 8) if r_ * w // ks <= 32]
-            cands += [CU.CUConfig(16, u_, w, ks, True) for u_, ks in CU.BUILT_MMA for w in (4, 8) if w % ks == 0]
-            for cfg in cands:
+            for cfg in CU.built_configs(m):
                 if not CU.supports(p, cfg, m):
                     continue
                 y = CU.launch(x, p, cfg)
                 t = QL.graph_ms_per_call([lambda q=q, c=cfg, x=x: CU.launch(x, q, c) for q in copies])
                 e_ref, e_disp = rel_err(y, ref), rel_err(y, want.float())
-                row["cu"].append({"config": cfg.describe(), "us": round(t * 1e3, 2), "share": round(share(t), 3),
+                # the TUNED_CU entry this config would be: (rows, unroll, warps, ksplit[, True])
+                entry = dataclasses.astuple(cfg) if cfg.mma else dataclasses.astuple(cfg)[:4]
+                row["cu"].append({"config": cfg.describe(), "entry": entry, "us": round(t * 1e3, 2), "share": round(share(t), 3),
                                   "err": e_ref, "err_dispatched": e_disp})
                 print(f"    {cfg.describe():16s} {t * 1e3:8.2f} us {share(t):6.1%}  err {e_ref:.1e} "
                       f"(vs dispatched {e_disp:.1e})", flush=True)
@@ -119,14 +120,7 @@ def tuned_table(rows: list) -> str:
         b = min(ok, key=lambda c: c["us"])
         if b["us"] > WIN * r["dispatched_us"]:
             continue
-        fields = b["config"].split()  # "cu R4 U1 w4 [ks2]" or "cu mma U1 w4 [ks2]"
-        mma = fields[1] == "mma"
-        rows_ = 16 if mma else int(fields[1][1:])
-        unroll, warps = int(fields[2][1:]), int(fields[3][1:])
-        ks = int(fields[4][2:]) if len(fields) > 4 else 1
-        bits = {"q4_g64": 4, "q5_g64": 5, "q6_g64": 6, "q8_g32": 8, "nvfp4": 16}[r["fmt"]]
-        tail = ", True" if mma else ""
-        lines.append(f"    ({bits}, {r['n']}, {r['k']}, {r['m']}): ({rows_}, {unroll}, {warps}, {ks}{tail}),  # {b['us']} us "
+        lines.append(f"    ({r['bits']}, {r['n']}, {r['k']}, {r['m']}): {tuple(b['entry'])},  # {b['us']} us "
                      f"{b['share']:.1%} against {r['dispatched']} {r['dispatched_us']} us")
     lines.append("}")
     return "\n".join(lines)

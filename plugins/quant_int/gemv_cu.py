@@ -211,6 +211,14 @@ def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     return (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and cfg.rows * m <= 32
 
 
+def built_configs(m: int) -> list[CUConfig]:
+    """Every config the library holds for m x rows at 4 and 8 warps, both forms (what a bench ranks
+    and the GPU tests check): CUDA-core configs of at most 32 rows a CTA, tensor-core ones whose
+    warps their K split divides."""
+    core = [CUConfig(r, u, w, ks) for r, u, ks in BUILT[m] for w in (4, 8) if r * w // ks <= 32]
+    return core + [CUConfig(16, u, w, ks, True) for u, ks in BUILT_MMA for w in (4, 8) if w % ks == 0]
+
+
 def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
     """The measured winner of (format, N, K, x rows): the NINFER_CU_TUNED file's entry, else
     tuned.TUNED_CU's; None where neither names it."""

@@ -256,13 +256,10 @@ def main(scheme, n, k, m, U, KS, warps, seed=0):
 if __name__ == "__main__":
     cases = []
     for scheme in ("q4_g64", "q5_g64", "nvfp4"):
-        for (U, KS) in CU.BUILT_MMA:
-            for warps in (4, 8):
-                if warps % KS:
-                    continue
-                for (n, k) in ((40, 640), (300, 1152)):
-                    for m in (1, 2, 3, 4):
-                        cases.append((scheme, n, k, m, U, KS, warps))
+        for c in (c for c in CU.built_configs(1) if c.mma):
+            for (n, k) in ((40, 640), (300, 1152)):
+                for m in (1, 2, 3, 4):
+                    cases.append((scheme, n, k, m, c.unroll, c.ksplit, c.num_warps))
     if len(sys.argv) > 1:
         cases = cases[: int(sys.argv[1])]
     for c in cases:

@@ -316,16 +316,21 @@ def test_a_late_launch_triggers_its_dependents_after_its_wait():
         assert CU._pdl(True, pdl_value()) == 2 and CU._pdl(False, pdl_value()) == 0
 
 
+def test_built_configs_are_the_librarys_at_4_and_8_warps():
+    for m in range(1, CU.MAX_M + 1):
+        cfgs = CU.built_configs(m)
+        assert len(set(cfgs)) == len(cfgs)
+        assert all(CU._built(c, m, 4) for c in cfgs)
+        assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if not c.mma} == set(CU.BUILT[m])
+        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma} == set(CU.BUILT_MMA)
+        assert {c.num_warps for c in cfgs} == {4, 8}
+
+
 def test_unavailable_says_why_on_the_cpu():
     assert "CUDA GPU" in CU.unavailable(torch.device("cpu"))
 
 
 # --- GPU -------------------------------------------------------------------------------------------
-
-def configs(m: int) -> list:
-    return ([CU.CUConfig(r, u, w, ks) for (r, u, ks) in CU.BUILT[m] for w in (4, 8) if r * w // ks <= 32]
-            + [CU.CUConfig(16, u, w, ks, True) for (u, ks) in CU.BUILT_MMA for w in (4, 8)])
-
 
 def _case(scheme: str, n: int, k: int, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -356,7 +361,7 @@ def test_every_config_matches_the_reference(scheme, n, k):
         x = (torch.randn(m, k, device="cuda") * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m], device="cuda")[:, None])
         x = x.to(torch.bfloat16)
         ref = x.float() @ deq.T
-        for cfg in configs(m):
+        for cfg in CU.built_configs(m):
             if not CU.supports(p, cfg, m):
                 continue
             y = CU.launch(x, p, cfg)
@@ -384,7 +389,7 @@ def test_nvfp4_blocks_of_tiny_scale_through_every_form():
     for m in (1, 4):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         ref = x.float() @ deq.T
-        for cfg in configs(m):
+        for cfg in CU.built_configs(m):
             if not CU.supports(p, cfg, m):
                 continue
             y = CU.launch(x, p, cfg).float()
