@@ -165,11 +165,13 @@ class QLinear(nn.Module):
         return self.kernel.apply(x, self.prepared)
 
     def norm_input(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   residual: torch.Tensor | None = None) -> torch.Tensor | None:
+                   residual: torch.Tensor | None = None):
         """The (1 + weight) RMSNorm that makes this linear's input (after `residual += x` in place,
         when given), made by this linear's kernel where it does more in that launch (kernels with
-        `norm_input`: quant_int's K-walk GEMV takes its x pairs from it, NINFER_KW_XREUSE=1); None
-        where it does not (the caller norms as usual)."""
+        `norm_input`: quant_int's K-walk and CUDA GEMVs take their x pairs from it,
+        NINFER_NORM_PAIRS=1 or NINFER_KW_XREUSE=1); None where it does not (the caller norms as
+        usual). A kernel may leave `residual` as it was and put the sum in a new tensor: it then
+        returns (that sum, the norm), and the caller carries the sum on as the residual stream."""
         fn = getattr(self.kernel, "norm_input", None)
         if fn is None or self.prepared is None:
             return None

@@ -73,8 +73,11 @@ class TritonOps:
 
     def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, into=None):
         """residual += delta in place (rounded to its dtype), then its (1+w) norm: one pass. into:
-        as rms_norm's."""
+        as rms_norm's; a norm made by `into` may leave residual unwritten and return the sum as a
+        new tensor (NINFER_NORM_PAIRS=1), so callers carry on with the returned residual."""
         h = into.norm_input(delta, w, eps, residual=residual) if into is not None else None
+        if isinstance(h, tuple):  # the sum went to a new tensor (QLinear.norm_input)
+            return h
         return residual, (h if h is not None else rmsnorm(delta, w, eps, residual=residual))
 
     def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor, eps: float):

@@ -280,7 +280,14 @@ _HELD: dict[tuple, tuple] = {}
 
 
 def xreuse() -> bool:
-    return os.environ.get("NINFER_KW_XREUSE", "0") == "1"
+    """NINFER_KW_XREUSE=1, or NINFER_NORM_PAIRS=1 (the spread norm's pairs, reused the same way)."""
+    return os.environ.get("NINFER_KW_XREUSE", "0") == "1" or norm_spread()
+
+
+def norm_spread() -> bool:
+    """NINFER_NORM_PAIRS=1: the norm before a K-walk or CUDA GEMV makes its pairs, spread over its K
+    blocks (norm_pairs_spread; QLinear.norm_input)."""
+    return os.environ.get("NINFER_NORM_PAIRS", "0") == "1"
 
 
 def reuse_inputs() -> bool:
@@ -362,6 +369,77 @@ def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, resi
     if reuse_inputs():
         note_input(_pairs_key(out.device, fmt, k), out, (n, False))
     return out
+
+
+# --- the norm and x's pairs spread over the K blocks (NINFER_NORM_PAIRS=1) --------------------------
+#
+# norm_pairs makes a row's pairs in one CTA, after its norm: the step waits for that serial tail,
+# and the 27B step got 0.28 ms slower with it (BENCHMARKS.md, twenty-third run). Here the row is
+# spread: program (m, j) loads the whole row and reduces it exactly as rmsnorm_row does (each
+# program alike, so each gets the same 1/rms), then stores only its own K blocks of the norm and
+# their pairs. The residual sum goes to a new tensor, not in place: every program reads the old
+# residual whole, and a program writing its blocks back could race another still reading them.
+
+
+@triton.jit
+def _norm_pairs_spread_kernel(X, RES, RES_OUT, W, Y, XP, INV, INVM, sx, sr, so, sy, n_cols, eps, KW, NKB,
+                              BLOCK: tl.constexpr, HAS_RES: tl.constexpr, KB_PER: tl.constexpr, FMT: tl.constexpr,
+                              HEAD: tl.constexpr, ASM_PAIRS: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (m, j): row m's rmsnorm_row (after s = RES + X, rounded to RES's dtype, when
+    HAS_RES), storing only the columns of K blocks j * KB_PER .. (j + 1) * KB_PER - 1 of s (into
+    RES_OUT) and of the norm (into Y); then those blocks' pairs, read back from Y as xpairs reads
+    x (a barrier between: this CTA's own stores)."""
+    pdl_prologue(PDL)
+    m = tl.program_id(0)
+    j = tl.program_id(1)
+    row = m.to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    lo = j * (KB_PER * 128)
+    mine = ok & (cols >= lo) & (cols < lo + KB_PER * 128)
+    x = tl.load(X + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        s = (x + tl.load(RES + row * sr + cols, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
+        tl.store(RES_OUT + row * so + cols, s, mask=mine)
+        x = s.to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, 0) / n_cols + eps)
+    w = tl.load(W + cols, mask=mine, other=0.0).to(tl.float32) + 1.0
+    tl.store(Y + row * sy + cols, (x * r * w).to(Y.dtype.element_ty), mask=mine)
+    tl.debug_barrier()
+    _xpairs_blocks(Y, XP, INV, INVM, tl.num_programs(0), KW, NKB, sy, 0, m, j * KB_PER + tl.arange(0, KB_PER)[:, None],
+                   FMT, HEAD, ASM_PAIRS, False)
+
+
+def norm_pairs_spread(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int,
+                      residual: torch.Tensor | None = None, fast: bool = True,
+                      kb_per: int = 1) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """norm_pairs in (rows x K blocks / kb_per) programs: -> (s, h), s = residual + x (rounded to
+    the residual's dtype) in a new tensor (None without a residual; `residual` itself is not
+    written), h its (1 + w) RMSNorm, both equal to the bit to norms.rmsnorm's; the K-walk GEMV's
+    x pairs of h in x_scratch, noted (as norm_pairs)."""
+    n, k = x.shape
+    if n not in (1, 2, 4) or k % 128 or fmt not in DECODES:
+        raise ValueError(f"norm_pairs takes 1, 2 or 4 rows of a multiple of 128 in a K-walk format, got {n} x {k}, format {fmt}")
+    if kb_per < 1 or kb_per & (kb_per - 1):
+        raise ValueError(f"norm_pairs_spread's K blocks a program must be a power of two, got {kb_per}")
+    res = residual if residual is not None else x
+    if x.stride(1) != 1 or res.stride(1) != 1 or (residual is not None and residual.shape != x.shape):
+        raise ValueError("norm_pairs needs unit last strides and a residual of x's shape")
+    out = torch.empty(n, k, dtype=x.dtype, device=x.device)
+    s = torch.empty(n, k, dtype=res.dtype, device=x.device) if residual is not None else None
+    xp, inv, invm = x_scratch(x.device, fmt, k)
+    block = triton.next_power_of_2(k)
+    nkb = k // 128
+    res_out = s if s is not None else out
+    _norm_pairs_spread_kernel[(n, triton.cdiv(nkb, kb_per))](
+        x, res, res_out, weight, out, xp, inv, invm, x.stride(0), res.stride(0), res_out.stride(0), out.stride(0), k,
+        eps, row_words(fmt, k), nkb,
+        BLOCK=block, HAS_RES=residual is not None, KB_PER=kb_per, FMT=fmt, HEAD=H2.HEAD[fmt],
+        ASM_PAIRS=fast and not interpreting(), num_warps=min(16, max(1, block // 512)), **pdl_kwargs(x.device),
+    )
+    if reuse_inputs():
+        note_input(_pairs_key(out.device, fmt, k), out, (n, False))
+    return s, out
 
 
 # --- the GEMV ------------------------------------------------------------------------------------

@@ -158,21 +158,31 @@ class TritonQuantLinear:
         return y.reshape(*x.shape[:-1], prepared.n)
 
     def norm_input(self, prepared: K.Prepared, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                   residual: torch.Tensor | None = None) -> torch.Tensor | None:
-        """QLinear.norm_input: where a K-walk GEMV is this weight's decode kernel for x's rows, the
-        norm and that GEMV's prepared x in one launch, so the GEMV on the result skips its own
-        preparation launch: the f16x2 K-walk's pairs (gemv_kw.norm_pairs; 1, 2 or 4 rows, not
-        inline) or the tensor-core K-walk's xq (gemv_tkw.norm_xq). NINFER_KW_XREUSE=1 only; None
-        elsewhere."""
-        if os.environ.get("NINFER_KW_XREUSE", "0") != "1":  # gemv_kw.xreuse(), before any import: every norm asks
+                   residual: torch.Tensor | None = None):
+        """QLinear.norm_input: where a K-walk GEMV or the CUDA GEMV is this weight's decode kernel
+        for x's rows, the norm and that GEMV's prepared x in one launch, so the GEMV on the result
+        skips its own preparation launch. NINFER_NORM_PAIRS=1: the pairs of both GEMVs, made over
+        every K block at once (gemv_kw.norm_pairs_spread; 1, 2 or 4 rows); the residual sum then
+        goes to a new tensor, returned as (residual sum, norm). NINFER_KW_XREUSE=1: the f16x2
+        K-walk's pairs in one CTA a row (gemv_kw.norm_pairs, not inline) or the tensor-core
+        K-walk's xq (gemv_tkw.norm_xq). None elsewhere, and with both off."""
+        spread = os.environ.get("NINFER_NORM_PAIRS", "0") == "1"
+        # gemv_kw.xreuse(), read here before any import: every norm asks
+        if not spread and os.environ.get("NINFER_KW_XREUSE", "0") != "1":
             return None
-        from ninfer_plugins.quant_int import gemv_kw, gemv_tkw
+        from ninfer_plugins.quant_int import gemv_cu, gemv_kw, gemv_tkw
 
         if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] != prepared.k or prepared.k % 128:
             return None
         if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
             return None
-        cfg = _decode_config(x, prepared, (gemv_kw.KWConfig, gemv_tkw.TKWConfig))
+        cfg = _decode_config(x, prepared, (gemv_kw.KWConfig, gemv_tkw.TKWConfig, gemv_cu.CUConfig))
+        pairs = isinstance(cfg, gemv_cu.CUConfig) or (isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline)
+        if spread:
+            if not pairs or x.shape[0] not in (1, 2, 4) or prepared.fmt not in gemv_kw.DECODES:
+                return None
+            s, h = gemv_kw.norm_pairs_spread(x, weight, eps, prepared.fmt, residual=residual, fast=prepared.fast)
+            return h if s is None else (s, h)
         if isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline and x.shape[0] in (1, 2, 4):
             return gemv_kw.norm_pairs(x, weight, eps, prepared.fmt, residual=residual, fast=prepared.fast)
         if isinstance(cfg, gemv_tkw.TKWConfig) and prepared.fmt in gemv_tkw.FORMATS:

@@ -162,6 +162,53 @@ def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
     assert _tokens(path, graph=True) == _tokens(path, graph=False)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+@pytest.mark.parametrize("gemv", ["NINFER_KW", "NINFER_CU_GEMV"])
+def test_gpu_spread_norm_pairs_change_no_bit(tmp_path, monkeypatch, like, gemv):
+    """NINFER_NORM_PAIRS=1, with the K-walk (NINFER_KW=1) or the CUDA GEMV (NINFER_CU_GEMV=4) on
+    every decode launch it fits: the norms before those GEMVs make their x pairs over every K block
+    (gemv_kw.norm_pairs_spread), the residual sum in a new tensor, and the GEMVs skip their own
+    x-pairs launch; the same norm and pairs, so the same logits to the bit, and graph decode gives
+    eager's tokens."""
+    from ninfer_plugins.quant_int import gemv_kw
+
+    monkeypatch.setenv("NINFER_CU_GEMV", "4" if gemv == "NINFER_CU_GEMV" else "0")
+    if gemv == "NINFER_KW":
+        monkeypatch.setenv("NINFER_KW", "1")
+    else:
+        from ninfer_plugins.quant_int import gemv_cu
+
+        if gemv_cu.unavailable(torch.device("cuda")):
+            pytest.skip(gemv_cu.unavailable(torch.device("cuda")))
+    path = make_medium(like, tmp_path / like)
+    model = load_model(path, "cuda", quant="int4")
+    prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
+    plain = _decode_logits(model, prompt)
+    calls = {"norm": 0, "pairs": 0}
+    spread, xpairs = gemv_kw.norm_pairs_spread, gemv_kw.xpairs
+
+    def count(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(gemv_kw, "norm_pairs_spread", count("norm", spread))
+    monkeypatch.setattr(gemv_kw, "xpairs", count("pairs", xpairs))
+    _decode_logits(model, prompt, steps=1)
+    without = dict(calls)
+    monkeypatch.setenv("NINFER_NORM_PAIRS", "1")
+    calls.update(norm=0, pairs=0)
+    _decode_logits(model, prompt, steps=1)
+    assert without["norm"] == 0 and calls["norm"] > 0, (without, calls)
+    assert calls["pairs"] <= without["pairs"] - calls["norm"], (without, calls)
+    assert torch.equal(_decode_logits(model, prompt), plain)
+    del model
+    assert _tokens(path, graph=True) == _tokens(path, graph=False)
+
+
 def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
     import ninfer.kernels.triton as T
     from ninfer_plugins.moe_triton import moe as M

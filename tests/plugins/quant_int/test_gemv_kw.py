@@ -730,6 +730,47 @@ def test_norm_pairs_is_rmsnorm_then_xpairs(fmt, n, k, with_residual):
         assert torch.equal(got, exp)
 
 
+@pytest.mark.parametrize("fmt", [4, 5, 6, 8, 16])
+@pytest.mark.parametrize("n,k,kb_per", [(1, 640, 1), (2, 384, 2), (4, 1152, 4), (1, 5120, 1), (1, 2048, 8)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_spread_norm_pairs_are_rmsnorm_then_xpairs(fmt, n, k, kb_per, with_residual):
+    # the spread form (NINFER_NORM_PAIRS=1) to the bit: its norm equal to rmsnorm's, its residual
+    # sum (a new tensor; the residual given is left as it was) equal to rmsnorm's in-place one, and
+    # every word, scale and 1/scale of x_scratch equal to the x-pairs launch's on its norm; K blocks
+    # a program that do not divide the row's (1152: 9 blocks in programs of 4) included
+    from ninfer.kernels.triton.norms import rmsnorm
+
+    x, w, res_a, res_b = norm_inputs(n, k, n * 1000 + k + fmt, with_residual, DEV)
+    before = None if res_a is None else res_a.clone()
+    fast = not INTERPRET
+    out = {}
+    fused = _scratch_after(
+        lambda: out.setdefault("sh", KW.norm_pairs_spread(x, w, 1e-6, fmt, residual=res_a, fast=fast, kb_per=kb_per)),
+        x.device, fmt, k)
+    s, h = out["sh"]
+    want = rmsnorm(x, w, 1e-6, residual=res_b)
+    assert torch.equal(h, want)
+    if res_a is None:
+        assert s is None
+    else:
+        assert torch.equal(res_a, before)  # not written
+        assert s.data_ptr() != res_a.data_ptr() and torch.equal(s, res_b)
+    apart = _scratch_after(lambda: KW.xpairs(h, fmt, k, n, fast), x.device, fmt, k)
+    for got, exp in zip(fused, apart):
+        assert torch.equal(got, exp)
+
+
+def test_spread_norm_pairs_refuses_what_the_gemv_does_not_take():
+    x = torch.zeros(3, 256, dtype=torch.bfloat16, device=DEV)
+    w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="1, 2 or 4 rows"):
+        KW.norm_pairs_spread(x, w, 1e-6, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        KW.norm_pairs_spread(x[:1], w, 1e-6, 4, kb_per=3)
+    with pytest.raises(ValueError, match="residual of x's shape"):
+        KW.norm_pairs_spread(x[:2], w, 1e-6, 4, residual=torch.zeros(2, 128, dtype=torch.bfloat16, device=DEV))
+
+
 def test_norm_pairs_refuses_what_the_gemv_does_not_take():
     x = torch.zeros(3, 256, dtype=torch.bfloat16, device=DEV)
     w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
