@@ -177,6 +177,22 @@ class QLinear(nn.Module):
             return None
         return fn(self.prepared, x, weight, eps, residual)
 
+    def input_pairs(self, rows: int, device: torch.device):
+        """What the kernel that makes this linear's input (of `rows` rows, on `device`) may also
+        write for it, so that this linear's kernel skips its own preparation launch: an
+        ninfer.kernels.triton.gdn.OutPairs (quant_int's K-walk and CUDA GEMVs' x pairs,
+        NINFER_NORM_PAIRS=1), or None. After that kernel ran, `inputs_made(x)` says on which tensor."""
+        fn = getattr(self.kernel, "input_pairs", None)
+        if fn is None or self.prepared is None:
+            return None
+        return fn(self.prepared, rows, device)
+
+    def inputs_made(self, x: torch.Tensor) -> None:
+        """x's prepared form (asked for with input_pairs) was written by the kernel that made x."""
+        fn = getattr(self.kernel, "inputs_made", None)
+        if fn is not None and self.prepared is not None:
+            fn(self.prepared, x)
+
     def forward_gated(self, gu: torch.Tensor) -> torch.Tensor | None:
         """y = (silu(gate) * up) @ W.T for gu = [gate | up] [..., 2k], where the kernel can take
         the activation into its own launch (`apply_gated`); None otherwise (the caller runs the

@@ -9,7 +9,7 @@
 . bench/device_env.sh
 t0=$(date +%s)
 timeout 200 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py tests/plugins/cuda_fast/test_folds_gpu.py \
-  -k "spread_norm or norm_pairs or folds" > "$OUT/t.txt" 2>&1
+  -k "spread_norm or norm_pairs or folds or gdn_step" > "$OUT/t.txt" 2>&1
 echo "GPU tests rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/t.txt" | head -20
 V="X=1|NINFER_NORM_PAIRS=1|X=1|NINFER_NORM_PAIRS=1"
 left=$(( ${NP1_T:-540} - ($(date +%s) - t0) ))

@@ -151,6 +151,8 @@ class TritonLinearAttention(ReferenceLinearAttention):
     # gdn_decode and gdn_verify take a = b = None with ab_input = (x, W_ab): in_proj_a / in_proj_b
     # inside the step
     fuses_ab = True
+    # gdn_decode takes out_pairs (the next GEMV's x pairs written by the step: QLinear.input_pairs)
+    takes_out_pairs = True
 
     @staticmethod
     def decode_inputs_scope():
@@ -172,12 +174,13 @@ class TritonLinearAttention(ReferenceLinearAttention):
         return scope()
 
     def gdn_decode(self, mixed_qkv, a, b, z, layer, conv_state, rec_state, slots, ab_input=None,
-                   state_early: bool = False) -> torch.Tensor:
+                   state_early: bool = False, out_pairs=None) -> torch.Tensor:
         """mixed_qkv [B, conv_dim] (pre-conv), a, b [B, Hv], z [B, Hv*Dv] raw projections (or a =
         b = None and ab_input = (x [B, H], W [2 Hv, H]): the gates computed in the step); the
         layer's conv taps, A_log, dt_bias, norm weight and dims; the cache's conv and recurrent
         state, updated in place for rows slots[b] -> gated-normed o [B, Hv, Dv]. state_early: the
-        inputs were made inside `decode_inputs_scope()`, which said so."""
+        inputs were made inside `decode_inputs_scope()`, which said so. out_pairs: see
+        gdn_decode_step."""
         from ninfer.kernels.triton import gdn_decode_step
 
         if layer.kernel != 4:
@@ -186,4 +189,5 @@ class TritonLinearAttention(ReferenceLinearAttention):
             mixed_qkv, a, b, layer.conv_weight, conv_state, layer.A_log, layer.dt_bias, rec_state,
             num_k_heads=layer.hk, head_k_dim=layer.dk, head_v_dim=layer.dv, state_indices=slots,
             z=z, norm_weight=layer.norm_weight, eps=layer.eps, ab_input=ab_input, state_early=state_early,
+            out_pairs=out_pairs,
         )  # fmt: skip

@@ -189,6 +189,35 @@ class TritonQuantLinear:
             return gemv_tkw.norm_xq(x, weight, eps, prepared.fmt, residual=residual)
         return None
 
+    def input_pairs(self, prepared: K.Prepared, rows: int, device: torch.device):
+        """QLinear.input_pairs: where a K-walk GEMV (not inline) or the CUDA GEMV is this weight's
+        decode kernel for `rows` rows (1, 2 or 4) on a GPU, an OutPairs that writes that GEMV's x
+        pairs (gemv_kw._xpairs_blocks into its x_scratch); NINFER_NORM_PAIRS=1 only; None
+        elsewhere."""
+        if os.environ.get("NINFER_NORM_PAIRS", "0") != "1" or device.type != "cuda" or rows not in (1, 2, 4):
+            return None
+        from ninfer.kernels.triton.gdn import OutPairs
+        from ninfer_plugins.quant_int import gemv_cu, gemv_h2, gemv_kw
+
+        if prepared.k % 128 or prepared.fmt not in gemv_kw.DECODES:
+            return None
+        cfg = _kernels().pick_gemv(prepared.fmt, rows, prepared.n, prepared.k, prepared.sm_count)
+        if not (isinstance(cfg, gemv_cu.CUConfig) or (isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline)):
+            return None
+        xp, inv, invm = gemv_kw.x_scratch(device, prepared.fmt, prepared.k)
+        return OutPairs(fn=gemv_kw._xpairs_blocks, xp=xp, inv=inv, invm=invm, kw=gemv_kw.row_words(prepared.fmt, prepared.k),
+                        nkb=prepared.k // 128, fmt=prepared.fmt, head=gemv_h2.HEAD[prepared.fmt],
+                        asm=prepared.fast and not _kernels().interpreting())
+
+    def inputs_made(self, prepared: K.Prepared, x: torch.Tensor) -> None:
+        """QLinear.inputs_made: x's pairs are in the x_scratch (input_pairs' kernel wrote them):
+        noted, so the GEMV on x skips its x-pairs launch."""
+        from ninfer_plugins.quant_int import gemv_kw
+
+        x2 = x.reshape(-1, prepared.k)
+        if gemv_kw.reuse_inputs():
+            gemv_kw.note_input(gemv_kw._pairs_key(x2.device, prepared.fmt, prepared.k), x, (x2.shape[0], False))
+
     def apply_gated(self, gu: torch.Tensor, prepared: K.Prepared) -> torch.Tensor | None:
         """y = apply(silu(gate) * up) for gu = [gate | up] [..., 2k], the silu and product done as
         the f16x2 GEMV prepares its input (no silu_mul launch), where that GEMV is this shape's

@@ -431,11 +431,20 @@ class GatedDeltaNet(nn.Module):
                 else:
                     qkv, z, a, b = self.projections(x)
             extra = {"state_early": True} if early else {}
+            # out_proj's prepared input written by the step itself (NINFER_NORM_PAIRS=1; one value
+            # head is one K block of 128 of out_proj's input)
+            pairs = None
+            if getattr(self.backend, "takes_out_pairs", False) and self.dv == 128 and add_norm is None:
+                pairs = self.out_proj.input_pairs(x.shape[0], x.device)
+            if pairs is not None:
+                extra["out_pairs"] = pairs
             if w_ab is not None:
                 o = self.backend.gdn_decode(qkv, None, None, z, self, conv_state, rec_state, slots, ab_input=(x, w_ab), **extra)
             else:
                 o = self.backend.gdn_decode(qkv, a, b, z, self, conv_state, rec_state, slots, **extra)
             o = o.reshape(o.shape[0], -1)
+            if pairs is not None:
+                self.out_proj.inputs_made(o)
             return self.out_proj(o) if add_norm is None else self.out_proj(o, add_norm=add_norm)
         mixed, new_conv = self._conv(self.in_proj_qkv(x).unsqueeze(1), conv_state[slots])
         q, k, v = self._split(mixed[:, 0])

@@ -19,6 +19,7 @@ exactly one program and are shifted by it.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -27,6 +28,24 @@ import triton.language as tl
 from ninfer.kernels.triton import sync as SY
 from ninfer.kernels.triton.launch import lasting, pdl_early_trigger, pdl_kwargs, pdl_prologue, pdl_wait, sm_count
 from ninfer.kernels.triton.norms import gated_rmsnorm
+
+
+@dataclass(frozen=True)
+class OutPairs:
+    """What gdn_decode_step's programs do with their output block for the GEMV that reads o next
+    (made by that GEMV's kernel, e.g. quant_int's QLinear.input_pairs): `fn`, a Triton function
+    called as fn(O, xp, inv, invm, rows, kw, nkb, row stride, 0, row, [[block]], fmt, head, asm,
+    False) after the block is stored, and its scratch and constants."""
+
+    fn: object
+    xp: torch.Tensor
+    inv: torch.Tensor
+    invm: torch.Tensor
+    kw: int
+    nkb: int
+    fmt: int
+    head: int
+    asm: bool
 
 
 @triton.jit
@@ -256,6 +275,8 @@ def _gdn_decode_kernel(
     HAS_IDX: tl.constexpr, FUSE_NORM: tl.constexpr, FUSE_AB: tl.constexpr = False, HID: tl.constexpr = 0,
     BH: tl.constexpr = 1024, HP: tl.constexpr = 0, HR: tl.constexpr = 0, PDL: tl.constexpr = False,
     PAIRED: tl.constexpr = False, STATE_EARLY: tl.constexpr = False, GATES_EARLY: tl.constexpr = False,
+    XP=None, XINV=None, XINVM=None, XKW=0, XNKB=0, EPI: tl.constexpr = None, EPI_FMT: tl.constexpr = 0,
+    EPI_HEAD: tl.constexpr = 0, EPI_ASM: tl.constexpr = False,
 ):
     R: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BV
@@ -337,6 +358,12 @@ def _gdn_decode_kernel(
             _shift_state(CS, q_ch, slot, scs_n, scs_c, scs_t, q1, q2, qx)
             _shift_state(CS, k_ch, slot, scs_n, scs_c, scs_t, k1, k2, kx)
             SY.rearm(CNT + b * HK + h)
+    if EPI is not None:
+        # the next GEMV's prepared input from this program's output (its K block j of row b, the
+        # whole head: BV = DV = 128), read back after a barrier (this CTA's own stores)
+        tl.debug_barrier()
+        EPI(O, XP, XINV, XINVM, tl.num_programs(0) // HV, XKW, XNKB, so_b, 0, b, j + tl.zeros([1, 1], tl.int32),
+            EPI_FMT, EPI_HEAD, EPI_ASM, False)
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
@@ -382,6 +409,7 @@ def gdn_decode_step(
     num_warps: int | None = None,
     ab_input: tuple[torch.Tensor, torch.Tensor] | None = None,
     state_early: bool = False,
+    out_pairs: OutPairs | None = None,
 ) -> torch.Tensor:
     """One decode token for B sequences; updates conv_state and ssm_state in place.
 
@@ -399,6 +427,11 @@ def gdn_decode_step(
     state_early: the slot ids and the recurrent-state tile are read before the PDL wait. The
     caller's promise: the launch just before this one was made inside `launch.late_dependents()`
     (or without PDL), and nothing from that launch on writes them (see late_dependents).
+
+    out_pairs (OutPairs; with the fused norm, DV = 128 and `out` contiguous): each program also
+    hands its stored head, one K block of 128 of o's row [B, Hv*Dv], to out_pairs.fn, which
+    prepares it for the GEMV that reads o next (quant_int's x pairs), so that GEMV needs no
+    preparation launch of its own.
     """
     B = mixed_qkv.shape[0]
     fuse_ab = a is None
@@ -429,6 +462,13 @@ def gdn_decode_step(
     hid = wab.shape[1] if fuse_ab else 0
     # NINFER_GDN_AB_EARLY=0: the gate rows after the PDL wait (A/B; 0.04 ms a 27B step slower, H200)
     hp, hr = ab_split(hid) if os.environ.get("NINFER_GDN_AB_EARLY", "1") != "0" else (0, 0)
+    epi = {}
+    if out_pairs is not None:
+        if not fuse or DV != 128 or out.stride(1) != DV or out.stride(2) != 1 or out.stride(0) != HV * DV:
+            raise ValueError("gdn_decode_step: out_pairs needs the fused norm, head_v_dim 128 and a contiguous out")
+        op = out_pairs
+        epi = dict(XP=op.xp, XINV=op.inv, XINVM=op.invm, XKW=op.kw, XNKB=op.nkb, EPI=op.fn, EPI_FMT=op.fmt,
+                   EPI_HEAD=op.head, EPI_ASM=op.asm)
     _gdn_decode_kernel[(B * HV, DV // bv)](
         mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, out, zz,
         norm_weight if fuse else A_log, idx, counters, xh, wab,
@@ -439,7 +479,7 @@ def gdn_decode_step(
         HK=HK, HV=HV, DK=DK, DV=DV, BV=bv, HAS_IDX=state_indices is not None, FUSE_NORM=fuse,
         FUSE_AB=fuse_ab, HID=hid, BH=min(1024, triton.next_power_of_2(max(hid, 16))), HP=hp, HR=hr,
         num_warps=num_warps or 4, PAIRED=paired_reductions(), STATE_EARLY=state_early,
-        GATES_EARLY=state_early and fuse_ab and gates_early(), **pdl_kwargs(mixed_qkv.device),
+        GATES_EARLY=state_early and fuse_ab and gates_early(), **epi, **pdl_kwargs(mixed_qkv.device),
     )
     if z is not None and not fuse:
         gated_rmsnorm(out, z.view(B, HV, DV), norm_weight, eps, out=out)

@@ -760,6 +760,52 @@ def test_spread_norm_pairs_are_rmsnorm_then_xpairs(fmt, n, k, kb_per, with_resid
         assert torch.equal(got, exp)
 
 
+@pytest.mark.parametrize("fmt", [5, 8, 16])
+@pytest.mark.parametrize("slots", [[0], [2, -1], [1, 3, 0, 2]])
+def test_gdn_step_writes_the_next_gemvs_pairs(fmt, slots):
+    # gdn_decode_step's out_pairs (NINFER_NORM_PAIRS=1: out_proj's x pairs made by the step, one
+    # value head a K block): the step's output and states to the bit as without, and x_scratch
+    # equal to the x-pairs launch's on that output; a padded row (slot -1) gets its zeros' pairs
+    from ninfer.kernels.triton import gdn_decode_step
+    from ninfer.kernels.triton.gdn import OutPairs
+
+    B, HK, HV, DK, DV = len(slots), 1, 3, 32, 128
+    g = torch.Generator().manual_seed(fmt * 10 + B)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(DEV)
+
+    C = 2 * HK * DK + HV * DV
+    cw, cs = rnd(C, 4, scale=0.5).bfloat16(), rnd(4, C, 3).bfloat16()
+    ss, alog, dtb = rnd(4, HV, DK, DV, scale=0.1), rnd(HV, scale=0.5), rnd(HV, scale=0.5)
+    nw = (1 + rnd(DV, scale=0.1)).bfloat16()
+    x, a, b, z = rnd(B, C).bfloat16(), rnd(B, HV, scale=3).bfloat16(), rnd(B, HV).bfloat16(), rnd(B, HV * DV).bfloat16()
+    idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    k = HV * DV
+    fast = not INTERPRET
+    xp, inv, invm = KW.x_scratch(x.device, fmt, k)
+    pairs = OutPairs(fn=KW._xpairs_blocks, xp=xp, inv=inv, invm=invm, kw=KW.row_words(fmt, k), nkb=k // 128, fmt=fmt,
+                     head=H.HEAD[fmt], asm=fast)
+
+    def step(with_pairs):
+        c, s = cs.clone(), ss.clone()
+        o = gdn_decode_step(x, a, b, cw, c, alog, dtb, s, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV,
+                            state_indices=idx, z=z, norm_weight=nw, out_pairs=pairs if with_pairs else None)
+        return o, c, s
+
+    out = {}
+    fused = _scratch_after(lambda: out.setdefault("with", step(True)), x.device, fmt, k)
+    plain = step(False)
+    for got, exp in zip(out["with"], plain):
+        assert torch.equal(got, exp)
+    o2 = plain[0].reshape(B, k)
+    apart = _scratch_after(lambda: KW.xpairs(o2, fmt, k, B, fast), x.device, fmt, k)
+    n_words = B * 4 * KW.row_words(fmt, k)  # XP rows past B: not the step's (xpairs writes only B too)
+    assert torch.equal(fused[0][:n_words], apart[0][:n_words])
+    for got, exp in zip(fused[1:], apart[1:]):
+        assert torch.equal(got, exp)
+
+
 def test_spread_norm_pairs_refuses_what_the_gemv_does_not_take():
     x = torch.zeros(3, 256, dtype=torch.bfloat16, device=DEV)
     w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
