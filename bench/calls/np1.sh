@@ -1,11 +1,12 @@
-# The norm that makes its GEMV's x pairs over every K block (NINFER_NORM_PAIRS=1, written in the
-# thirty-eighth session; gemv_kw.norm_pairs_spread) (~8 min warm, any card):
+# The kernels before a GEMV make its x pairs (NINFER_NORM_PAIRS=1, written in the thirty-eighth
+# session): the norm, over every K block (gemv_kw.norm_pairs_spread), and the GDN decode step for
+# out_proj (gdn_decode_step's out_pairs) (~8 min warm, any card):
 # 1. its GPU tests (bit-equal to rmsnorm + xpairs; the medium models' logits to the bit with the K-walk
 #    and with the CUDA GEMV; graph = eager) and the cuda_fast fold tests (the fold test's fix, 37th session);
 # 2. the 27B int4 8K plain step, default against NINFER_NORM_PAIRS=1, alternated twice;
 # 3. the 35B-A3B int4 step the same way, then the 27B MTP round, in the time left (NP1_T, default 540).
-# Prediction (H100): -0.10 to -0.17 ms on the 27B step (129 x-pairs launches of ~1-1.3 µs gone),
-# -0.03 to -0.05 ms on the 35B's (41).
+# Prediction (H100): -0.13 to -0.22 ms on the 27B step (129 + 48 x-pairs launches of ~1-1.3 µs gone,
+# the GDN step ~0.5 µs longer), -0.05 to -0.08 ms on the 35B's (41 + 30).
 . bench/device_env.sh
 t0=$(date +%s)
 timeout 200 python3 -m pytest -q -rf -m gpu -n $NW tests/plugins/quant_int/test_gemv_kw.py tests/plugins/cuda_fast/test_folds_gpu.py \
