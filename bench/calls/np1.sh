@@ -16,12 +16,12 @@ V="X=1|NINFER_NORM_PAIRS=1|X=1|NINFER_NORM_PAIRS=1"
 left=$(( ${NP1_T:-540} - ($(date +%s) - t0) ))
 timeout $left python3 bench/dense_27b.py --skip-tests --only int4_8k --budget-s $(( left > 200 ? 150 : left - 15 )) \
   --variants "$V" > "$OUT/s27.txt" 2>&1
-echo "27B int4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|^skipped|ERROR|Error" "$OUT/s27.txt" | cut -c1-150
+echo "27B int4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|^skipped|^copy|ERROR|Error" "$OUT/s27.txt" | cut -c1-150
 left=$(( ${NP1_T:-540} - ($(date +%s) - t0) ))
 if [ $left -gt 70 ]; then
   timeout $left python3 bench/dense_27b.py --skip-tests --model qwen3.6-35b-a3b --only int4_8k --budget-s $(( left > 160 ? 100 : left - 15 )) \
     --variants "$V" > "$OUT/s35.txt" 2>&1
-  echo "35B int4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|^skipped|ERROR|Error" "$OUT/s35.txt" | cut -c1-150
+  echo "35B int4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|^skipped|^copy|ERROR|Error" "$OUT/s35.txt" | cut -c1-150
 fi
 left=$(( ${NP1_T:-540} - ($(date +%s) - t0) ))
 if [ $left -gt 80 ]; then
