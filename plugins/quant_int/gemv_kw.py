@@ -260,9 +260,9 @@ def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: 
     return xp, inv, invm
 
 
-# --- x's pairs made once an x (NINFER_KW_XREUSE=1) -----------------------------------------------------
+# --- x's pairs made once an x (NINFER_NORM_PAIRS, the default, or NINFER_KW_XREUSE=1) --------------
 #
-# Off until an H200 A/B. x_scratch then remembers whose pairs it holds: a K-walk launch on that same
+# x_scratch remembers whose pairs it holds: a K-walk launch on that same
 # x (the tensor or a view of it, unchanged since: its version counter), rows and format skips its
 # x-pairs launch, and the norm that makes a K-walk GEMV's input writes them in its own launch
 # (`norm_pairs`, through QLinear.norm_input). Each removes one launch from the step's chain of
@@ -280,14 +280,17 @@ _HELD: dict[tuple, tuple] = {}
 
 
 def xreuse() -> bool:
-    """NINFER_KW_XREUSE=1, or NINFER_NORM_PAIRS=1 (the spread norm's pairs, reused the same way)."""
+    """NINFER_KW_XREUSE=1, or NINFER_NORM_PAIRS on (the default: the spread norm's pairs, reused the
+    same way; =0 turns both off unless NINFER_KW_XREUSE=1)."""
     return os.environ.get("NINFER_KW_XREUSE", "0") == "1" or norm_spread()
 
 
 def norm_spread() -> bool:
-    """NINFER_NORM_PAIRS=1: the norm before a K-walk or CUDA GEMV makes its pairs, spread over its K
-    blocks (norm_pairs_spread; QLinear.norm_input)."""
-    return os.environ.get("NINFER_NORM_PAIRS", "0") == "1"
+    """The norm before a K-walk or CUDA GEMV makes its pairs, spread over its K blocks
+    (norm_pairs_spread; QLinear.norm_input), and the GDN decode step out_proj's: on by default
+    (H200: the 35B int4 step 1.943 -> 1.890 ms, the 27B's 6.55 -> 6.51; BENCHMARKS.md thirty-ninth
+    run); NINFER_NORM_PAIRS=0 turns it off."""
+    return os.environ.get("NINFER_NORM_PAIRS", "1") != "0"
 
 
 def reuse_inputs() -> bool:
@@ -371,7 +374,7 @@ def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, resi
     return out
 
 
-# --- the norm and x's pairs spread over the K blocks (NINFER_NORM_PAIRS=1) --------------------------
+# --- the norm and x's pairs spread over the K blocks (default; NINFER_NORM_PAIRS=0 turns it off) ------
 #
 # norm_pairs makes a row's pairs in one CTA, after its norm: the step waits for that serial tail,
 # and the 27B step got 0.28 ms slower with it (BENCHMARKS.md, twenty-third run). Here the row is

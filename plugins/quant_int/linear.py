@@ -161,14 +161,15 @@ class TritonQuantLinear:
                    residual: torch.Tensor | None = None):
         """QLinear.norm_input: where a K-walk GEMV or the CUDA GEMV is this weight's decode kernel
         for x's rows, the norm and that GEMV's prepared x in one launch, so the GEMV on the result
-        skips its own preparation launch. NINFER_NORM_PAIRS=1: the pairs of both GEMVs, made over
-        every K block at once (gemv_kw.norm_pairs_spread; 1, 2 or 4 rows); the residual sum then
-        goes to a new tensor, returned as (residual sum, norm). NINFER_KW_XREUSE=1: the f16x2
-        K-walk's pairs in one CTA a row (gemv_kw.norm_pairs, not inline) or the tensor-core
-        K-walk's xq (gemv_tkw.norm_xq). None elsewhere, and with both off."""
-        spread = os.environ.get("NINFER_NORM_PAIRS", "0") == "1"
+        skips its own preparation launch. By default (NINFER_NORM_PAIRS=0 turns it off; H200, 35B
+        int4 step -0.05 ms, 27B -0.04 ms, BENCHMARKS.md thirty-ninth run): the pairs of both GEMVs,
+        made over every K block at once (gemv_kw.norm_pairs_spread; 1, 2 or 4 rows); the residual
+        sum then goes to a new tensor, returned as (residual sum, norm). With it off,
+        NINFER_KW_XREUSE=1: the f16x2 K-walk's pairs in one CTA a row (gemv_kw.norm_pairs, not
+        inline) or the tensor-core K-walk's xq (gemv_tkw.norm_xq). None elsewhere."""
+        spread = os.environ.get("NINFER_NORM_PAIRS", "1") != "0"
         # gemv_kw.xreuse(), read here before any import: every norm asks
-        if not spread and os.environ.get("NINFER_KW_XREUSE", "0") != "1":
+        if x.device.type != "cuda" or (not spread and os.environ.get("NINFER_KW_XREUSE", "0") != "1"):
             return None
         from ninfer_plugins.quant_int import gemv_cu, gemv_kw, gemv_tkw
 
@@ -192,9 +193,9 @@ class TritonQuantLinear:
     def input_pairs(self, prepared: K.Prepared, rows: int, device: torch.device):
         """QLinear.input_pairs: where a K-walk GEMV (not inline) or the CUDA GEMV is this weight's
         decode kernel for `rows` rows (1, 2 or 4) on a GPU, an OutPairs that writes that GEMV's x
-        pairs (gemv_kw._xpairs_blocks into its x_scratch); NINFER_NORM_PAIRS=1 only; None
+        pairs (gemv_kw._xpairs_blocks into its x_scratch); unless NINFER_NORM_PAIRS=0; None
         elsewhere."""
-        if os.environ.get("NINFER_NORM_PAIRS", "0") != "1" or device.type != "cuda" or rows not in (1, 2, 4):
+        if os.environ.get("NINFER_NORM_PAIRS", "1") == "0" or device.type != "cuda" or rows not in (1, 2, 4):
             return None
         from ninfer.kernels.triton.gdn import OutPairs
         from ninfer_plugins.quant_int import gemv_cu, gemv_h2, gemv_kw

@@ -576,8 +576,8 @@ TUNED_CU: dict[tuple[int, int, int, int], tuple] = {
     (8, 12288, 2048, 1): (2, 1, 4, 2),  # 10.64 us 84.3% against KW BN8 BW128 S1 w2 pf 11.67 us
     # NVFP4 (same bench, second H100 call of the session)
     (16, 34816, 5120, 1): (1, 1, 4, 1),  # 37.1 us 90.4% against KW BN16 BW128 S1 w4 pp 46.22 us
-    (16, 5120, 17408, 1): (4, 1, 8, 2),  # 20.46 us 81.9% against KW BN8 BW128 S2 w2 pf 25.67 us
-    (16, 5120, 17408, 4): (2, 1, 4, 2),  # 42.3 us 39.6% against KW BN8 BW128 S1 w2 pf 48.54 us
+    (16, 5120, 17408, 1): (2, 1, 4, 4),  # H200 (39th run): 17.59 us 68.6% against R4 U1 w8 ks2 19.64 us; H100 R4 U1 w8 ks2 20.46 us 81.9%
+    (16, 5120, 17408, 4): (16, 2, 8, 8, True),  # H200 (39th run): mma 24.08 us 50.1% against R2 U1 w4 ks2 40.19 us
     (16, 16384, 5120, 1): (2, 1, 4, 1),  # 18.39 us 85.8% against KW BN16 BW64 S1 w4 pf pin 22.22 us
     (16, 13312, 5120, 1): (2, 1, 4, 1),  # 15.69 us 81.8% against KW BN16 BW64 S1 w4 pf 20.01 us
     (16, 13312, 5120, 4): (2, 2, 4, 1),  # 30.56 us 42.0% against None 39.87 us
@@ -603,14 +603,14 @@ TUNED_CU: dict[tuple[int, int, int, int], tuple] = {
     (4, 131072, 2048, 1): (2, 1, 4, 1),  # 47.0 us 101.3% against H2 BN32 KBS4 C4 w4 pf 85.38 us
     (4, 131072, 2048, 4): (16, 2, 4, 1, True),  # 56.96 us 83.6% against None 71.41 us
     # unmerged NVFP4 shapes of the 27B and 35B, the q8 / q6 heads, the 27B's shortlist head (thirty-eighth run, H100, cu9)
-    (16, 17408, 5120, 1): (1, 1, 4, 1),  # 19.74 us 85.1% against H2 BN16 KBS8 C6 w4 pf early 27.89 us
-    (16, 17408, 5120, 4): (2, 2, 4, 1),  # 37.3 us 45.1% against None 41.56 us
+    (16, 17408, 5120, 1): (4, 1, 4, 2),  # H200 (39th run): 16.79 us 71.9% against R1 U1 w4 18.43 us; H100 R1 U1 w4 19.74 us 85.1%
+    (16, 17408, 5120, 4): (16, 2, 8, 8, True),  # H200 (39th run): mma 23.58 us 51.2% against R2 U2 w4 36.47 us
     (16, 10240, 5120, 1): (1, 1, 4, 1),  # 12.96 us 76.3% against H2 BN16 KBS8 C6 w4 pf early 16.89 us
-    (16, 10240, 5120, 4): (2, 1, 4, 2),  # 25.23 us 39.2% against None 34.51 us
+    (16, 10240, 5120, 4): (16, 2, 4, 4, True),  # H200 (39th run): mma 14.31 us 49.6% against R2 U1 w4 ks2 24.93 us
     (16, 6144, 5120, 1): (1, 1, 4, 1),  # 8.41 us 70.5% against H2 BN16 KBS8 C6 w4 pf early 11.42 us
-    (16, 6144, 5120, 4): (2, 2, 4, 1),  # 15.95 us 37.2% against None 24.02 us
-    (16, 12288, 5120, 1): (1, 1, 4, 1),  # 14.83 us 80.0% against H2 BN16 KBS8 C6 w4 pf early 18.66 us
-    (16, 12288, 5120, 4): (2, 1, 4, 1),  # 27.21 us 43.6% against None 37.6 us
+    (16, 6144, 5120, 4): (16, 1, 8, 8, True),  # H200 (39th run): mma 9.56 us 44.6% against R2 U2 w4 15.21 us
+    (16, 12288, 5120, 1): (2, 1, 4, 1),  # H200 (39th run): 12.89 us 66.1% against R1 U1 w4 13.7 us; H100 R1 U1 w4 14.83 us 80.0%
+    (16, 12288, 5120, 4): (16, 2, 4, 4, True),  # H200 (39th run): mma 15.22 us 56.0% against R2 U1 w4 26.49 us
     (16, 1024, 5120, 1): (2, 1, 4, 4),  # 3.64 us 27.1% against H2 BN16 KBS8 C6 w4 pf early 5.82 us
     (16, 1024, 5120, 4): (2, 1, 8, 2),  # 6.37 us 15.5% against None 12.96 us
     (16, 8192, 2048, 1): (2, 1, 4, 1),  # 5.36 us 59.2% against H2 BN16 KBS8 C6 w4 pf early 8.63 us

@@ -136,6 +136,7 @@ def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
 
     path = make_medium(like, tmp_path / like)
     monkeypatch.setenv("NINFER_KW", "1")
+    monkeypatch.setenv("NINFER_NORM_PAIRS", "0")  # the spread form (the default) would take these norms
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
     plain = _decode_logits(model, prompt)
@@ -167,13 +168,14 @@ def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
 @pytest.mark.parametrize("like", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
 @pytest.mark.parametrize("gemv", ["NINFER_KW", "NINFER_CU_GEMV"])
 def test_gpu_spread_norm_pairs_change_no_bit(tmp_path, monkeypatch, like, gemv):
-    """NINFER_NORM_PAIRS=1, with the K-walk (NINFER_KW=1) or the CUDA GEMV (NINFER_CU_GEMV=4) on
+    """NINFER_NORM_PAIRS (on by default) against =0, with the K-walk (NINFER_KW=1) or the CUDA GEMV (NINFER_CU_GEMV=4) on
     every decode launch it fits: the norms before those GEMVs make their x pairs over every K block
     (gemv_kw.norm_pairs_spread), the residual sum in a new tensor, and the GEMVs skip their own
     x-pairs launch; the same norm and pairs, so the same logits to the bit, and graph decode gives
     eager's tokens."""
     from ninfer_plugins.quant_int import gemv_kw
 
+    monkeypatch.setenv("NINFER_NORM_PAIRS", "0")  # "without" first: the switch is on by default
     monkeypatch.setenv("NINFER_CU_GEMV", "4" if gemv == "NINFER_CU_GEMV" else "0")
     if gemv == "NINFER_KW":
         monkeypatch.setenv("NINFER_KW", "1")

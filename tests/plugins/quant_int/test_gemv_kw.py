@@ -876,6 +876,7 @@ def test_launches_reuse_pairs_only_of_the_same_unchanged_x(scheme, mode, monkeyp
         check(KW.launch(h2, p, cfg), h2)
         assert len(made) == 4
         monkeypatch.setenv("NINFER_KW_XREUSE", "0")
+        monkeypatch.setenv("NINFER_NORM_PAIRS", "0")  # on by default: it keeps the notes too
         h = KW.norm_pairs(x, w, 1e-6, p.fmt)
         check(KW.launch(h, p, cfg), h)
         assert len(made) == 5 and KW._HELD == {}

@@ -450,4 +450,5 @@ def test_gpu_tkw_takes_x_prepared_by_the_norm(scheme, n, k, monkeypatch):
     for y, _ in replayed(step):
         assert torch.equal(y, want)
     monkeypatch.setenv("NINFER_KW_XREUSE", "0")
+    monkeypatch.setenv("NINFER_NORM_PAIRS", "0")  # on by default: it keeps the notes too
     assert torch.equal(again, TK.launch(h, p, cfg))
