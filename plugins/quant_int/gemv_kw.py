@@ -348,6 +348,18 @@ def _norm_pairs_kernel(X, RES, W, Y, XP, INV, INVM, sx, sr, sy, n_cols, eps, KW,
                    FMT, HEAD, ASM_PAIRS, False)
 
 
+def _norm_pairs_checked(x: torch.Tensor, residual: torch.Tensor | None, fmt: int) -> torch.Tensor:
+    """What the norms that write pairs take (1, 2 or 4 rows of a multiple of 128, a K-walk format,
+    unit last strides, a residual of x's shape): the tensor the residual add reads (x without one)."""
+    n, k = x.shape
+    if n not in (1, 2, 4) or k % 128 or fmt not in DECODES:
+        raise ValueError(f"norm_pairs takes 1, 2 or 4 rows of a multiple of 128 in a K-walk format, got {n} x {k}, format {fmt}")
+    res = residual if residual is not None else x
+    if x.stride(1) != 1 or res.stride(1) != 1 or (residual is not None and residual.shape != x.shape):
+        raise ValueError("norm_pairs needs unit last strides and a residual of x's shape")
+    return res
+
+
 def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, residual: torch.Tensor | None = None,
                fast: bool = True) -> torch.Tensor:
     """norms.rmsnorm(x, weight, eps, residual=residual) (the Qwen (1 + w) form; residual += x in
@@ -355,11 +367,7 @@ def norm_pairs(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: int, resi
     a weight of format `fmt` with K = the row width, noted so that the GEMV on the result skips
     its own x-pairs launch. x [N, K] with N = 1, 2 or 4 (the GEMV's row blocks), K a multiple of 128."""
     n, k = x.shape
-    if n not in (1, 2, 4) or k % 128 or fmt not in DECODES:
-        raise ValueError(f"norm_pairs takes 1, 2 or 4 rows of a multiple of 128 in a K-walk format, got {n} x {k}, format {fmt}")
-    res = residual if residual is not None else x
-    if x.stride(1) != 1 or res.stride(1) != 1 or (residual is not None and residual.shape != x.shape):
-        raise ValueError("norm_pairs needs unit last strides and a residual of x's shape")
+    res = _norm_pairs_checked(x, residual, fmt)
     out = torch.empty(n, k, dtype=x.dtype, device=x.device)
     xp, inv, invm = x_scratch(x.device, fmt, k)
     block = triton.next_power_of_2(k)
@@ -421,13 +429,9 @@ def norm_pairs_spread(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: in
     written), h its (1 + w) RMSNorm, both equal to the bit to norms.rmsnorm's; the K-walk GEMV's
     x pairs of h in x_scratch, noted (as norm_pairs)."""
     n, k = x.shape
-    if n not in (1, 2, 4) or k % 128 or fmt not in DECODES:
-        raise ValueError(f"norm_pairs takes 1, 2 or 4 rows of a multiple of 128 in a K-walk format, got {n} x {k}, format {fmt}")
+    res = _norm_pairs_checked(x, residual, fmt)
     if kb_per < 1 or kb_per & (kb_per - 1):
         raise ValueError(f"norm_pairs_spread's K blocks a program must be a power of two, got {kb_per}")
-    res = residual if residual is not None else x
-    if x.stride(1) != 1 or res.stride(1) != 1 or (residual is not None and residual.shape != x.shape):
-        raise ValueError("norm_pairs needs unit last strides and a residual of x's shape")
     out = torch.empty(n, k, dtype=x.dtype, device=x.device)
     s = torch.empty(n, k, dtype=res.dtype, device=x.device) if residual is not None else None
     xp, inv, invm = x_scratch(x.device, fmt, k)

@@ -467,8 +467,8 @@ def gdn_decode_step(
         if not fuse or DV != 128 or out.stride(1) != DV or out.stride(2) != 1 or out.stride(0) != HV * DV:
             raise ValueError("gdn_decode_step: out_pairs needs the fused norm, head_v_dim 128 and a contiguous out")
         op = out_pairs
-        epi = dict(XP=op.xp, XINV=op.inv, XINVM=op.invm, XKW=op.kw, XNKB=op.nkb, EPI=op.fn, EPI_FMT=op.fmt,
-                   EPI_HEAD=op.head, EPI_ASM=op.asm)
+        epi = {"XP": op.xp, "XINV": op.inv, "XINVM": op.invm, "XKW": op.kw, "XNKB": op.nkb, "EPI": op.fn,
+               "EPI_FMT": op.fmt, "EPI_HEAD": op.head, "EPI_ASM": op.asm}
     _gdn_decode_kernel[(B * HV, DV // bv)](
         mixed_qkv, a, b, conv_weight, conv_state, A_log, dt_bias, ssm_state, out, zz,
         norm_weight if fuse else A_log, idx, counters, xh, wab,

@@ -132,16 +132,22 @@ def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
     at these widths): the norms before K-walk GEMVs write the GEMV's x pairs (gemv_kw.norm_pairs)
     and those GEMVs skip their own x-pairs launch; the same pairs, so the same logits to the bit,
     and graph decode gives eager's tokens."""
-    from ninfer_plugins.quant_int import gemv_kw
-
     path = make_medium(like, tmp_path / like)
     monkeypatch.setenv("NINFER_KW", "1")
     monkeypatch.setenv("NINFER_NORM_PAIRS", "0")  # the spread form (the default) would take these norms
+    _norms_make_pairs(path, monkeypatch, "norm_pairs", "NINFER_KW_XREUSE")
+
+
+def _norms_make_pairs(path, monkeypatch, norm_fn: str, switch: str) -> None:
+    """With `switch`=1 the norms run gemv_kw.<norm_fn> (none without), the x-pairs launches fall
+    by at least as many, the decode logits stay equal to the bit, and graph decode gives eager's
+    tokens."""
+    from ninfer_plugins.quant_int import gemv_kw
+
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
     plain = _decode_logits(model, prompt)
     calls = {"norm": 0, "pairs": 0}
-    norm_pairs, xpairs = gemv_kw.norm_pairs, gemv_kw.xpairs
 
     def count(name, fn):
         def wrapper(*args, **kwargs):
@@ -149,11 +155,11 @@ def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(gemv_kw, "norm_pairs", count("norm", norm_pairs))
-    monkeypatch.setattr(gemv_kw, "xpairs", count("pairs", xpairs))
+    monkeypatch.setattr(gemv_kw, norm_fn, count("norm", getattr(gemv_kw, norm_fn)))
+    monkeypatch.setattr(gemv_kw, "xpairs", count("pairs", gemv_kw.xpairs))
     _decode_logits(model, prompt, steps=1)
     without = dict(calls)
-    monkeypatch.setenv("NINFER_KW_XREUSE", "1")
+    monkeypatch.setenv(switch, "1")
     calls.update(norm=0, pairs=0)
     _decode_logits(model, prompt, steps=1)
     assert without["norm"] == 0 and calls["norm"] > 0, (without, calls)
@@ -173,8 +179,6 @@ def test_gpu_spread_norm_pairs_change_no_bit(tmp_path, monkeypatch, like, gemv):
     (gemv_kw.norm_pairs_spread), the residual sum in a new tensor, and the GEMVs skip their own
     x-pairs launch; the same norm and pairs, so the same logits to the bit, and graph decode gives
     eager's tokens."""
-    from ninfer_plugins.quant_int import gemv_kw
-
     monkeypatch.setenv("NINFER_NORM_PAIRS", "0")  # "without" first: the switch is on by default
     monkeypatch.setenv("NINFER_CU_GEMV", "4" if gemv == "NINFER_CU_GEMV" else "0")
     if gemv == "NINFER_KW":
@@ -184,31 +188,7 @@ def test_gpu_spread_norm_pairs_change_no_bit(tmp_path, monkeypatch, like, gemv):
 
         if gemv_cu.unavailable(torch.device("cuda")):
             pytest.skip(gemv_cu.unavailable(torch.device("cuda")))
-    path = make_medium(like, tmp_path / like)
-    model = load_model(path, "cuda", quant="int4")
-    prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
-    plain = _decode_logits(model, prompt)
-    calls = {"norm": 0, "pairs": 0}
-    spread, xpairs = gemv_kw.norm_pairs_spread, gemv_kw.xpairs
-
-    def count(name, fn):
-        def wrapper(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return wrapper
-
-    monkeypatch.setattr(gemv_kw, "norm_pairs_spread", count("norm", spread))
-    monkeypatch.setattr(gemv_kw, "xpairs", count("pairs", xpairs))
-    _decode_logits(model, prompt, steps=1)
-    without = dict(calls)
-    monkeypatch.setenv("NINFER_NORM_PAIRS", "1")
-    calls.update(norm=0, pairs=0)
-    _decode_logits(model, prompt, steps=1)
-    assert without["norm"] == 0 and calls["norm"] > 0, (without, calls)
-    assert calls["pairs"] <= without["pairs"] - calls["norm"], (without, calls)
-    assert torch.equal(_decode_logits(model, prompt), plain)
-    del model
-    assert _tokens(path, graph=True) == _tokens(path, graph=False)
+    _norms_make_pairs(make_medium(like, tmp_path / like), monkeypatch, "norm_pairs_spread", "NINFER_NORM_PAIRS")
 
 
 def _spy_on_the_folds(monkeypatch) -> dict[str, int]:

@@ -806,26 +806,20 @@ def test_gdn_step_writes_the_next_gemvs_pairs(fmt, slots):
         assert torch.equal(got, exp)
 
 
-def test_spread_norm_pairs_refuses_what_the_gemv_does_not_take():
+@pytest.mark.parametrize("fn", ["norm_pairs", "norm_pairs_spread"])
+def test_norm_pairs_refuse_what_the_gemv_does_not_take(fn):
+    norm = getattr(KW, fn)
     x = torch.zeros(3, 256, dtype=torch.bfloat16, device=DEV)
     w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
     with pytest.raises(ValueError, match="1, 2 or 4 rows"):
-        KW.norm_pairs_spread(x, w, 1e-6, 4)
-    with pytest.raises(ValueError, match="power of two"):
-        KW.norm_pairs_spread(x[:1], w, 1e-6, 4, kb_per=3)
-    with pytest.raises(ValueError, match="residual of x's shape"):
-        KW.norm_pairs_spread(x[:2], w, 1e-6, 4, residual=torch.zeros(2, 128, dtype=torch.bfloat16, device=DEV))
-
-
-def test_norm_pairs_refuses_what_the_gemv_does_not_take():
-    x = torch.zeros(3, 256, dtype=torch.bfloat16, device=DEV)
-    w = torch.zeros(256, dtype=torch.bfloat16, device=DEV)
+        norm(x, w, 1e-6, 4)
     with pytest.raises(ValueError, match="1, 2 or 4 rows"):
-        KW.norm_pairs(x, w, 1e-6, 4)
-    with pytest.raises(ValueError, match="1, 2 or 4 rows"):
-        KW.norm_pairs(torch.zeros(1, 200, dtype=torch.bfloat16, device=DEV), w[:200], 1e-6, 4)
+        norm(torch.zeros(1, 200, dtype=torch.bfloat16, device=DEV), w[:200], 1e-6, 4)
     with pytest.raises(ValueError, match="residual of x's shape"):
-        KW.norm_pairs(x[:2], w, 1e-6, 4, residual=torch.zeros(2, 128, dtype=torch.bfloat16, device=DEV))
+        norm(x[:2], w, 1e-6, 4, residual=torch.zeros(2, 128, dtype=torch.bfloat16, device=DEV))
+    if fn == "norm_pairs_spread":
+        with pytest.raises(ValueError, match="power of two"):
+            norm(x[:1], w, 1e-6, 4, kb_per=3)
 
 
 @interp
