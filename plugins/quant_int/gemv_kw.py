@@ -403,19 +403,8 @@ def _norm_pairs_spread_kernel(X, RES, RES_OUT, W, Y, XP, INV, INVM, sx, sr, so, 
     pdl_prologue(PDL)
     m = tl.program_id(0)
     j = tl.program_id(1)
-    row = m.to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < n_cols
-    lo = j * (KB_PER * 128)
-    mine = ok & (cols >= lo) & (cols < lo + KB_PER * 128)
-    x = tl.load(X + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
-    if HAS_RES:
-        s = (x + tl.load(RES + row * sr + cols, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
-        tl.store(RES_OUT + row * so + cols, s, mask=mine)
-        x = s.to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, 0) / n_cols + eps)
-    w = tl.load(W + cols, mask=mine, other=0.0).to(tl.float32) + 1.0
-    tl.store(Y + row * sy + cols, (x * r * w).to(Y.dtype.element_ty), mask=mine)
+    rmsnorm_row(X, RES, W, Y, m.to(tl.int64), sx, sr, sy, n_cols, eps, BLOCK, True, HAS_RES, RES_OUT, so,
+                j * (KB_PER * 128), KB_PER * 128)
     tl.debug_barrier()
     _xpairs_blocks(Y, XP, INV, INVM, tl.num_programs(0), KW, NKB, sy, 0, m, j * KB_PER + tl.arange(0, KB_PER)[:, None],
                    FMT, HEAD, ASM_PAIRS, False)

@@ -22,22 +22,32 @@ def _rmsnorm_kernel(X, RES, W, Y, sx, sr, sy, n_cols, eps,
 
 @triton.jit
 def rmsnorm_row(X, RES, W, Y, row, sx, sr, sy, n_cols, eps,
-                BLOCK: tl.constexpr, OFFSET: tl.constexpr, HAS_RES: tl.constexpr):
+                BLOCK: tl.constexpr, OFFSET: tl.constexpr, HAS_RES: tl.constexpr,
+                RES_OUT=None, so=0, lo=0, SLICE: tl.constexpr = 0):
     """One row of `rmsnorm` (with the residual add when HAS_RES): a kernel that does more after
-    the norm (quant_int's K-walk x pairs) calls it as the rmsnorm kernel does."""
+    the norm (quant_int's K-walk x pairs) calls it as the rmsnorm kernel does. SLICE > 0: the
+    whole row is read and reduced alike, but only columns lo .. lo + SLICE - 1 are stored, of the
+    norm and of the sum (into RES_OUT, row stride so; RES is left as it was), so that programs
+    sharing a row each store their own part (quant_int's gemv_kw.norm_pairs_spread)."""
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
+    st = ok
+    if SLICE:
+        st = ok & (cols >= lo) & (cols < lo + SLICE)
     x = tl.load(X + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_RES:
         # the residual stream is stored in its own dtype, and the norm reads what was stored
         s = (x + tl.load(RES + row * sr + cols, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
-        tl.store(RES + row * sr + cols, s, mask=ok)
+        if SLICE:
+            tl.store(RES_OUT + row * so + cols, s, mask=st)
+        else:
+            tl.store(RES + row * sr + cols, s, mask=ok)
         x = s.to(tl.float32)
     r = tl.rsqrt(tl.sum(x * x, 0) / n_cols + eps)
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=st, other=0.0).to(tl.float32)
     if OFFSET:
         w = w + 1.0
-    tl.store(Y + row * sy + cols, (x * r * w).to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + row * sy + cols, (x * r * w).to(Y.dtype.element_ty), mask=st)
 
 
 def rmsnorm(
