@@ -56,8 +56,8 @@
 #                                      # MTP and fused-path GPU tests, then the 35B step and round over neighbouring configs
 #   bash bench/next_session.sh go9     # the 35B's grouped MoE prefill (never timed) against the tiles at 8K, then the
 #                                      # round with the verify routed in route_gemv's one launch (NINFER_ROUTE_GEMV_T=4)
-#   bash bench/next_session.sh auto    # whichever card comes: an H200 runs s35b (every bar with the defaults), another card
-#                                      # cu13 (gemv_mma's new K splits at M = 4, the round; AUTO_H200 / AUTO_OTHER to change)
+#   bash bench/next_session.sh auto    # whichever card comes: every GPU test (`tests`; AUTO_H200 / AUTO_OTHER to change)
+#   bash bench/next_session.sh np2     # the 27B int4 step with NINFER_NORM_PAIRS against =0, its GPU tests, the 35B step
 #   bash bench/next_session.sh s33     # bench/calls/s33.sh: the bf16 GEMV's tests, bench and step A/B; the MTP merge A/B (~9 min)
 #   bash bench/next_session.sh s33h    # bench/calls/s33h.sh: GPU tests of the 32nd session's changes; the MTP merge A/B (~7 min)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
@@ -207,16 +207,15 @@ kwdq_run() {
 }
 
 # auto: a call that takes whichever card comes (twenty-sixth session: two hours of refused
-# starts; thirty-third, thirty-fifth to thirty-seventh: few machines): on an H200, s35b (every bar
-# with the defaults: no H200 since the thirty-fourth run, and the CUDA GEMV's winners are new); on
-# any other card cu13 (gemv_mma's new K splits for the verify's q5 down, then the round).
-# `AUTO_H200=cu13` / `AUTO_OTHER=s35b` for other choices
+# starts; thirty-third, thirty-fifth to thirty-eighth: few machines): every GPU test with the
+# thirty-eighth session's defaults (the pairs from the norms and the GDN step, the H200's NVFP4
+# entries, rmsnorm_row's slice) on any card. `AUTO_H200=s35b` / `AUTO_OTHER=cu13` for other choices
 if [ "${1:-}" = auto ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "device: $GPU_NAME"
   case "$GPU_NAME" in
-    *H200*) set -- ${AUTO_H200:-s35b} ;;
-    *) set -- ${AUTO_OTHER:-cu13} ;;
+    *H200*) set -- ${AUTO_H200:-tests} ;;
+    *) set -- ${AUTO_OTHER:-tests} ;;
   esac
 fi
 
