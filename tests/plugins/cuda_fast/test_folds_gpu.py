@@ -138,10 +138,11 @@ def test_gpu_pairs_from_the_norm_change_no_bit(tmp_path, monkeypatch, like):
     _norms_make_pairs(path, monkeypatch, "norm_pairs", "NINFER_KW_XREUSE")
 
 
-def _norms_make_pairs(path, monkeypatch, norm_fn: str, switch: str) -> None:
+def _norms_make_pairs(path, monkeypatch, norm_fn: str, switch: str, gdn_pairs: bool = False) -> None:
     """With `switch`=1 the norms run gemv_kw.<norm_fn> (none without), the x-pairs launches fall
     by at least as many, the decode logits stay equal to the bit, and graph decode gives eager's
-    tokens."""
+    tokens. No GDN decode step is given out_proj's pairs without it; gdn_pairs: some are with it."""
+    import ninfer.kernels.triton as T
     from ninfer_plugins.quant_int import gemv_kw
 
     model = load_model(path, "cuda", quant="int4")
@@ -157,13 +158,22 @@ def _norms_make_pairs(path, monkeypatch, norm_fn: str, switch: str) -> None:
 
     monkeypatch.setattr(gemv_kw, norm_fn, count("norm", getattr(gemv_kw, norm_fn)))
     monkeypatch.setattr(gemv_kw, "xpairs", count("pairs", gemv_kw.xpairs))
+    step = T.gdn_decode_step
+    calls["gdn_pairs"] = 0
+
+    def gdn_step(*args, **kwargs):
+        calls["gdn_pairs"] += kwargs.get("out_pairs") is not None
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(T, "gdn_decode_step", gdn_step)
     _decode_logits(model, prompt, steps=1)
     without = dict(calls)
     monkeypatch.setenv(switch, "1")
-    calls.update(norm=0, pairs=0)
+    calls.update(norm=0, pairs=0, gdn_pairs=0)
     _decode_logits(model, prompt, steps=1)
     assert without["norm"] == 0 and calls["norm"] > 0, (without, calls)
-    assert calls["pairs"] <= without["pairs"] - calls["norm"], (without, calls)
+    assert without["gdn_pairs"] == 0 and (calls["gdn_pairs"] > 0 or not gdn_pairs), (without, calls)
+    assert calls["pairs"] <= without["pairs"] - calls["norm"] - calls["gdn_pairs"], (without, calls)
     assert torch.equal(_decode_logits(model, prompt), plain)
     del model
     assert _tokens(path, graph=True) == _tokens(path, graph=False)
@@ -188,7 +198,9 @@ def test_gpu_spread_norm_pairs_change_no_bit(tmp_path, monkeypatch, like, gemv):
 
         if gemv_cu.unavailable(torch.device("cuda")):
             pytest.skip(gemv_cu.unavailable(torch.device("cuda")))
-    _norms_make_pairs(make_medium(like, tmp_path / like), monkeypatch, "norm_pairs_spread", "NINFER_NORM_PAIRS")
+    # the CUDA GEMV takes every 1-4 row launch with K a multiple of 128, out_proj's included
+    _norms_make_pairs(make_medium(like, tmp_path / like), monkeypatch, "norm_pairs_spread", "NINFER_NORM_PAIRS",
+                      gdn_pairs=gemv == "NINFER_CU_GEMV")
 
 
 def _spy_on_the_folds(monkeypatch) -> dict[str, int]:
