@@ -168,8 +168,8 @@ class QLinear(nn.Module):
                    residual: torch.Tensor | None = None):
         """The (1 + weight) RMSNorm that makes this linear's input (after `residual += x` in place,
         when given), made by this linear's kernel where it does more in that launch (kernels with
-        `norm_input`: quant_int's K-walk and CUDA GEMVs take their x pairs from it,
-        NINFER_NORM_PAIRS=1 or NINFER_KW_XREUSE=1); None where it does not (the caller norms as
+        `norm_input`: quant_int's K-walk and CUDA GEMVs take their x pairs from it, unless
+        NINFER_NORM_PAIRS=0); None where it does not (the caller norms as
         usual). A kernel may leave `residual` as it was and put the sum in a new tensor: it then
         returns (that sum, the norm), and the caller carries the sum on as the residual stream."""
         fn = getattr(self.kernel, "norm_input", None)
@@ -180,8 +180,8 @@ class QLinear(nn.Module):
     def input_pairs(self, rows: int, device: torch.device):
         """What the kernel that makes this linear's input (of `rows` rows, on `device`) may also
         write for it, so that this linear's kernel skips its own preparation launch: an
-        ninfer.kernels.triton.gdn.OutPairs (quant_int's K-walk and CUDA GEMVs' x pairs,
-        NINFER_NORM_PAIRS=1), or None. After that kernel ran, `inputs_made(x)` says on which tensor."""
+        ninfer.kernels.triton.gdn.OutPairs (quant_int's K-walk and CUDA GEMVs' x pairs, unless
+        NINFER_NORM_PAIRS=0), or None. After that kernel ran, `inputs_made(x)` says on which tensor."""
         fn = getattr(self.kernel, "input_pairs", None)
         if fn is None or self.prepared is None:
             return None

@@ -74,7 +74,7 @@ class TritonOps:
     def add_rms_norm(self, delta: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float, into=None):
         """residual += delta in place (rounded to its dtype), then its (1+w) norm: one pass. into:
         as rms_norm's; a norm made by `into` may leave residual unwritten and return the sum as a
-        new tensor (NINFER_NORM_PAIRS=1), so callers carry on with the returned residual."""
+        new tensor (quant_int's spread norm), so callers carry on with the returned residual."""
         h = into.norm_input(delta, w, eps, residual=residual) if into is not None else None
         if isinstance(h, tuple):  # the sum went to a new tensor (QLinear.norm_input)
             return h

@@ -302,12 +302,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     except RuntimeError as exc:  # nvcc failed, or the library does not load here (an old driver)
         _give_up(str(exc))
         return _fallback(x2, p, gated)
-    block_m = QK.block_rows(m)
-    if gemv_kw.reuse_inputs() and gemv_kw.holds_input(gemv_kw._pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated)):
-        # x2's pairs are made already (the norm that made x2, or a launch before on the same x2)
-        xp, _inv, invm = gemv_kw.x_scratch(x2.device, p.fmt, p.k)
-    else:
-        xp, _inv, invm = gemv_kw.xpairs(x2, p.fmt, p.k, block_m, True, gated=gated)
+    xp, _inv, invm = gemv_kw.pairs_of(x2, p.fmt, p.k, QK.block_rows(m), True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
     qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
     gs = p.gscale.data_ptr() if p.fmt == 16 else 0

@@ -245,6 +245,15 @@ def ready_counters(device: torch.device) -> torch.Tensor:
     return lasting("gemv_kw_ready", device, (), lambda: torch.zeros(2, dtype=torch.int32, device=device))
 
 
+def pairs_of(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
+    """x2's (XP, INV, INVM) for a GEMV launch: x_scratch as it is where it holds them already (the
+    norm or the kernel that made x2 wrote them, or a launch before on the same x2; see reuse_inputs),
+    else made by `xpairs`."""
+    if reuse_inputs() and holds_input(_pairs_key(x2.device, fmt, k), x2, (block_m, gated)):
+        return x_scratch(x2.device, fmt, k)
+    return xpairs(x2, fmt, k, block_m, fast, gated)
+
+
 def xpairs(x2: torch.Tensor, fmt: int, k: int, block_m: int, fast: bool, gated: bool = False) -> tuple[torch.Tensor, ...]:
     """x2 [M, k] (gated: [M, 2k], silu(gate) * up) -> (XP, INV, INVM) for _gemv_kw_kernel, in
     x_scratch."""
@@ -763,11 +772,11 @@ def launch(x2: torch.Tensor, p: QK.Prepared, cfg: KWConfig, fast: bool | None = 
     fast = p.fast if fast is None else fast
     interp = QK.interpreting()
     reuse = reuse_inputs()
-    if cfg.inline or (reuse and holds_input(_pairs_key(x2.device, p.fmt, p.k), x2, (block_m, gated))):
-        # inline: the GEMV's first CTAs make them; else they are x2's already (NINFER_KW_XREUSE=1)
+    if cfg.inline:
+        # the GEMV's first CTAs make them
         xp, inv, invm = x_scratch(x2.device, p.fmt, p.k)
     else:
-        xp, inv, invm = xpairs(x2, p.fmt, p.k, block_m, fast and not interp, gated)
+        xp, inv, invm = pairs_of(x2, p.fmt, p.k, block_m, fast and not interp, gated)
     # the interpreter runs the plain decode, unless a test has put an emulation of the PTX in
     # gemv_h2._dot_out's place (EMULATED_DOT): then the fast path's plumbing runs on the CPU
     fast = fast and (not interp or EMULATED_DOT)

@@ -67,6 +67,19 @@ def _decode_config(x2: torch.Tensor, prepared: K.Prepared, kind: type | tuple[ty
     return cfg if isinstance(cfg, kind) else None
 
 
+def _norm_pairs_on() -> bool:
+    """gemv_kw.norm_spread(), read here before any import (every norm asks, the reference path too)."""
+    return os.environ.get("NINFER_NORM_PAIRS", "1") != "0"
+
+
+def _reads_pairs(cfg: Any) -> bool:
+    """Whether a decode config's kernel reads x as gemv_kw's pairs from x_scratch: the CUDA GEMV, or
+    a K-walk config that does not make them inline."""
+    from ninfer_plugins.quant_int import gemv_cu, gemv_kw
+
+    return isinstance(cfg, gemv_cu.CUConfig) or (isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline)
+
+
 def _h2_decode_config(x2: torch.Tensor, prepared: K.Prepared) -> Any:
     """The f16x2 GEMV's config where it is the decode kernel for these rows (see _decode_config)."""
     from ninfer_plugins.quant_int import gemv_h2
@@ -167,7 +180,7 @@ class TritonQuantLinear:
         sum then goes to a new tensor, returned as (residual sum, norm). With it off,
         NINFER_KW_XREUSE=1: the f16x2 K-walk's pairs in one CTA a row (gemv_kw.norm_pairs, not
         inline) or the tensor-core K-walk's xq (gemv_tkw.norm_xq). None elsewhere."""
-        spread = os.environ.get("NINFER_NORM_PAIRS", "1") != "0"
+        spread = _norm_pairs_on()
         # gemv_kw.xreuse(), read here before any import: every norm asks
         if x.device.type != "cuda" or (not spread and os.environ.get("NINFER_KW_XREUSE", "0") != "1"):
             return None
@@ -178,9 +191,8 @@ class TritonQuantLinear:
         if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
             return None
         cfg = _decode_config(x, prepared, (gemv_kw.KWConfig, gemv_tkw.TKWConfig, gemv_cu.CUConfig))
-        pairs = isinstance(cfg, gemv_cu.CUConfig) or (isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline)
         if spread:
-            if not pairs or x.shape[0] not in (1, 2, 4) or prepared.fmt not in gemv_kw.DECODES:
+            if not _reads_pairs(cfg) or x.shape[0] not in (1, 2, 4) or prepared.fmt not in gemv_kw.DECODES:
                 return None
             s, h = gemv_kw.norm_pairs_spread(x, weight, eps, prepared.fmt, residual=residual, fast=prepared.fast)
             return h if s is None else (s, h)
@@ -195,15 +207,14 @@ class TritonQuantLinear:
         decode kernel for `rows` rows (1, 2 or 4) on a GPU, an OutPairs that writes that GEMV's x
         pairs (gemv_kw._xpairs_blocks into its x_scratch); unless NINFER_NORM_PAIRS=0; None
         elsewhere."""
-        if os.environ.get("NINFER_NORM_PAIRS", "1") == "0" or device.type != "cuda" or rows not in (1, 2, 4):
+        if not _norm_pairs_on() or device.type != "cuda" or rows not in (1, 2, 4):
             return None
         from ninfer.kernels.triton.gdn import OutPairs
-        from ninfer_plugins.quant_int import gemv_cu, gemv_h2, gemv_kw
+        from ninfer_plugins.quant_int import gemv_h2, gemv_kw
 
         if prepared.k % 128 or prepared.fmt not in gemv_kw.DECODES:
             return None
-        cfg = _kernels().pick_gemv(prepared.fmt, rows, prepared.n, prepared.k, prepared.sm_count)
-        if not (isinstance(cfg, gemv_cu.CUConfig) or (isinstance(cfg, gemv_kw.KWConfig) and not cfg.inline)):
+        if not _reads_pairs(_kernels().pick_gemv(prepared.fmt, rows, prepared.n, prepared.k, prepared.sm_count)):
             return None
         xp, inv, invm = gemv_kw.x_scratch(device, prepared.fmt, prepared.k)
         return OutPairs(fn=gemv_kw._xpairs_blocks, xp=xp, inv=inv, invm=invm, kw=gemv_kw.row_words(prepared.fmt, prepared.k),

@@ -431,8 +431,8 @@ class GatedDeltaNet(nn.Module):
                 else:
                     qkv, z, a, b = self.projections(x)
             extra = {"state_early": True} if early else {}
-            # out_proj's prepared input written by the step itself (NINFER_NORM_PAIRS=1; one value
-            # head is one K block of 128 of out_proj's input)
+            # out_proj's prepared input written by the step itself (unless NINFER_NORM_PAIRS=0; one
+            # value head is one K block of 128 of out_proj's input)
             pairs = None
             if getattr(self.backend, "takes_out_pairs", False) and self.dv == 128 and add_norm is None:
                 pairs = self.out_proj.input_pairs(x.shape[0], x.device)
