@@ -6,7 +6,9 @@ Per shape (the 27B's q4/q5 decode matrices and three q8 ones by default) and x r
 (`--ms`): the dispatched kernel (at M = 1 the K-walk and its x-pairs launch), then each CUDA config
 (its x-pairs launch included: two kernels a call, as the K-walk), and the x-pairs launch alone; µs a call in one CUDA graph cycling >= 256 MB of
 weight copies, the share of the copy bandwidth measured in the same run, and each result's error
-against the fp32 reference and the dispatched kernel.
+against the fp32 reference and the dispatched kernel. The configs include the pipelined walk ("pf");
+q5 shapes time each config again on the prepared high-bit words ("words", NINFER_Q5_WORDS; asked to
+be bit-equal), whose winners go to <out>/tuned_cu_words.py, an overlay for NINFER_CU_TUNED.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def main() -> int:
     ap.add_argument("--pdl", default=None, help="NINFER_PDL for the run (default: as the engine)")
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--ms", default="1,4", help="x rows to time (1-4)")
+    ap.add_argument("--no-words", dest="words", action="store_false",
+                    help="q5: skip the configs on prepared high-bit words (timed beside each by default)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("cu_gemv_bench: needs a CUDA GPU")
@@ -66,6 +70,8 @@ def main() -> int:
             return nbytes / (ms_ * 1e-3) / (copy_tbs * 1e12)
 
         deq = (dequantize_nvfp4(p) if p.fmt == 16 else dequantize_int_prepared(p)).float()
+        # q5: each copy's twin with the prepared high-bit words (NINFER_Q5_WORDS), timed beside it
+        wcopies = [words_twin(q) for q in copies] if p.fmt == 5 and args.words else []
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = x.float() @ deq.T
@@ -86,35 +92,59 @@ def main() -> int:
                 t = QL.graph_ms_per_call([lambda q=q, c=cfg, x=x: CU.launch(x, q, c) for q in copies])
                 e_ref, e_disp = rel_err(y, ref), rel_err(y, want.float())
                 # the TUNED_CU entry this config would be: (rows, unroll, warps, ksplit[, True])
-                entry = dataclasses.astuple(cfg) if cfg.mma else dataclasses.astuple(cfg)[:4]
+                entry = dataclasses.astuple(cfg) if cfg.mma or cfg.pf else dataclasses.astuple(cfg)[:4]
                 row["cu"].append({"config": cfg.describe(), "entry": entry, "us": round(t * 1e3, 2), "share": round(share(t), 3),
                                   "err": e_ref, "err_dispatched": e_disp})
                 print(f"    {cfg.describe():16s} {t * 1e3:8.2f} us {share(t):6.1%}  err {e_ref:.1e} "
                       f"(vs dispatched {e_disp:.1e})", flush=True)
+                if wcopies:
+                    yw = CU.launch(x, wcopies[0], cfg)
+                    tw = QL.graph_ms_per_call([lambda q=q, c=cfg, x=x: CU.launch(x, q, c) for q in wcopies])
+                    same = bool(torch.equal(yw, y))
+                    row.setdefault("cu_words", []).append({"config": cfg.describe() + " words", "entry": entry,
+                                                           "us": round(tw * 1e3, 2), "share": round(share(tw), 3),
+                                                           "err": rel_err(yw, ref), "bit_equal": same})
+                    print(f"    {cfg.describe() + ' words':16s} {tw * 1e3:8.2f} us {share(tw):6.1%}  "
+                          f"{'bit-equal' if same else 'DIFFERS from the runs of qhigh'}", flush=True)
             rows.append(row)
-        del deq
+        del deq, wcopies
     QL.write_result(args.out, "cu_gemv_bench.json", dict(copy_tbs=copy_tbs, device=torch.cuda.get_device_name(0), rows=rows))
     print("best a shape (µs, share; dispatched in brackets):")
     for r in rows:
-        if r["cu"]:
-            b = min(r["cu"], key=lambda c: c["us"])
-            print(f"  {r['fmt']} {r['n']}x{r['k']} M={r['m']}: {b['config']} {b['us']} us {b['share']:.1%} "
-                  f"[{r['dispatched']} {r['dispatched_us']} us {r['dispatched_share']:.1%}]")
+        for key in ("cu", "cu_words"):
+            if r.get(key):
+                b = min(r[key], key=lambda c: c["us"])
+                print(f"  {r['fmt']} {r['n']}x{r['k']} M={r['m']}: {b['config']} {b['us']} us {b['share']:.1%} "
+                      f"[{r['dispatched']} {r['dispatched_us']} us {r['dispatched_share']:.1%}]")
     table = tuned_table(rows)
     print(table, flush=True)
+    words = tuned_table(rows, "cu_words")
+    if words.count("\n") > 1:
+        print("# with NINFER_Q5_WORDS=1 (an overlay: NINFER_CU_TUNED=<out>/tuned_cu_words.py)\n" + words, flush=True)
     if args.out:
         Path(args.out, "tuned_cu.py").write_text(table + "\n")
+        Path(args.out, "tuned_cu_words.py").write_text(words + "\n")
     return 0
 
 
-def tuned_table(rows: list) -> str:
+def words_twin(p):
+    """A q5 weight sharing p's tensors, with its prepared high-bit words (gemv_cu.attach_words)."""
+    from ninfer_plugins.quant_int import gemv_cu as CU
+
+    twin = dataclasses.replace(p)
+    CU.attach_words(twin)
+    return twin
+
+
+def tuned_table(rows: list, key: str = "cu") -> str:
     """tuned.TUNED_CU entries for the shapes where a CUDA config won: its fastest config that agrees
-    with the fp32 reference, if it beats the dispatched kernel alone by kw_bench's margins."""
+    with the fp32 reference, if it beats the dispatched kernel alone by kw_bench's margins (key
+    "cu_words": the configs timed on q5's prepared words)."""
     from kw_bench import MAX_ERR, WIN
 
     lines = ["TUNED_CU = {"]
     for r in rows:
-        ok = [c for c in r["cu"] if c["err"] < MAX_ERR]
+        ok = [c for c in r.get(key, []) if c["err"] < MAX_ERR]
         if not ok:
             continue
         b = min(ok, key=lambda c: c["us"])

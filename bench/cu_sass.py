@@ -46,7 +46,7 @@ def _addr(line: str) -> int:
 
 def loops(sass: str) -> list[tuple[tuple[str, tuple[int, ...]], int, dict]]:
     """Per instantiation: ((kernel, template arguments), loop instructions, opcode counts), kernel
-    "gemv" (<BITS, M, R, U, KS>) or "gemv_mma" (<BITS, U, KS>)."""
+    "gemv" (<BITS, M, R, U, KS, PF>) or "gemv_mma" (<BITS, U, KS>)."""
     out = []
     for f in re.split(r"\n\s+Function : ", sass)[1:]:
         m = re.search(r"(gemv|gemv_mma)I((?:Li\d+E)+)E", f.split("\n", 1)[0])
@@ -74,6 +74,11 @@ def loops(sass: str) -> list[tuple[tuple[str, tuple[int, ...]], int, dict]]:
     return sorted(out)
 
 
+def _fmt(bits: int) -> str:
+    # 21: q5 reading its high bits as prepared words (gemv_cu.q5_words)
+    return {16: "nvfp4", 21: "q5w"}.get(bits, f"q{bits}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="90")
@@ -89,11 +94,12 @@ def main() -> int:
         if kernel == "gemv_mma":
             # a trip: U K blocks of two rows' 16-byte vectors a lane, 64 U weights, at any M <= 4
             bits, u, ks = args
-            name, weights = f"mma {'nvfp4' if bits == 16 else f'q{bits}'} U{u} KS{ks}", 64 * u
+            name, weights = f"mma {_fmt(bits)} U{u} KS{ks}", 64 * u
         else:
-            bits, m, r, u, ks = args
-            weights = (16 if bits == 8 else 32) * r * u  # codes a 16-byte vector
-            name = f"{'nvfp4' if bits == 16 else f'q{bits}'} M{m} R{r} U{u} KS{ks}"
+            bits, m, r, u, ks, pf = args if len(args) == 6 else (*args, 0)
+            # codes a 16-byte vector; the pipelined walk's loop is two trips (its two register sets)
+            weights = (16 if bits == 8 else 32) * r * u * (2 if pf else 1)
+            name = f"{_fmt(bits)} M{m} R{r} U{u} KS{ks}" + (" PF" if pf else "")
         print(f"{name}: {n} / {weights} weights = {n / weights:.2f}   {top}")
     return 0
 

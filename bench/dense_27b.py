@@ -66,6 +66,9 @@ PER_RUN_SWITCHES = {
     "NINFER_ATTN_OCCUPANCY", "NINFER_ATTN_WAVES", "NINFER_KW_TAIL", "NINFER_ATTN_GROUPED", "NINFER_GDN_REPLAY", "NINFER_TKW_TRY", "NINFER_GDN_CHUNK",
     "NINFER_GDN_EARLY", "NINFER_MOE_EARLY", "NINFER_KW_XREUSE", "NINFER_CU_GEMV", "NINFER_CU_TUNED", "NINFER_MOE_NORM", "NINFER_KW_TRY", "NINFER_ROUTE_TOPK",
     "NINFER_NORM_PAIRS",
+    # =0 keeps launches off q5 words made at load: build with NINFER_Q5_WORDS=1 in the process's
+    # environment, then vary "NINFER_Q5_WORDS=0|X=1"
+    "NINFER_Q5_WORDS",
 }  # not NINFER_TCD (the GEMV workspace is reserved at model load) nor anything merged or packed then
 
 

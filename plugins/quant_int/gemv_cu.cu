@@ -148,6 +148,10 @@ __device__ __forceinline__ uint32_t q5_word_bits(uint32_t Q, int i) {
   return i == 0 ? Q : __funnelshift_r(Q, Q, i == 1 ? 2 : i == 2 ? 8 : 10);
 }
 
+// BITS 21: q5 whose high bits come as prepared words (gemv_cu.q5_words: one 32-bit word a vector,
+// q5_bits already applied at load), so a vector's high bits are one 32-bit load and no permutation
+__host__ __device__ constexpr bool is_q5(int bits) { return bits == 5 || bits == 21; }
+
 // A word's four pairs of decoded codes (see the top: A and C the low group's, B and D the high's).
 template <int BITS>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, const Masks& k, half2& a, half2& b, half2& c,
@@ -263,10 +267,10 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t hbi
     }
     return;
   }
-  const uint32_t Q = BITS == 5 ? q5_bits(hbits) : 0u;
+  const uint32_t Q = BITS == 5 ? q5_bits(hbits) : BITS == 21 ? hbits : 0u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t S = BITS == 5 ? q5_word_bits(Q, i) : 0u;
+    const uint32_t S = is_q5(BITS) ? q5_word_bits(Q, i) : 0u;
     half2 a, b, c, d;
     if (BITS == 6)
       decode_word_q6(part(q, i), hbits, hbits2, i, k, a, b, c, d);
@@ -291,12 +295,91 @@ __device__ __forceinline__ void dot_vector(uint4 q, uint32_t hbits, uint32_t hbi
 // Grid: one warp per R rows (rows padded to a multiple of R * warps a CTA: prepare_int pads to 256).
 // qw: [rows, V] 16-byte vectors (V = Kp / 32; q8 Kp / 16); sc: [rows, V / 4] fp16 pairs (groups 2kb, 2kb + 1);
 // qh (q5): [rows, 2 V] 16-bit runs (8 a K block: the low group's four, then the high group's);
+// qh (q5 words, BITS 21): [rows, V] 32-bit words, one a vector (gemv_cu.q5_words);
 // xp: per x row m the four pair parts, [4 rows][4 parts][V] vectors (gemv_kw.x_scratch);
 // invm: [4 rows][V / 4] fp32; y: [M, n] bf16.
 // KS > 1: KS warps share a row group, each walking every KS-th trip of 32 vectors; their sums
 // meet in shared memory (more loads in flight for matrices of few rows and long K: down, o_proj).
+// PF = 1: the next trip's loads are issued before this trip's decode (two register sets in turn),
+// so a warp keeps a trip's bytes in flight while it computes, not only while it waits.
 // NVFP4: sc: [rows, V] 16-bit pairs of E4M3 block scales; g: [rows] fp32 global scales (else unused).
+
+// One trip's loads: U vectors of each of R rows, their scales and (q5/q6) high bits.
+template <int R, int U>
+struct Trip {
+  uint4 q[U][R];
+  uint32_t s[U][R], hb[U][R], hb2[U][R];
+};
+
+// Where a lane's next trip comes from (advanced a trip at a time: per-load 64-bit index math
+// was a fifth of the unrolled loops' instructions).
+struct TripPtrs {
+  const uint4* qp;
+  const uint32_t* sp;
+  const uint16_t* sp8;
+  const uint16_t* spf;
+  const uint16_t* hp;
+  const uint32_t* hp6;
+  const uint32_t* hw;
+};
+
+template <int BITS, int R, int U, int KS>
+__device__ __forceinline__ void load_trip(Trip<R, U>& T, TripPtrs& P, int v0, int V, int s_per_row) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u == 0 || v0 + 32 * u < V) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        T.q[u][r] = ld_stream(P.qp + r * V + 32 * u);
+        T.s[u][r] = BITS == 16  ? (uint32_t)__ldg(P.spf + r * s_per_row + 32 * u)
+                    : BITS == 8 ? (uint32_t)__ldg(P.sp8 + r * s_per_row + 16 * u)
+                                : __ldg(P.sp + r * s_per_row + 8 * u);
+        T.hb[u][r] = BITS == 5    ? q5_high(P.hp + r * 2 * V + 64 * u)
+                     : BITS == 6  ? __ldg(P.hp6 + r * 2 * V + 64 * u)
+                     : BITS == 21 ? __ldg(P.hw + r * V + 32 * u)
+                                  : 0u;
+        T.hb2[u][r] = BITS == 6 ? __ldg(P.hp6 + r * 2 * V + 64 * u + 4) : 0u;
+      }
+    }
+  }
+  P.qp += 32 * U * KS;
+  P.sp += 8 * U * KS;
+  P.sp8 += 16 * U * KS;
+  P.spf += 32 * U * KS;
+  P.hp += 64 * U * KS;
+  P.hp6 += 64 * U * KS;
+  P.hw += 32 * U * KS;
+}
+
+// One trip's products: x's pairs for its vectors (read here: the previous launch wrote them),
+// each row's vectors decoded against them into acc.
 template <int BITS, int M, int R, int U, int KS>
+__device__ __forceinline__ void compute_trip(const Trip<R, U>& T, const uint4*& xq, const float*& ip, int v0, int V,
+                                             int nkb, const Masks& k, float (&acc)[R][M]) {
+  constexpr int VPB = BITS == 8 ? 8 : 4;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u == 0 || v0 + 32 * u < V) {
+      uint4 x[M * 4];
+      float inv[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p)
+          // q8 reads the pairs A and C only
+          x[m * 4 + p] = (BITS == 8 && (p & 1)) ? make_uint4(0, 0, 0, 0) : ld_x(xq + (m * 4 + p) * V + 32 * u);
+        inv[m] = ld_x(ip + m * nkb + (32 / VPB) * u);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        dot_vector<BITS, M>(T.q[u][r], T.hb[u][r], T.hb2[u][r], T.s[u][r], x, inv, k, acc[r]);
+    }
+  }
+  xq += 32 * U * KS;
+  ip += (32 / VPB) * U * KS;
+}
+
+template <int BITS, int M, int R, int U, int KS, int PF>
 __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
                                             const void* __restrict__ sc, const float* __restrict__ g,
                                             const uint4* __restrict__ xp,
@@ -305,6 +388,7 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   // q4/q5: 4 vectors a K block of 128, one fp16 pair of scales (groups 2kb, 2kb + 1) a block;
   // q8: 8 vectors a block, one fp16 scale a group of 32 (2 vectors)
   constexpr int VPB = BITS == 8 ? 8 : 4;
+  constexpr int STEP = 32 * U * KS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int slice = KS > 1 ? warp % KS : 0;
@@ -320,12 +404,9 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
   // with KS > 1 every warp reaches the barrier below; a group past n walks nothing
   const int v_start = lane + 32 * U * slice;  // slice j walks trips j, j + KS, ... of U x 32 vectors
   const int v_end = row0 < n ? V : 0;
-  const uint4* q_rows = qw + (size_t)row0 * V;
   // q8's scales are read as 16-bit values, NVFP4's as 16-bit pairs of bytes, the others' as pairs
   const int s_per_row = BITS == 16 ? V : BITS == 8 ? (V >> 1) : (V >> 2);
   const uint16_t* s16 = (const uint16_t*)sc + (size_t)row0 * s_per_row;
-  const uint32_t* s_rows = (const uint32_t*)sc + (size_t)row0 * s_per_row;
-  const uint16_t* h_rows = qh + (size_t)row0 * (V << 1);
   const int nkb = V / VPB;
   const Masks k = masks();
   float acc[R][M];
@@ -335,68 +416,46 @@ __global__ void __launch_bounds__(256) gemv(const uint4* __restrict__ qw, const 
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
   // a lane with no vector skips the loop, and its wait in it; it may still store outputs
   if (v_start >= v_end) pdl_wait_then(late);
-  // pointers at this lane's first vector, advanced a trip at a time (per-load 64-bit index math
-  // was a fifth of the unrolled loops' instructions)
-  const uint4* qp = q_rows + v_start;
-  const uint32_t* sp = s_rows + (v_start >> 2);
-  const uint16_t* sp8 = s16 + (v_start >> 1);
-  const uint16_t* spf = s16 + v_start;
-  const uint16_t* hp = h_rows + ((v_start >> 2) << 3) + (lane & 3);
+  // pointers at this lane's first vector
+  TripPtrs P;
+  P.qp = qw + (size_t)row0 * V + v_start;
+  P.sp = (const uint32_t*)sc + (size_t)row0 * s_per_row + (v_start >> 2);
+  P.sp8 = s16 + (v_start >> 1);
+  P.spf = s16 + v_start;
+  P.hp = qh + (size_t)row0 * (V << 1) + ((v_start >> 2) << 3) + (lane & 3);
   // q6: qhigh [rows, 2 V] 32-bit words (8 a K block: the low group's four, then the high group's)
-  const uint32_t* hp6 = (const uint32_t*)qh + (size_t)row0 * (V << 1) + ((v_start >> 2) << 3) + (lane & 3);
+  P.hp6 = (const uint32_t*)qh + (size_t)row0 * (V << 1) + ((v_start >> 2) << 3) + (lane & 3);
+  P.hw = (const uint32_t*)qh + (size_t)row0 * V + v_start;
   const uint4* xq = xp + v_start;
   const float* ip = invm + v_start / VPB;
-  bool first = true;
-  for (int v0 = v_start; v0 < v_end; v0 += 32 * U * KS) {
-    uint4 q[U][R];
-    uint32_t s[U][R], hb[U][R], hb2[U][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u == 0 || v0 + 32 * u < V) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          q[u][r] = ld_stream(qp + r * V + 32 * u);
-          s[u][r] = BITS == 16  ? (uint32_t)__ldg(spf + r * s_per_row + 32 * u)
-                    : BITS == 8 ? (uint32_t)__ldg(sp8 + r * s_per_row + 16 * u)
-                                : __ldg(sp + r * s_per_row + 8 * u);
-          hb[u][r] = BITS == 5 ? q5_high(hp + r * 2 * V + 64 * u)
-                     : BITS == 6 ? __ldg(hp6 + r * 2 * V + 64 * u)
-                                 : 0u;
-          hb2[u][r] = BITS == 6 ? __ldg(hp6 + r * 2 * V + 64 * u + 4) : 0u;
-        }
+  if (PF == 0) {
+    Trip<R, U> A;
+    bool first = true;
+    for (int v0 = v_start; v0 < v_end; v0 += STEP) {
+      load_trip<BITS, R, U, KS>(A, P, v0, V, s_per_row);
+      if (first) {
+        // x is the previous launch's output: the first trip's weights load before the wait for it
+        // (a no-op without programmatic dependent launch)
+        pdl_wait_then(late);
+        first = false;
       }
+      compute_trip<BITS, M, R, U, KS>(A, xq, ip, v0, V, nkb, k, acc);
     }
-    if (first) {
-      // x is the previous launch's output: the first trip's weights load before the wait for it
-      // (a no-op without programmatic dependent launch)
-      pdl_wait_then(late);
-      first = false;
+  } else if (v_start < v_end) {
+    // two register sets in turn: the trip after next loads while this one is decoded
+    Trip<R, U> A, B;
+    load_trip<BITS, R, U, KS>(A, P, v_start, V, s_per_row);
+    pdl_wait_then(late);
+    for (int v0 = v_start;;) {
+      if (v0 + STEP < v_end) load_trip<BITS, R, U, KS>(B, P, v0 + STEP, V, s_per_row);
+      compute_trip<BITS, M, R, U, KS>(A, xq, ip, v0, V, nkb, k, acc);
+      v0 += STEP;
+      if (v0 >= v_end) break;
+      if (v0 + STEP < v_end) load_trip<BITS, R, U, KS>(A, P, v0 + STEP, V, s_per_row);
+      compute_trip<BITS, M, R, U, KS>(B, xq, ip, v0, V, nkb, k, acc);
+      v0 += STEP;
+      if (v0 >= v_end) break;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u == 0 || v0 + 32 * u < V) {
-        uint4 x[M * 4];
-        float inv[M];
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-#pragma unroll
-          for (int p = 0; p < 4; ++p)
-            // q8 reads the pairs A and C only
-            x[m * 4 + p] = (BITS == 8 && (p & 1)) ? make_uint4(0, 0, 0, 0) : ld_x(xq + (m * 4 + p) * V + 32 * u);
-          inv[m] = ld_x(ip + m * nkb + (32 / VPB) * u);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) dot_vector<BITS, M>(q[u][r], hb[u][r], hb2[u][r], s[u][r], x, inv, k, acc[r]);
-      }
-    }
-    qp += 32 * U * KS;
-    sp += 8 * U * KS;
-    sp8 += 16 * U * KS;
-    spf += 32 * U * KS;
-    hp += 64 * U * KS;
-    hp6 += 64 * U * KS;
-    xq += 32 * U * KS;
-    ip += (32 / VPB) * U * KS;
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -441,9 +500,9 @@ typedef void (*Kernel)(const uint4*, const uint16_t*, const void*, const float*,
                        __nv_bfloat16*, int, int, bool);
 
 template <int BITS>
-Kernel pick(int m, int r, int u, int ks) {
+Kernel pick(int m, int r, int u, int ks, int pf) {
 #define NINFER_CASE(M_, R_, U_, KS_) \
-  if (m == M_ && r == R_ && u == U_ && ks == KS_) return gemv<BITS, M_, R_, U_, KS_>;
+  if (m == M_ && r == R_ && u == U_ && ks == KS_ && pf == 0) return gemv<BITS, M_, R_, U_, KS_, 0>;
   NINFER_CASE(1, 1, 1, 1) NINFER_CASE(1, 1, 2, 1) NINFER_CASE(1, 1, 4, 1) NINFER_CASE(1, 2, 1, 1) NINFER_CASE(1, 2, 2, 1)
   NINFER_CASE(1, 2, 4, 1) NINFER_CASE(1, 4, 1, 1) NINFER_CASE(1, 4, 2, 1) NINFER_CASE(1, 8, 1, 1)
   NINFER_CASE(1, 1, 2, 2) NINFER_CASE(1, 2, 1, 2) NINFER_CASE(1, 2, 2, 2) NINFER_CASE(1, 4, 1, 2) NINFER_CASE(1, 2, 1, 4)
@@ -452,6 +511,13 @@ Kernel pick(int m, int r, int u, int ks) {
   NINFER_CASE(4, 1, 1, 1) NINFER_CASE(4, 2, 1, 1) NINFER_CASE(4, 2, 2, 1) NINFER_CASE(4, 4, 1, 1)
   NINFER_CASE(4, 2, 1, 2) NINFER_CASE(4, 1, 1, 2)
 #undef NINFER_CASE
+  // the pipelined walk (PF 1), for the configs that won without it (gemv_cu.BUILT_PF)
+#define NINFER_PF(M_, R_, U_, KS_) \
+  if (m == M_ && r == R_ && u == U_ && ks == KS_ && pf == 1) return gemv<BITS, M_, R_, U_, KS_, 1>;
+  NINFER_PF(1, 1, 1, 1) NINFER_PF(1, 2, 1, 1) NINFER_PF(1, 4, 1, 1) NINFER_PF(1, 2, 2, 1) NINFER_PF(1, 2, 1, 2)
+  NINFER_PF(1, 2, 1, 4) NINFER_PF(1, 4, 1, 2) NINFER_PF(4, 1, 1, 1) NINFER_PF(4, 2, 1, 1) NINFER_PF(4, 2, 1, 2)
+  NINFER_PF(4, 1, 1, 2)
+#undef NINFER_PF
   return nullptr;
 }
 
@@ -523,6 +589,9 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
   const uint16_t* f_g8 = f_g + (size_t)8 * V;
   const uint16_t* h_g = qh + (size_t)(row0 + g) * (V << 1) + t;
   const uint16_t* h_g8 = h_g + (size_t)8 * (V << 1);
+  // q5 words (BITS 21): one 32-bit word a vector
+  const uint32_t* w_g = (const uint32_t*)qh + (size_t)(row0 + g) * V + t;
+  const uint32_t* w_g8 = w_g + (size_t)8 * V;
   const bool x_row = g < m;  // this lane's B column is x row g
   const uint4* xq = xp + (size_t)(g * 4) * V + t;
   const int n0 = 2 * t, n1 = 2 * t + 1;  // this lane's accumulator columns
@@ -538,6 +607,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
   const uint16_t* fp1 = f_g8 + 4 * kb_start;
   const uint16_t* hp0 = h_g + 8 * kb_start;
   const uint16_t* hp1 = h_g8 + 8 * kb_start;
+  const uint32_t* wp0 = w_g + 4 * kb_start;
+  const uint32_t* wp1 = w_g8 + 4 * kb_start;
   const uint4* xq0 = xq + 4 * kb_start;
   const float* ip0 = invm + (n0 < m ? n0 : 0) * nkb + kb_start;
   const float* ip1 = invm + (n1 < m ? n1 : 0) * nkb + kb_start;
@@ -552,8 +623,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         q1[u] = ld_stream(qp1 + 4 * u);
         s0[u] = BITS == 16 ? (uint32_t)__ldg(fp0 + 4 * u) : __ldg(sp0 + u);
         s1[u] = BITS == 16 ? (uint32_t)__ldg(fp1 + 4 * u) : __ldg(sp1 + u);
-        hb0[u] = BITS == 5 ? q5_high(hp0 + 8 * u) : 0u;
-        hb1[u] = BITS == 5 ? q5_high(hp1 + 8 * u) : 0u;
+        hb0[u] = BITS == 5 ? q5_high(hp0 + 8 * u) : BITS == 21 ? __ldg(wp0 + 4 * u) : 0u;
+        hb1[u] = BITS == 5 ? q5_high(hp1 + 8 * u) : BITS == 21 ? __ldg(wp1 + 4 * u) : 0u;
       }
     }
     if (first) {
@@ -568,7 +639,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq0 + p * V + 4 * u) : make_uint4(0, 0, 0, 0);
         const float i0 = n0 < m ? ld_x(ip0 + u) : 0.f;
         const float i1 = n1 < m ? ld_x(ip1 + u) : 0.f;
-        const uint32_t Q0 = BITS == 5 ? q5_bits(hb0[u]) : 0u, Q1 = BITS == 5 ? q5_bits(hb1[u]) : 0u;
+        const uint32_t Q0 = BITS == 5 ? q5_bits(hb0[u]) : BITS == 21 ? hb0[u] : 0u;
+        const uint32_t Q1 = BITS == 5 ? q5_bits(hb1[u]) : BITS == 21 ? hb1[u] : 0u;
         float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
         // NVFP4: rows g and g + 8's block scales (words 0, 1: block 2v; 2, 3: block 2v + 1)
         const half2 f0 = BITS == 16 ? fp4_scales_h2(s0[u]) : __float2half2_rn(0.f);
@@ -584,8 +656,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
             a0 = __hmul2(a0, e0), b0 = __hmul2(b0, e0), c0 = __hmul2(c0, e0), d0 = __hmul2(d0, e0);
             a1 = __hmul2(a1, e1), b1 = __hmul2(b1, e1), c1 = __hmul2(c1, e1), d1 = __hmul2(d1, e1);
           } else {
-            decode_word<BITS>(part(q0[u], j), BITS == 5 ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
-            decode_word<BITS>(part(q1[u], j), BITS == 5 ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
+            decode_word<BITS>(part(q0[u], j), is_q5(BITS) ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
+            decode_word<BITS>(part(q1[u], j), is_q5(BITS) ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
           }
           mma16816(dlo, u32(a0), u32(a1), u32(c0), u32(c1), part(xv[0], j), part(xv[2], j));
           mma16816(dhi, u32(b0), u32(b1), u32(d0), u32(d1), part(xv[1], j), part(xv[3], j));
@@ -613,6 +685,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
     fp1 += 4 * U * KS;
     hp0 += 8 * U * KS;
     hp1 += 8 * U * KS;
+    wp0 += 4 * U * KS;
+    wp1 += 4 * U * KS;
     xq0 += 4 * U * KS;
     ip0 += U * KS;
     ip1 += U * KS;
@@ -666,18 +740,20 @@ extern "C" int ninfer_gemv_preload(int device) {
     for (int r : rs)
       for (int u : us)
         for (int ks : kss) {
-          const Kernel ks_[] = {pick<4>(m, r, u, ks), pick<5>(m, r, u, ks), pick<6>(m, r, u, ks),
-                                pick<8>(m, r, u, ks), pick<16>(m, r, u, ks)};
-          for (Kernel k : ks_) {
-            if (k == nullptr) continue;
-            cudaFuncAttributes attr;
-            e = cudaFuncGetAttributes(&attr, k);
-            if (e != cudaSuccess) return (int)e;
+          for (int pf = 0; pf < 2; ++pf) {
+            const Kernel ks_[] = {pick<4>(m, r, u, ks, pf), pick<5>(m, r, u, ks, pf), pick<6>(m, r, u, ks, pf),
+                                  pick<8>(m, r, u, ks, pf), pick<16>(m, r, u, ks, pf), pick<21>(m, r, u, ks, pf)};
+            for (Kernel k : ks_) {
+              if (k == nullptr) continue;
+              cudaFuncAttributes attr;
+              e = cudaFuncGetAttributes(&attr, k);
+              if (e != cudaSuccess) return (int)e;
+            }
           }
         }
   for (int u : us)
     for (int ks : kss) {
-      const MmaKernel mk[] = {pick_mma<4>(u, ks), pick_mma<5>(u, ks), pick_mma<16>(u, ks)};
+      const MmaKernel mk[] = {pick_mma<4>(u, ks), pick_mma<5>(u, ks), pick_mma<16>(u, ks), pick_mma<21>(u, ks)};
       for (MmaKernel k : mk) {
         if (k == nullptr) continue;
         cudaFuncAttributes attr;
@@ -720,6 +796,7 @@ extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int warp
   MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit)
                 : bits == 5  ? pick_mma<5>(unroll, ksplit)
                 : bits == 16 ? pick_mma<16>(unroll, ksplit)
+                : bits == 21 ? pick_mma<21>(unroll, ksplit)
                              : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
   Launch l;
@@ -730,16 +807,18 @@ extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int warp
                                  pdl == 2);
 }
 
-// Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split) not built.
-extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int warps, const void* qw, const void* qh,
-                           const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
-                           int pdl, void* stream, int device) {
-  Kernel k = bits == 4   ? pick<4>(m, rows, unroll, ksplit)
-             : bits == 5 ? pick<5>(m, rows, unroll, ksplit)
-             : bits == 6 ? pick<6>(m, rows, unroll, ksplit)
-             : bits == 8 ? pick<8>(m, rows, unroll, ksplit)
-             : bits == 16 ? pick<16>(m, rows, unroll, ksplit)
-                         : nullptr;
+// Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split, pipelined) not
+// built. bits 21: q5 with its high bits as prepared words (qh: gemv_cu.q5_words).
+extern "C" int ninfer_gemv(int bits, int m, int rows, int unroll, int ksplit, int pf, int warps, const void* qw,
+                           const void* qh, const void* sc, const void* g, const void* xp, const void* invm, void* y,
+                           int n, int V, int pdl, void* stream, int device) {
+  Kernel k = bits == 4    ? pick<4>(m, rows, unroll, ksplit, pf)
+             : bits == 5  ? pick<5>(m, rows, unroll, ksplit, pf)
+             : bits == 6  ? pick<6>(m, rows, unroll, ksplit, pf)
+             : bits == 8  ? pick<8>(m, rows, unroll, ksplit, pf)
+             : bits == 16 ? pick<16>(m, rows, unroll, ksplit, pf)
+             : bits == 21 ? pick<21>(m, rows, unroll, ksplit, pf)
+                          : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || rows * m > 32) return 1000;
   Launch l;
   const cudaError_t e = prepare_launch(l, device, n, rows * (warps / ksplit), warps, pdl, stream);

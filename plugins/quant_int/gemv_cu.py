@@ -37,8 +37,14 @@ BUILT = {1: ((1, 1, 1), (1, 2, 1), (1, 4, 1), (2, 1, 1), (2, 2, 1), (2, 4, 1), (
          2: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)), 3: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)),
          4: ((1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1), (2, 1, 2), (1, 1, 2))}
 MAX_M = 4
+# the pipelined walk (gemv_cu.cu: PF = 1, the next trip's loads issued before this trip's decode):
+# x rows -> the (rows a warp, vectors a row ahead, warps a row group) built with it
+BUILT_PF = {1: ((1, 1, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2), (2, 1, 4), (4, 1, 2)),
+            4: ((1, 1, 1), (2, 1, 1), (2, 1, 2), (1, 1, 2))}
 # the tensor-core form (gemv_cu.cu: gemv_mma): formats and (K blocks ahead, warps a row group) built
 MMA_FORMATS = (4, 5, 16)
+# the library's format code for q5 reading its high bits as prepared words (q5_words)
+Q5_WORDS = 21
 # (2, 4), (1, 8), (2, 8): long-K shapes with few rows (q5 down, 5120 x 17408: 320 row groups of 16 at
 # KS = 1, 2.4 warps an SM) keep more bytes in flight by splitting K over more warps of a CTA
 BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
@@ -55,12 +61,14 @@ class CUConfig:
     ksplit: int = 1  # warps sharing a row group, each walking every ksplit-th trip of K
     # the tensor-core form (gemv_mma: q4/q5/NVFP4, 16 rows a warp, `unroll` K blocks of 128 ahead)
     mma: bool = False
+    # 1: the pipelined walk (CUDA-core form only, BUILT_PF)
+    pf: int = 0
 
     def describe(self) -> str:
         ks = f" ks{self.ksplit}" if self.ksplit > 1 else ""
         if self.mma:
             return f"cu mma U{self.unroll} w{self.num_warps}{ks}"
-        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks
+        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks + (" pf" if self.pf else "")
 
     @property
     def rows_a_cta(self) -> int:
@@ -151,7 +159,7 @@ def _build_and_load(arch: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     fn = lib.ninfer_gemv
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    fn.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     mma = lib.ninfer_gemv_mma
     mma.restype = ctypes.c_int
     mma.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
@@ -207,8 +215,9 @@ def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     if not (1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0 and 1 <= m <= MAX_M):
         return False
     if cfg.mma:
-        return cfg.rows == 16 and (cfg.unroll, cfg.ksplit) in BUILT_MMA and (fmt is None or fmt in MMA_FORMATS)
-    return (cfg.rows, cfg.unroll, cfg.ksplit) in BUILT[m] and cfg.rows * m <= 32
+        return cfg.rows == 16 and not cfg.pf and (cfg.unroll, cfg.ksplit) in BUILT_MMA and (fmt is None or fmt in MMA_FORMATS)
+    built = BUILT_PF.get(m, ()) if cfg.pf == 1 else BUILT[m] if cfg.pf == 0 else ()
+    return (cfg.rows, cfg.unroll, cfg.ksplit) in built and cfg.rows * m <= 32
 
 
 def built_configs(m: int) -> list[CUConfig]:
@@ -216,6 +225,7 @@ def built_configs(m: int) -> list[CUConfig]:
     and the GPU tests check): CUDA-core configs of at most 32 rows a CTA, tensor-core ones whose
     warps their K split divides."""
     core = [CUConfig(r, u, w, ks) for r, u, ks in BUILT[m] for w in (4, 8) if r * w // ks <= 32]
+    core += [CUConfig(r, u, w, ks, pf=1) for r, u, ks in BUILT_PF.get(m, ()) for w in (4, 8) if r * w // ks <= 32]
     return core + [CUConfig(16, u, w, ks, True) for u, ks in BUILT_MMA for w in (4, 8) if w % ks == 0]
 
 
@@ -276,6 +286,72 @@ def ready(p) -> None:
         library(p.device)
     except RuntimeError as exc:
         _give_up(str(exc))
+        return
+    if p.fmt == 5 and words_on():
+        attach_words(p)
+
+
+# --- q5's high bits as prepared words (an experiment: NINFER_Q5_WORDS=1) -----------------------------
+#
+# The kernel permutes each vector's 32 q5 high bits (two 16-bit runs of qhigh) into Q, where one
+# rotation a word puts that word's bits under its pairs (gemv_cu.cu: q5_bits, about 20 LOP3/SHF a
+# vector and row with the two loads). Made once at load instead, one 32-bit word a vector
+# [rows, V], the loop reads a word and permutes nothing: 3.97 -> 3.30 SASS instructions a weight at
+# R2 U1 (bench/cu_sass.py). The words are a second copy of qhigh (1 bit a q5 weight) that only this
+# kernel reads, so they are made only under the switch, until a step has measured them.
+
+
+def words_on() -> bool:
+    """NINFER_Q5_WORDS=1: q5 weights the CUDA GEMV may serve get their prepared high-bit words at
+    load (read when a weight is prepared), and launches read them; =0 (read at each launch) keeps
+    launches off words already made, so one process may A/B them; unset: words are read where a
+    weight has them (a bench or test attached them)."""
+    return os.environ.get("NINFER_Q5_WORDS", "") == "1"
+
+
+def _words_off() -> bool:
+    return os.environ.get("NINFER_Q5_WORDS", "") == "0"
+
+
+def q5_words(qhigh: torch.Tensor) -> torch.Tensor:
+    """A q5 weight's high-bit plane (uint8 [rows, Kp / 8], layout kb128-v1) -> int32 [rows, Kp / 32]:
+    per 16-byte vector v of the codes, q5_bits of its two 16-bit runs (lo16 | hi16 << 16), the word
+    the kernel would have made (torch ops, on qhigh's device)."""
+    rows, nb = qhigh.shape
+    if nb % 16:
+        raise ValueError(f"q5 high bits come 16 bytes a K block of 128, got a row of {nb} bytes")
+    b = qhigh.to(torch.int64).view(rows, nb // 16, 2, 4, 2)  # [row, block, lo/hi group, vector, byte]
+    runs = b[..., 0] | (b[..., 1] << 8)  # [row, block, group, vector] 16-bit runs
+    src = runs[:, :, 0] | (runs[:, :, 1] << 16)  # [row, block, vector]
+
+    def rotl(x: torch.Tensor, r: int) -> torch.Tensor:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    q = torch.zeros_like(src)
+    for mask, r in _Q5_ROTATIONS:
+        q |= rotl(src & mask, r)
+    q = torch.where(q >= 2**31, q - 2**32, q)
+    return q.to(torch.int32).reshape(rows, -1).contiguous()
+
+
+# q5_bits' masked rotations (gemv_cu.cu), the numpy emulation's and q5_words' one table
+_Q5_ROTATIONS = ((0xC0C00303, 4), (0x00003030, 2), (0x00000C0C, 18), (0x0000C0C0, 16), (0x03030000, 24),
+                 (0x30300000, 22), (0x0C0C0000, 6))
+
+
+def attach_words(p) -> None:
+    """Give a q5 weight its prepared words (q5_words), noted with the tensors they were made from."""
+    p.q5words = (p.qweight, p.qhigh, q5_words(p.qhigh))
+
+
+def words_of(p) -> torch.Tensor | None:
+    """The weight's prepared q5 words, where they were made from its own qweight and qhigh (a
+    weight derived by dataclasses.replace, a merged one or a row view, has none until its own are
+    made)."""
+    held = getattr(p, "q5words", None)
+    if held is None or p.fmt != 5 or held[0] is not p.qweight or held[1] is not p.qhigh:
+        return None
+    return held[2]
 
 
 def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Tensor:
@@ -304,16 +380,18 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
         return _fallback(x2, p, gated)
     xp, _inv, invm = gemv_kw.pairs_of(x2, p.fmt, p.k, QK.block_rows(m), True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
-    qh = p.qhigh.data_ptr() if p.qhigh is not None else 0
+    words = None if _words_off() else words_of(p)
+    bits = Q5_WORDS if words is not None else p.fmt
+    qh = words.data_ptr() if words is not None else p.qhigh.data_ptr() if p.qhigh is not None else 0
     gs = p.gscale.data_ptr() if p.fmt == 16 else 0
     device = _index(x2.device)
     pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
     if cfg.mma:
-        rc = lib.ninfer_gemv_mma(p.fmt, m, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
+        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
                                  p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
                                  p.qweight.shape[1] // 16, pdl, stream, device)
     else:
-        rc = lib.ninfer_gemv(p.fmt, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
+        rc = lib.ninfer_gemv(bits, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.pf, cfg.num_warps, p.qweight.data_ptr(), qh,
                              p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
                              p.qweight.shape[1] // 16, pdl, stream, device)
     if rc == 0:
@@ -365,9 +443,8 @@ def _rotl(x: np.ndarray, r: int) -> np.ndarray:
 def q5_bits(src: np.ndarray) -> np.ndarray:
     """gemv_cu.cu's q5_bits on uint32 arrays."""
     src = src.astype(np.uint32)
-    q = _rotl(src & np.uint32(0xC0C00303), 4)
-    for mask, r in ((0x00003030, 2), (0x00000C0C, 18), (0x0000C0C0, 16), (0x03030000, 24), (0x30300000, 22),
-                    (0x0C0C0000, 6)):
+    q = np.zeros_like(src)
+    for mask, r in _Q5_ROTATIONS:
         q |= _rotl(src & np.uint32(mask), r)
     return q
 

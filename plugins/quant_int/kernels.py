@@ -561,6 +561,9 @@ class Prepared:
     gscale: torch.Tensor | None = None
     fast: bool = True
     sm_count: int = 132
+    # q5: (qweight, qhigh, words) when the CUDA GEMV's prepared high-bit words were made from those
+    # tensors (gemv_cu.attach_words / words_of; NINFER_Q5_WORDS=1)
+    q5words: tuple | None = None
 
     @property
     def device(self) -> torch.device:

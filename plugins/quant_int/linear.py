@@ -135,8 +135,9 @@ class TritonQuantLinear:
         def cat(field: str) -> torch.Tensor | None:
             return None if getattr(p0, field) is None else torch.cat([getattr(p, field) for p in preps])
 
+        # q5words=None: the parts' prepared words describe the parts (the merged weight makes its own)
         merged = dataclasses.replace(p0, n=sum(p.n for p in preps), qweight=cat("qweight"), scales=cat("scales"),
-                                     qhigh=cat("qhigh"), gscale=cat("gscale"))
+                                     qhigh=cat("qhigh"), gscale=cat("gscale"), q5words=None)
         views, start = [], 0
         for p in preps:
             rows = slice(start, start + p.n)

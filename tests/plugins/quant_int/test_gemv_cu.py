@@ -306,6 +306,74 @@ def test_the_q5_bit_permutation_is_one_to_one():
     assert CU.q5_bits(np.array([0xFFFFFFFF], dtype=np.uint32))[0] == 0xFFFFFFFF
 
 
+def test_the_prepared_q5_words_are_the_kernels_permuted_bits():
+    """q5_words (torch, at load) gives per vector exactly the word the kernel makes from its two
+    16-bit runs (q5_bits of _high_bits), on random bits with every byte value."""
+    g = torch.Generator().manual_seed(5)
+    rows, kp = 7, 640
+    qhigh = torch.randint(0, 256, (rows, kp // 8), generator=g, dtype=torch.uint8)
+    qhigh[0, :] = 255
+    qhigh[1, :16] = torch.arange(16, dtype=torch.uint8) * 17
+    got = CU.q5_words(qhigh)
+    assert got.dtype == torch.int32 and got.shape == (rows, kp // 32) and got.is_contiguous()
+    want = CU.q5_bits(_high_bits(5, qhigh))
+    assert np.array_equal(got.numpy().view(np.uint32), want)
+    with pytest.raises(ValueError, match="16 bytes a K block"):
+        CU.q5_words(qhigh[:, :8])
+
+
+def test_prepared_words_belong_to_the_tensors_they_were_made_from(monkeypatch):
+    """words_of gives the words only to the weight whose qweight and qhigh made them: a weight
+    derived by dataclasses.replace (a merge, a row view) has none, and a merge drops the parts'."""
+    import dataclasses
+
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    g = torch.Generator().manual_seed(3)
+    kern = int_kernels("q5_g64")[0]
+    a, b = (kern.prepare(F.quantize(torch.randn(256, 256, generator=g), "q5_g64")) for _ in range(2))
+    assert CU.words_of(a) is None
+    CU.attach_words(a)
+    w = CU.words_of(a)
+    assert w is not None and torch.equal(w, CU.q5_words(a.qhigh))
+    assert CU.words_of(dataclasses.replace(a, qhigh=a.qhigh[:128], qweight=a.qweight[:128], n=128)) is None
+    merged, views = kern.merge_prepared([a, b])
+    assert merged.q5words is None and all(v.q5words is None for v in views)
+    q4 = int_kernels("q4_g64")[0].prepare(F.quantize(torch.randn(256, 256, generator=g), "q4_g64"))
+    q4.q5words = (q4.qweight, q4.qhigh, w)
+    assert CU.words_of(q4) is None  # only q5 reads them
+
+
+def test_ready_makes_words_only_under_the_switch(monkeypatch):
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    p = int_kernels("q5_g64")[0].prepare(F.quantize(torch.randn(256, 256), "q5_g64"))
+    monkeypatch.setattr(CU, "_runs_here", lambda: True)
+    monkeypatch.setattr(CU, "library", lambda device: None)
+    monkeypatch.setenv("NINFER_CU_GEMV", "1")
+    monkeypatch.setattr(type(p), "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.delenv("NINFER_Q5_WORDS", raising=False)
+    CU.ready(p)
+    assert CU.words_of(p) is None
+    monkeypatch.setenv("NINFER_Q5_WORDS", "1")
+    CU.ready(p)
+    assert CU.words_of(p) is not None
+
+
+def test_the_library_builds_every_config_the_dispatch_may_name():
+    """The kernel instantiations in gemv_cu.cu (pick's cases, with and without the pipelined walk,
+    and pick_mma's) are exactly BUILT, BUILT_PF and BUILT_MMA."""
+    import re
+
+    src = CU.SOURCE.read_text()
+    case = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_CASE\((\d+), (\d+), (\d+), (\d+)\)", src)}
+    pf = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_PF\((\d+), (\d+), (\d+), (\d+)\)", src)}
+    mma = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA\((\d+), (\d+)\)", src)}
+    assert case == {(m, *c) for m, cs in CU.BUILT.items() for c in cs}
+    assert pf == {(m, *c) for m, cs in CU.BUILT_PF.items() for c in cs}
+    assert mma == set(CU.BUILT_MMA)
+
+
 def test_a_late_launch_triggers_its_dependents_after_its_wait():
     """Inside launch.late_dependents() (the GDN decode step's projection) the kernel is launched
     with pdl = 2: its dependents may read, before their own wait, what earlier kernels wrote."""
@@ -321,7 +389,8 @@ def test_built_configs_are_the_librarys_at_4_and_8_warps():
         cfgs = CU.built_configs(m)
         assert len(set(cfgs)) == len(cfgs)
         assert all(CU._built(c, m, 4) for c in cfgs)
-        assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if not c.mma} == set(CU.BUILT[m])
+        assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if not c.mma and not c.pf} == set(CU.BUILT[m])
+        assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if c.pf} == set(CU.BUILT_PF.get(m, ()))
         assert {(c.unroll, c.ksplit) for c in cfgs if c.mma} == set(CU.BUILT_MMA)
         assert {c.num_warps for c in cfgs} == {4, 8}
 
@@ -369,6 +438,41 @@ def test_every_config_matches_the_reference(scheme, n, k):
             for i in range(m):
                 assert _rel(y[i], ref[i]) < 6e-3, (m, i, cfg.describe(), _rel(y[i], ref[i]))
             assert torch.equal(y, CU.launch(x, p, cfg))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+@pytest.mark.parametrize("scheme,n,k", [("q5_g64", 5120, 17408), ("q5_g64", 16384, 5120), ("q5_g64", 77, 1152),
+                                        ("q4_g64", 300, 640), ("q6_g64", 300, 640), ("q8_g32", 40, 384),
+                                        ("nvfp4", 300, 640)])
+def test_the_pipelined_walk_and_the_q5_words_give_the_same_bits(scheme, n, k):
+    """The pipelined walk (pf = 1) does the same arithmetic in the same order as its plain config,
+    and q5 with prepared words the same as with its runs of qhigh: the outputs are bit-equal, every
+    form, every x row count (a partial last trip and row tails included)."""
+    import dataclasses
+
+    why = CU.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    p, deq = _case(scheme, n, k, 7 * n + k)
+    pw = None
+    if scheme == "q5_g64":
+        pw = dataclasses.replace(p)
+        CU.attach_words(pw)
+        assert CU.words_of(pw) is not None and CU.words_of(p) is None
+    for m in (1, 2, 3, 4):
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ref = x.float() @ deq.T
+        for cfg in CU.built_configs(m):
+            if not CU.supports(p, cfg, m):
+                continue
+            y = CU.launch(x, p, cfg)
+            if cfg.pf:
+                plain = dataclasses.replace(cfg, pf=0)
+                assert torch.equal(y, CU.launch(x, p, plain)), (m, cfg.describe())
+            if pw is not None:
+                assert torch.equal(CU.launch(x, pw, cfg), y), (m, cfg.describe())
+            assert _rel(y, ref) < 6e-3, (m, cfg.describe())
 
 
 @pytest.mark.gpu
