@@ -559,13 +559,109 @@ __device__ __forceinline__ half2 fp4_scales_h2(uint32_t sb) {
   return __hmul2(h2(fp4_scale_bits(sb)), __float2half2_rn(256.f));
 }
 
-// rows padded to a multiple of 16 x warps a CTA / KS; m (1-4) x rows at run time. g: NVFP4's
-// per-row global scales (BITS 16 only).
+// One trip of the tensor-core form: U K blocks of rows g and g + 8 (vector t of each), their scale
+// pairs (NVFP4: 16-bit pairs of block scales) and q5 high bits.
+template <int U>
+struct MmaTrip {
+  uint4 q0[U], q1[U];
+  uint32_t s0[U], s1[U], hb0[U], hb1[U];
+};
+
+struct MmaPtrs {
+  const uint4 *qp0, *qp1;
+  const uint32_t *sp0, *sp1;
+  const uint16_t *fp0, *fp1, *hp0, *hp1;
+  const uint32_t *wp0, *wp1;
+};
+
 template <int BITS, int U, int KS>
+__device__ __forceinline__ void load_mma_trip(MmaTrip<U>& T, MmaPtrs& P, int kb0, int nkb) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u == 0 || kb0 + u < nkb) {
+      T.q0[u] = ld_stream(P.qp0 + 4 * u);
+      T.q1[u] = ld_stream(P.qp1 + 4 * u);
+      T.s0[u] = BITS == 16 ? (uint32_t)__ldg(P.fp0 + 4 * u) : __ldg(P.sp0 + u);
+      T.s1[u] = BITS == 16 ? (uint32_t)__ldg(P.fp1 + 4 * u) : __ldg(P.sp1 + u);
+      T.hb0[u] = BITS == 5 ? q5_high(P.hp0 + 8 * u) : BITS == 21 ? __ldg(P.wp0 + 4 * u) : 0u;
+      T.hb1[u] = BITS == 5 ? q5_high(P.hp1 + 8 * u) : BITS == 21 ? __ldg(P.wp1 + 4 * u) : 0u;
+    }
+  }
+  P.qp0 += 4 * U * KS;
+  P.qp1 += 4 * U * KS;
+  P.sp0 += U * KS;
+  P.sp1 += U * KS;
+  P.fp0 += 4 * U * KS;
+  P.fp1 += 4 * U * KS;
+  P.hp0 += 8 * U * KS;
+  P.hp1 += 8 * U * KS;
+  P.wp0 += 4 * U * KS;
+  P.wp1 += 4 * U * KS;
+}
+
+template <int BITS, int U, int KS>
+__device__ __forceinline__ void compute_mma_trip(const MmaTrip<U>& T, const uint4*& xq0, const float*& ip0,
+                                                 const float*& ip1, int kb0, int nkb, int V, int m, bool x_row, int n0,
+                                                 int n1, const Masks& k, float (&acc)[4]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (u == 0 || kb0 + u < nkb) {
+      uint4 xv[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq0 + p * V + 4 * u) : make_uint4(0, 0, 0, 0);
+      const float i0 = n0 < m ? ld_x(ip0 + u) : 0.f;
+      const float i1 = n1 < m ? ld_x(ip1 + u) : 0.f;
+      const uint32_t Q0 = BITS == 5 ? q5_bits(T.hb0[u]) : BITS == 21 ? T.hb0[u] : 0u;
+      const uint32_t Q1 = BITS == 5 ? q5_bits(T.hb1[u]) : BITS == 21 ? T.hb1[u] : 0u;
+      float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
+      // NVFP4: rows g and g + 8's block scales (words 0, 1: block 2v; 2, 3: block 2v + 1)
+      const half2 f0 = BITS == 16 ? fp4_scales_h2(T.s0[u]) : __float2half2_rn(0.f);
+      const half2 f1 = BITS == 16 ? fp4_scales_h2(T.s1[u]) : __float2half2_rn(0.f);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        half2 a0, b0, c0, d0, a1, b1, c1, d1;
+        if constexpr (BITS == 16) {
+          decode_word_fp4(part(T.q0[u], j), k.sign, a0, b0, c0, d0);
+          decode_word_fp4(part(T.q1[u], j), k.sign, a1, b1, c1, d1);
+          const half2 e0 = j < 2 ? __low2half2(f0) : __high2half2(f0);
+          const half2 e1 = j < 2 ? __low2half2(f1) : __high2half2(f1);
+          a0 = __hmul2(a0, e0), b0 = __hmul2(b0, e0), c0 = __hmul2(c0, e0), d0 = __hmul2(d0, e0);
+          a1 = __hmul2(a1, e1), b1 = __hmul2(b1, e1), c1 = __hmul2(c1, e1), d1 = __hmul2(d1, e1);
+        } else {
+          decode_word<BITS>(part(T.q0[u], j), is_q5(BITS) ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
+          decode_word<BITS>(part(T.q1[u], j), is_q5(BITS) ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
+        }
+        mma16816(dlo, u32(a0), u32(a1), u32(c0), u32(c1), part(xv[0], j), part(xv[2], j));
+        mma16816(dhi, u32(b0), u32(b1), u32(d0), u32(d1), part(xv[1], j), part(xv[3], j));
+      }
+      if constexpr (BITS == 16) {
+        // the scales are in the products: the two halves' sums, by x's 1/scale
+        acc[0] = fmaf(dlo[0] + dhi[0], i0, acc[0]);
+        acc[1] = fmaf(dlo[1] + dhi[1], i1, acc[1]);
+        acc[2] = fmaf(dlo[2] + dhi[2], i0, acc[2]);
+        acc[3] = fmaf(dlo[3] + dhi[3], i1, acc[3]);
+      } else {
+        const float2 sg = __half22float2(h2(T.s0[u])), sg8 = __half22float2(h2(T.s1[u]));
+        acc[0] = fmaf(fmaf(dlo[0], sg.x, dhi[0] * sg.y), i0, acc[0]);
+        acc[1] = fmaf(fmaf(dlo[1], sg.x, dhi[1] * sg.y), i1, acc[1]);
+        acc[2] = fmaf(fmaf(dlo[2], sg8.x, dhi[2] * sg8.y), i0, acc[2]);
+        acc[3] = fmaf(fmaf(dlo[3], sg8.x, dhi[3] * sg8.y), i1, acc[3]);
+      }
+    }
+  }
+  xq0 += 4 * U * KS;
+  ip0 += U * KS;
+  ip1 += U * KS;
+}
+
+// rows padded to a multiple of 16 x warps a CTA / KS; m (1-4) x rows at run time. g: NVFP4's
+// per-row global scales (BITS 16 only). PF = 1: the pipelined walk, as gemv's.
+template <int BITS, int U, int KS, int PF>
 __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
                                                 const uint32_t* __restrict__ sc, const float* __restrict__ gsc,
                                                 const uint4* __restrict__ xp, const float* __restrict__ invm,
                                                 __nv_bfloat16* __restrict__ y, int n, int V, int m, bool late) {
+  constexpr int STEP = U * KS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int slice = KS > 1 ? warp % KS : 0;
@@ -580,116 +676,54 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
   const int nkb = V >> 2;
   const int kb_start = U * slice;
   const int kb_end = row0 < n ? nkb : 0;
-  const uint4* q_g = qw + (size_t)(row0 + g) * V + t;
-  const uint4* q_g8 = q_g + (size_t)8 * V;
-  const uint32_t* s_g = sc + (size_t)(row0 + g) * (V >> 2);
-  const uint32_t* s_g8 = s_g + (size_t)8 * (V >> 2);
-  // NVFP4: a 16-bit pair of block scales a vector
-  const uint16_t* f_g = (const uint16_t*)sc + (size_t)(row0 + g) * V + t;
-  const uint16_t* f_g8 = f_g + (size_t)8 * V;
-  const uint16_t* h_g = qh + (size_t)(row0 + g) * (V << 1) + t;
-  const uint16_t* h_g8 = h_g + (size_t)8 * (V << 1);
-  // q5 words (BITS 21): one 32-bit word a vector
-  const uint32_t* w_g = (const uint32_t*)qh + (size_t)(row0 + g) * V + t;
-  const uint32_t* w_g8 = w_g + (size_t)8 * V;
   const bool x_row = g < m;  // this lane's B column is x row g
-  const uint4* xq = xp + (size_t)(g * 4) * V + t;
   const int n0 = 2 * t, n1 = 2 * t + 1;  // this lane's accumulator columns
   const Masks k = masks();
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (kb_start >= kb_end) pdl_wait_then(late);
   // pointers at this lane's first block, advanced a trip at a time (no per-load index math)
-  const uint4* qp0 = q_g + 4 * kb_start;
-  const uint4* qp1 = q_g8 + 4 * kb_start;
-  const uint32_t* sp0 = s_g + kb_start;
-  const uint32_t* sp1 = s_g8 + kb_start;
-  const uint16_t* fp0 = f_g + 4 * kb_start;
-  const uint16_t* fp1 = f_g8 + 4 * kb_start;
-  const uint16_t* hp0 = h_g + 8 * kb_start;
-  const uint16_t* hp1 = h_g8 + 8 * kb_start;
-  const uint32_t* wp0 = w_g + 4 * kb_start;
-  const uint32_t* wp1 = w_g8 + 4 * kb_start;
-  const uint4* xq0 = xq + 4 * kb_start;
+  MmaPtrs P;
+  P.qp0 = qw + (size_t)(row0 + g) * V + t + 4 * kb_start;
+  P.qp1 = P.qp0 + (size_t)8 * V;
+  P.sp0 = sc + (size_t)(row0 + g) * (V >> 2) + kb_start;
+  P.sp1 = P.sp0 + (size_t)8 * (V >> 2);
+  // NVFP4: a 16-bit pair of block scales a vector
+  P.fp0 = (const uint16_t*)sc + (size_t)(row0 + g) * V + t + 4 * kb_start;
+  P.fp1 = P.fp0 + (size_t)8 * V;
+  P.hp0 = qh + (size_t)(row0 + g) * (V << 1) + t + 8 * kb_start;
+  P.hp1 = P.hp0 + (size_t)8 * (V << 1);
+  // q5 words (BITS 21): one 32-bit word a vector
+  P.wp0 = (const uint32_t*)qh + (size_t)(row0 + g) * V + t + 4 * kb_start;
+  P.wp1 = P.wp0 + (size_t)8 * V;
+  const uint4* xq0 = xp + (size_t)(g * 4) * V + t + 4 * kb_start;
   const float* ip0 = invm + (n0 < m ? n0 : 0) * nkb + kb_start;
   const float* ip1 = invm + (n1 < m ? n1 : 0) * nkb + kb_start;
-  bool first = true;
-  for (int kb0 = kb_start; kb0 < kb_end; kb0 += U * KS) {
-    uint4 q0[U], q1[U];
-    uint32_t s0[U], s1[U], hb0[U], hb1[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u == 0 || kb0 + u < nkb) {
-        q0[u] = ld_stream(qp0 + 4 * u);
-        q1[u] = ld_stream(qp1 + 4 * u);
-        s0[u] = BITS == 16 ? (uint32_t)__ldg(fp0 + 4 * u) : __ldg(sp0 + u);
-        s1[u] = BITS == 16 ? (uint32_t)__ldg(fp1 + 4 * u) : __ldg(sp1 + u);
-        hb0[u] = BITS == 5 ? q5_high(hp0 + 8 * u) : BITS == 21 ? __ldg(wp0 + 4 * u) : 0u;
-        hb1[u] = BITS == 5 ? q5_high(hp1 + 8 * u) : BITS == 21 ? __ldg(wp1 + 4 * u) : 0u;
+  if (PF == 0) {
+    MmaTrip<U> A;
+    bool first = true;
+    for (int kb0 = kb_start; kb0 < kb_end; kb0 += STEP) {
+      load_mma_trip<BITS, U, KS>(A, P, kb0, nkb);
+      if (first) {
+        pdl_wait_then(late);
+        first = false;
       }
+      compute_mma_trip<BITS, U, KS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
     }
-    if (first) {
-      pdl_wait_then(late);
-      first = false;
+  } else if (kb_start < kb_end) {
+    // two register sets in turn: the trip after next loads while this one is decoded
+    MmaTrip<U> A, B;
+    load_mma_trip<BITS, U, KS>(A, P, kb_start, nkb);
+    pdl_wait_then(late);
+    for (int kb0 = kb_start;;) {
+      if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(B, P, kb0 + STEP, nkb);
+      compute_mma_trip<BITS, U, KS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      kb0 += STEP;
+      if (kb0 >= kb_end) break;
+      if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(A, P, kb0 + STEP, nkb);
+      compute_mma_trip<BITS, U, KS>(B, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      kb0 += STEP;
+      if (kb0 >= kb_end) break;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u == 0 || kb0 + u < nkb) {
-        uint4 xv[4];
-#pragma unroll
-        for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq0 + p * V + 4 * u) : make_uint4(0, 0, 0, 0);
-        const float i0 = n0 < m ? ld_x(ip0 + u) : 0.f;
-        const float i1 = n1 < m ? ld_x(ip1 + u) : 0.f;
-        const uint32_t Q0 = BITS == 5 ? q5_bits(hb0[u]) : BITS == 21 ? hb0[u] : 0u;
-        const uint32_t Q1 = BITS == 5 ? q5_bits(hb1[u]) : BITS == 21 ? hb1[u] : 0u;
-        float dlo[4] = {0.f, 0.f, 0.f, 0.f}, dhi[4] = {0.f, 0.f, 0.f, 0.f};
-        // NVFP4: rows g and g + 8's block scales (words 0, 1: block 2v; 2, 3: block 2v + 1)
-        const half2 f0 = BITS == 16 ? fp4_scales_h2(s0[u]) : __float2half2_rn(0.f);
-        const half2 f1 = BITS == 16 ? fp4_scales_h2(s1[u]) : __float2half2_rn(0.f);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          half2 a0, b0, c0, d0, a1, b1, c1, d1;
-          if constexpr (BITS == 16) {
-            decode_word_fp4(part(q0[u], j), k.sign, a0, b0, c0, d0);
-            decode_word_fp4(part(q1[u], j), k.sign, a1, b1, c1, d1);
-            const half2 e0 = j < 2 ? __low2half2(f0) : __high2half2(f0);
-            const half2 e1 = j < 2 ? __low2half2(f1) : __high2half2(f1);
-            a0 = __hmul2(a0, e0), b0 = __hmul2(b0, e0), c0 = __hmul2(c0, e0), d0 = __hmul2(d0, e0);
-            a1 = __hmul2(a1, e1), b1 = __hmul2(b1, e1), c1 = __hmul2(c1, e1), d1 = __hmul2(d1, e1);
-          } else {
-            decode_word<BITS>(part(q0[u], j), is_q5(BITS) ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
-            decode_word<BITS>(part(q1[u], j), is_q5(BITS) ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
-          }
-          mma16816(dlo, u32(a0), u32(a1), u32(c0), u32(c1), part(xv[0], j), part(xv[2], j));
-          mma16816(dhi, u32(b0), u32(b1), u32(d0), u32(d1), part(xv[1], j), part(xv[3], j));
-        }
-        if constexpr (BITS == 16) {
-          // the scales are in the products: the two halves' sums, by x's 1/scale
-          acc[0] = fmaf(dlo[0] + dhi[0], i0, acc[0]);
-          acc[1] = fmaf(dlo[1] + dhi[1], i1, acc[1]);
-          acc[2] = fmaf(dlo[2] + dhi[2], i0, acc[2]);
-          acc[3] = fmaf(dlo[3] + dhi[3], i1, acc[3]);
-        } else {
-          const float2 sg = __half22float2(h2(s0[u])), sg8 = __half22float2(h2(s1[u]));
-          acc[0] = fmaf(fmaf(dlo[0], sg.x, dhi[0] * sg.y), i0, acc[0]);
-          acc[1] = fmaf(fmaf(dlo[1], sg.x, dhi[1] * sg.y), i1, acc[1]);
-          acc[2] = fmaf(fmaf(dlo[2], sg8.x, dhi[2] * sg8.y), i0, acc[2]);
-          acc[3] = fmaf(fmaf(dlo[3], sg8.x, dhi[3] * sg8.y), i1, acc[3]);
-        }
-      }
-    }
-    qp0 += 4 * U * KS;
-    qp1 += 4 * U * KS;
-    sp0 += U * KS;
-    sp1 += U * KS;
-    fp0 += 4 * U * KS;
-    fp1 += 4 * U * KS;
-    hp0 += 8 * U * KS;
-    hp1 += 8 * U * KS;
-    wp0 += 4 * U * KS;
-    wp1 += 4 * U * KS;
-    xq0 += 4 * U * KS;
-    ip0 += U * KS;
-    ip1 += U * KS;
   }
   if (KS > 1) {
     // slices 1.. hand their accumulators to slice 0 of their group
@@ -719,12 +753,17 @@ typedef void (*MmaKernel)(const uint4*, const uint16_t*, const uint32_t*, const 
                           __nv_bfloat16*, int, int, int, bool);
 
 template <int BITS>
-MmaKernel pick_mma(int u, int ks) {
+MmaKernel pick_mma(int u, int ks, int pf) {
 #define NINFER_MMA(U_, KS_) \
-  if (u == U_ && ks == KS_) return gemv_mma<BITS, U_, KS_>;
+  if (u == U_ && ks == KS_ && pf == 0) return gemv_mma<BITS, U_, KS_, 0>;
   NINFER_MMA(1, 1) NINFER_MMA(2, 1) NINFER_MMA(4, 1) NINFER_MMA(1, 2) NINFER_MMA(2, 2) NINFER_MMA(1, 4)
   NINFER_MMA(2, 4) NINFER_MMA(1, 8) NINFER_MMA(2, 8)
 #undef NINFER_MMA
+  // the pipelined walk (gemv_cu.BUILT_MMA_PF)
+#define NINFER_MMA_PF(U_, KS_) \
+  if (u == U_ && ks == KS_ && pf == 1) return gemv_mma<BITS, U_, KS_, 1>;
+  NINFER_MMA_PF(1, 2) NINFER_MMA_PF(2, 2) NINFER_MMA_PF(1, 4) NINFER_MMA_PF(2, 4) NINFER_MMA_PF(1, 8) NINFER_MMA_PF(2, 8)
+#undef NINFER_MMA_PF
   return nullptr;
 }
 
@@ -753,12 +792,15 @@ extern "C" int ninfer_gemv_preload(int device) {
         }
   for (int u : us)
     for (int ks : kss) {
-      const MmaKernel mk[] = {pick_mma<4>(u, ks), pick_mma<5>(u, ks), pick_mma<16>(u, ks), pick_mma<21>(u, ks)};
-      for (MmaKernel k : mk) {
-        if (k == nullptr) continue;
-        cudaFuncAttributes attr;
-        e = cudaFuncGetAttributes(&attr, k);
-        if (e != cudaSuccess) return (int)e;
+      for (int pf = 0; pf < 2; ++pf) {
+        const MmaKernel mk[] = {pick_mma<4>(u, ks, pf), pick_mma<5>(u, ks, pf), pick_mma<16>(u, ks, pf),
+                                pick_mma<21>(u, ks, pf)};
+        for (MmaKernel k : mk) {
+          if (k == nullptr) continue;
+          cudaFuncAttributes attr;
+          e = cudaFuncGetAttributes(&attr, k);
+          if (e != cudaSuccess) return (int)e;
+        }
       }
     }
   return 0;
@@ -790,13 +832,13 @@ static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int
 
 // The tensor-core form (q4/q5/NVFP4, 1-4 x rows, 16 rows a warp; g: NVFP4's global scales). Returns a
 // cudaError_t; 1000 for a (bits, unroll, K split) not built.
-extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int warps, const void* qw, const void* qh,
+extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int pf, int warps, const void* qw, const void* qh,
                                const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
                                int pdl, void* stream, int device) {
-  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit)
-                : bits == 5  ? pick_mma<5>(unroll, ksplit)
-                : bits == 16 ? pick_mma<16>(unroll, ksplit)
-                : bits == 21 ? pick_mma<21>(unroll, ksplit)
+  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit, pf)
+                : bits == 5  ? pick_mma<5>(unroll, ksplit, pf)
+                : bits == 16 ? pick_mma<16>(unroll, ksplit, pf)
+                : bits == 21 ? pick_mma<21>(unroll, ksplit, pf)
                              : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
   Launch l;

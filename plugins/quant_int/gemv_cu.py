@@ -48,6 +48,8 @@ Q5_WORDS = 21
 # (2, 4), (1, 8), (2, 8): long-K shapes with few rows (q5 down, 5120 x 17408: 320 row groups of 16 at
 # KS = 1, 2.4 warps an SM) keep more bytes in flight by splitting K over more warps of a CTA
 BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
+# ... and with the pipelined walk
+BUILT_MMA_PF = ((1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
 log = structlog.get_logger("ninfer.quant_int")
@@ -61,13 +63,13 @@ class CUConfig:
     ksplit: int = 1  # warps sharing a row group, each walking every ksplit-th trip of K
     # the tensor-core form (gemv_mma: q4/q5/NVFP4, 16 rows a warp, `unroll` K blocks of 128 ahead)
     mma: bool = False
-    # 1: the pipelined walk (CUDA-core form only, BUILT_PF)
+    # 1: the pipelined walk (BUILT_PF, BUILT_MMA_PF)
     pf: int = 0
 
     def describe(self) -> str:
         ks = f" ks{self.ksplit}" if self.ksplit > 1 else ""
         if self.mma:
-            return f"cu mma U{self.unroll} w{self.num_warps}{ks}"
+            return f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (" pf" if self.pf else "")
         return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks + (" pf" if self.pf else "")
 
     @property
@@ -162,7 +164,7 @@ def _build_and_load(arch: str) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     mma = lib.ninfer_gemv_mma
     mma.restype = ctypes.c_int
-    mma.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    mma.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     lib.ninfer_gemv_preload.restype = ctypes.c_int
     lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
     return lib
@@ -215,7 +217,8 @@ def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     if not (1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0 and 1 <= m <= MAX_M):
         return False
     if cfg.mma:
-        return cfg.rows == 16 and not cfg.pf and (cfg.unroll, cfg.ksplit) in BUILT_MMA and (fmt is None or fmt in MMA_FORMATS)
+        built = BUILT_MMA_PF if cfg.pf == 1 else BUILT_MMA if cfg.pf == 0 else ()
+        return cfg.rows == 16 and (cfg.unroll, cfg.ksplit) in built and (fmt is None or fmt in MMA_FORMATS)
     built = BUILT_PF.get(m, ()) if cfg.pf == 1 else BUILT[m] if cfg.pf == 0 else ()
     return (cfg.rows, cfg.unroll, cfg.ksplit) in built and cfg.rows * m <= 32
 
@@ -226,7 +229,8 @@ def built_configs(m: int) -> list[CUConfig]:
     warps their K split divides."""
     core = [CUConfig(r, u, w, ks) for r, u, ks in BUILT[m] for w in (4, 8) if r * w // ks <= 32]
     core += [CUConfig(r, u, w, ks, pf=1) for r, u, ks in BUILT_PF.get(m, ()) for w in (4, 8) if r * w // ks <= 32]
-    return core + [CUConfig(16, u, w, ks, True) for u, ks in BUILT_MMA for w in (4, 8) if w % ks == 0]
+    mma = [CUConfig(16, u, w, ks, True) for u, ks in BUILT_MMA for w in (4, 8) if w % ks == 0]
+    return core + mma + [CUConfig(16, u, w, ks, True, 1) for u, ks in BUILT_MMA_PF for w in (4, 8) if w % ks == 0]
 
 
 def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
@@ -387,7 +391,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     device = _index(x2.device)
     pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
     if cfg.mma:
-        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.num_warps, p.qweight.data_ptr(), qh,
+        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.pf, cfg.num_warps, p.qweight.data_ptr(), qh,
                                  p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
                                  p.qweight.shape[1] // 16, pdl, stream, device)
     else:

@@ -369,9 +369,10 @@ def test_the_library_builds_every_config_the_dispatch_may_name():
     case = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_CASE\((\d+), (\d+), (\d+), (\d+)\)", src)}
     pf = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_PF\((\d+), (\d+), (\d+), (\d+)\)", src)}
     mma = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA\((\d+), (\d+)\)", src)}
+    mma_pf = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA_PF\((\d+), (\d+)\)", src)}
     assert case == {(m, *c) for m, cs in CU.BUILT.items() for c in cs}
     assert pf == {(m, *c) for m, cs in CU.BUILT_PF.items() for c in cs}
-    assert mma == set(CU.BUILT_MMA)
+    assert mma == set(CU.BUILT_MMA) and mma_pf == set(CU.BUILT_MMA_PF)
 
 
 def test_a_late_launch_triggers_its_dependents_after_its_wait():
@@ -390,8 +391,9 @@ def test_built_configs_are_the_librarys_at_4_and_8_warps():
         assert len(set(cfgs)) == len(cfgs)
         assert all(CU._built(c, m, 4) for c in cfgs)
         assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if not c.mma and not c.pf} == set(CU.BUILT[m])
-        assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if c.pf} == set(CU.BUILT_PF.get(m, ()))
-        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma} == set(CU.BUILT_MMA)
+        assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if c.pf and not c.mma} == set(CU.BUILT_PF.get(m, ()))
+        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and not c.pf} == set(CU.BUILT_MMA)
+        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and c.pf} == set(CU.BUILT_MMA_PF)
         assert {c.num_warps for c in cfgs} == {4, 8}
 
 
