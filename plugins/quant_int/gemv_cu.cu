@@ -152,24 +152,42 @@ __device__ __forceinline__ uint32_t q5_word_bits(uint32_t Q, int i) {
 // q5_bits already applied at load), so a vector's high bits are one 32-bit load and no permutation
 __host__ __device__ constexpr bool is_q5(int bits) { return bits == 5 || bits == 21; }
 
-// A word's four pairs of decoded codes (see the top: A and C the low group's, B and D the high's).
+// The magic-number offsets the decode subtracts, pair by pair (A, B, C, D): q4 1024 + 8 and
+// 1024 + 16 x 8; q5 1024 + 16, 1024 + 16 x 16, 1024 + 2 x 16, 1024 + 32 x 16.
+template <int BITS>
+__device__ __forceinline__ float pair_offset(int pair) {
+  return BITS == 4 ? (pair & 1 ? 1152.f : 1032.f) : (pair == 0 ? 1040.f : pair == 1 ? 1280.f : pair == 2 ? 1056.f : 1536.f);
+}
+
+// A word's four pairs of codes as the magic-number decode leaves them, each offset + code x its
+// factor (see the top: A and C the low group's, B and D the high's), exact in f16.
+template <int BITS>
+__device__ __forceinline__ void decode_word_raw(uint32_t w, uint32_t s, const Masks& k, half2& a, half2& b, half2& c,
+                                                half2& d) {
+  if (BITS == 4) {
+    const uint32_t w8 = w >> 8;
+    a = h2(lop3<AND_XOR>(w, k.lo, k.lo_x));
+    b = h2(lop3<AND_XOR>(w, k.hi, k.hi_x));
+    c = h2(lop3<AND_XOR>(w8, k.lo, k.lo_x));
+    d = h2(lop3<AND_XOR>(w8, k.hi, k.hi_x));
+  } else {
+    const uint32_t w7 = w >> 7;
+    a = h2(lop3<AND_OR>(w, k.lo, lop3<ANDNOT_OR>(s, k.b4lo, k.magic)));
+    b = h2(lop3<AND_OR>(w, k.hi, lop3<ANDNOT_OR>(s, k.b4hi, k.magic)));
+    c = h2(lop3<AND_OR>(w7, k.c5, lop3<ANDNOT_OR>(s, k.b4c, k.magic)));
+    d = h2(lop3<AND_OR>(w7, k.d5, lop3<ANDNOT_OR>(s, k.b4d, k.magic)));
+  }
+}
+
+// A word's four pairs of decoded codes (the raw pairs less their offsets).
 template <int BITS>
 __device__ __forceinline__ void decode_word(uint32_t w, uint32_t s, const Masks& k, half2& a, half2& b, half2& c,
                                             half2& d) {
-  if (BITS == 4) {
-    const half2 c_a = __float2half2_rn(1032.f), c_b = __float2half2_rn(1152.f);
-    const uint32_t w8 = w >> 8;
-    a = __hsub2(h2(lop3<AND_XOR>(w, k.lo, k.lo_x)), c_a);
-    b = __hsub2(h2(lop3<AND_XOR>(w, k.hi, k.hi_x)), c_b);
-    c = __hsub2(h2(lop3<AND_XOR>(w8, k.lo, k.lo_x)), c_a);
-    d = __hsub2(h2(lop3<AND_XOR>(w8, k.hi, k.hi_x)), c_b);
-  } else {
-    const uint32_t w7 = w >> 7;
-    a = __hsub2(h2(lop3<AND_OR>(w, k.lo, lop3<ANDNOT_OR>(s, k.b4lo, k.magic))), __float2half2_rn(1040.f));
-    b = __hsub2(h2(lop3<AND_OR>(w, k.hi, lop3<ANDNOT_OR>(s, k.b4hi, k.magic))), __float2half2_rn(1280.f));
-    c = __hsub2(h2(lop3<AND_OR>(w7, k.c5, lop3<ANDNOT_OR>(s, k.b4c, k.magic))), __float2half2_rn(1056.f));
-    d = __hsub2(h2(lop3<AND_OR>(w7, k.d5, lop3<ANDNOT_OR>(s, k.b4d, k.magic))), __float2half2_rn(1536.f));
-  }
+  decode_word_raw<BITS>(w, s, k, a, b, c, d);
+  a = __hsub2(a, __float2half2_rn(pair_offset<BITS>(0)));
+  b = __hsub2(b, __float2half2_rn(pair_offset<BITS>(1)));
+  c = __hsub2(c, __float2half2_rn(pair_offset<BITS>(2)));
+  d = __hsub2(d, __float2half2_rn(pair_offset<BITS>(3)));
 }
 
 // q6: word i's pairs from its codes' low nibbles (w) and the bytes i of HL and HH (two bits a code)
@@ -599,7 +617,7 @@ __device__ __forceinline__ void load_mma_trip(MmaTrip<U>& T, MmaPtrs& P, int kb0
   P.wp1 += 4 * U * KS;
 }
 
-template <int BITS, int U, int KS>
+template <int BITS, int U, int KS, int OFS>
 __device__ __forceinline__ void compute_mma_trip(const MmaTrip<U>& T, const uint4*& xq0, const float*& ip0,
                                                  const float*& ip1, int kb0, int nkb, int V, int m, bool x_row, int n0,
                                                  int n1, const Masks& k, float (&acc)[4]) {
@@ -627,6 +645,15 @@ __device__ __forceinline__ void compute_mma_trip(const MmaTrip<U>& T, const uint
           const half2 e1 = j < 2 ? __low2half2(f1) : __high2half2(f1);
           a0 = __hmul2(a0, e0), b0 = __hmul2(b0, e0), c0 = __hmul2(c0, e0), d0 = __hmul2(d0, e0);
           a1 = __hmul2(a1, e1), b1 = __hmul2(b1, e1), c1 = __hmul2(c1, e1), d1 = __hmul2(d1, e1);
+        } else if constexpr (OFS == 1) {
+          decode_word_raw<BITS>(part(T.q0[u], j), is_q5(BITS) ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
+          decode_word_raw<BITS>(part(T.q1[u], j), is_q5(BITS) ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
+          // the pairs keep their offsets: an MMA of the negated offsets against the same x takes
+          // them out of the fp32 sums (the 16 rows' terms are alike)
+          const uint32_t na = u32(__float2half2_rn(-pair_offset<BITS>(0))), nb = u32(__float2half2_rn(-pair_offset<BITS>(1)));
+          const uint32_t nc = u32(__float2half2_rn(-pair_offset<BITS>(2))), nd = u32(__float2half2_rn(-pair_offset<BITS>(3)));
+          mma16816(dlo, na, na, nc, nc, part(xv[0], j), part(xv[2], j));
+          mma16816(dhi, nb, nb, nd, nd, part(xv[1], j), part(xv[3], j));
         } else {
           decode_word<BITS>(part(T.q0[u], j), is_q5(BITS) ? q5_word_bits(Q0, j) : 0u, k, a0, b0, c0, d0);
           decode_word<BITS>(part(T.q1[u], j), is_q5(BITS) ? q5_word_bits(Q1, j) : 0u, k, a1, b1, c1, d1);
@@ -655,8 +682,10 @@ __device__ __forceinline__ void compute_mma_trip(const MmaTrip<U>& T, const uint
 }
 
 // rows padded to a multiple of 16 x warps a CTA / KS; m (1-4) x rows at run time. g: NVFP4's
-// per-row global scales (BITS 16 only). PF = 1: the pipelined walk, as gemv's.
-template <int BITS, int U, int KS, int PF>
+// per-row global scales (BITS 16 only). PF = 1: the pipelined walk, as gemv's. OFS = 1 (q4/q5): the
+// decode leaves each code's magic-number offset in its pair (no sub.f16x2: 32 of a K block's ~170
+// instructions a lane) and one more MMA a word and half takes the offsets out, exactly in fp32.
+template <int BITS, int U, int KS, int PF, int OFS>
 __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
                                                 const uint32_t* __restrict__ sc, const float* __restrict__ gsc,
                                                 const uint4* __restrict__ xp, const float* __restrict__ invm,
@@ -707,7 +736,7 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
         pdl_wait_then(late);
         first = false;
       }
-      compute_mma_trip<BITS, U, KS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      compute_mma_trip<BITS, U, KS, OFS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
     }
   } else if (kb_start < kb_end) {
     // two register sets in turn: the trip after next loads while this one is decoded
@@ -716,11 +745,11 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
     pdl_wait_then(late);
     for (int kb0 = kb_start;;) {
       if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(B, P, kb0 + STEP, nkb);
-      compute_mma_trip<BITS, U, KS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      compute_mma_trip<BITS, U, KS, OFS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
       kb0 += STEP;
       if (kb0 >= kb_end) break;
       if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(A, P, kb0 + STEP, nkb);
-      compute_mma_trip<BITS, U, KS>(B, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      compute_mma_trip<BITS, U, KS, OFS>(B, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
       kb0 += STEP;
       if (kb0 >= kb_end) break;
     }
@@ -753,17 +782,25 @@ typedef void (*MmaKernel)(const uint4*, const uint16_t*, const uint32_t*, const 
                           __nv_bfloat16*, int, int, int, bool);
 
 template <int BITS>
-MmaKernel pick_mma(int u, int ks, int pf) {
+MmaKernel pick_mma(int u, int ks, int pf, int ofs) {
 #define NINFER_MMA(U_, KS_) \
-  if (u == U_ && ks == KS_ && pf == 0) return gemv_mma<BITS, U_, KS_, 0>;
+  if (u == U_ && ks == KS_ && pf == 0 && ofs == 0) return gemv_mma<BITS, U_, KS_, 0, 0>;
   NINFER_MMA(1, 1) NINFER_MMA(2, 1) NINFER_MMA(4, 1) NINFER_MMA(1, 2) NINFER_MMA(2, 2) NINFER_MMA(1, 4)
   NINFER_MMA(2, 4) NINFER_MMA(1, 8) NINFER_MMA(2, 8)
 #undef NINFER_MMA
   // the pipelined walk (gemv_cu.BUILT_MMA_PF)
 #define NINFER_MMA_PF(U_, KS_) \
-  if (u == U_ && ks == KS_ && pf == 1) return gemv_mma<BITS, U_, KS_, 1>;
+  if (u == U_ && ks == KS_ && pf == 1 && ofs == 0) return gemv_mma<BITS, U_, KS_, 1, 0>;
   NINFER_MMA_PF(1, 2) NINFER_MMA_PF(2, 2) NINFER_MMA_PF(1, 4) NINFER_MMA_PF(2, 4) NINFER_MMA_PF(1, 8) NINFER_MMA_PF(2, 8)
 #undef NINFER_MMA_PF
+  // the offsets taken out by an MMA (q4/q5; gemv_cu.BUILT_MMA_OFS), plain and pipelined
+  if constexpr (BITS != 16) {
+#define NINFER_MMA_OFS(U_, KS_, PF_) \
+  if (u == U_ && ks == KS_ && pf == PF_ && ofs == 1) return gemv_mma<BITS, U_, KS_, PF_, 1>;
+    NINFER_MMA_OFS(1, 2, 0) NINFER_MMA_OFS(2, 2, 0) NINFER_MMA_OFS(1, 4, 0) NINFER_MMA_OFS(2, 4, 0) NINFER_MMA_OFS(1, 8, 0)
+    NINFER_MMA_OFS(2, 8, 0) NINFER_MMA_OFS(2, 2, 1) NINFER_MMA_OFS(2, 4, 1) NINFER_MMA_OFS(1, 8, 1) NINFER_MMA_OFS(2, 8, 1)
+#undef NINFER_MMA_OFS
+  }
   return nullptr;
 }
 
@@ -792,16 +829,17 @@ extern "C" int ninfer_gemv_preload(int device) {
         }
   for (int u : us)
     for (int ks : kss) {
-      for (int pf = 0; pf < 2; ++pf) {
-        const MmaKernel mk[] = {pick_mma<4>(u, ks, pf), pick_mma<5>(u, ks, pf), pick_mma<16>(u, ks, pf),
-                                pick_mma<21>(u, ks, pf)};
-        for (MmaKernel k : mk) {
-          if (k == nullptr) continue;
-          cudaFuncAttributes attr;
-          e = cudaFuncGetAttributes(&attr, k);
-          if (e != cudaSuccess) return (int)e;
+      for (int pf = 0; pf < 2; ++pf)
+        for (int ofs = 0; ofs < 2; ++ofs) {
+          const MmaKernel mk[] = {pick_mma<4>(u, ks, pf, ofs), pick_mma<5>(u, ks, pf, ofs), pick_mma<16>(u, ks, pf, ofs),
+                                  pick_mma<21>(u, ks, pf, ofs)};
+          for (MmaKernel k : mk) {
+            if (k == nullptr) continue;
+            cudaFuncAttributes attr;
+            e = cudaFuncGetAttributes(&attr, k);
+            if (e != cudaSuccess) return (int)e;
+          }
         }
-      }
     }
   return 0;
 }
@@ -832,13 +870,14 @@ static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int
 
 // The tensor-core form (q4/q5/NVFP4, 1-4 x rows, 16 rows a warp; g: NVFP4's global scales). Returns a
 // cudaError_t; 1000 for a (bits, unroll, K split) not built.
-extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int pf, int warps, const void* qw, const void* qh,
+extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int pf, int ofs, int warps, const void* qw,
+                               const void* qh,
                                const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
                                int pdl, void* stream, int device) {
-  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit, pf)
-                : bits == 5  ? pick_mma<5>(unroll, ksplit, pf)
-                : bits == 16 ? pick_mma<16>(unroll, ksplit, pf)
-                : bits == 21 ? pick_mma<21>(unroll, ksplit, pf)
+  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit, pf, ofs)
+                : bits == 5  ? pick_mma<5>(unroll, ksplit, pf, ofs)
+                : bits == 16 ? pick_mma<16>(unroll, ksplit, pf, ofs)
+                : bits == 21 ? pick_mma<21>(unroll, ksplit, pf, ofs)
                              : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
   Launch l;

@@ -50,6 +50,10 @@ Q5_WORDS = 21
 BUILT_MMA = ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
 # ... and with the pipelined walk
 BUILT_MMA_PF = ((1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
+# ... and with the codes' offsets taken out by an MMA (q4/q5 only): (K blocks ahead, warps a row
+# group, pipelined)
+BUILT_MMA_OFS = ((1, 2, 0), (2, 2, 0), (1, 4, 0), (2, 4, 0), (1, 8, 0), (2, 8, 0), (2, 2, 1), (2, 4, 1), (1, 8, 1),
+                 (2, 8, 1))
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
 log = structlog.get_logger("ninfer.quant_int")
@@ -65,11 +69,13 @@ class CUConfig:
     mma: bool = False
     # 1: the pipelined walk (BUILT_PF, BUILT_MMA_PF)
     pf: int = 0
+    # 1 (tensor-core form, q4/q5): the pairs keep their offsets, an MMA takes them out (BUILT_MMA_OFS)
+    ofs: int = 0
 
     def describe(self) -> str:
         ks = f" ks{self.ksplit}" if self.ksplit > 1 else ""
         if self.mma:
-            return f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (" pf" if self.pf else "")
+            return f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (" pf" if self.pf else "") + (" ofs" if self.ofs else "")
         return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks + (" pf" if self.pf else "")
 
     @property
@@ -164,7 +170,7 @@ def _build_and_load(arch: str) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     mma = lib.ninfer_gemv_mma
     mma.restype = ctypes.c_int
-    mma.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    mma.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     lib.ninfer_gemv_preload.restype = ctypes.c_int
     lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
     return lib
@@ -217,8 +223,13 @@ def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     if not (1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0 and 1 <= m <= MAX_M):
         return False
     if cfg.mma:
+        if cfg.ofs:
+            return (cfg.rows == 16 and cfg.ofs == 1 and (cfg.unroll, cfg.ksplit, cfg.pf) in BUILT_MMA_OFS
+                    and (fmt is None or fmt in (4, 5)))
         built = BUILT_MMA_PF if cfg.pf == 1 else BUILT_MMA if cfg.pf == 0 else ()
         return cfg.rows == 16 and (cfg.unroll, cfg.ksplit) in built and (fmt is None or fmt in MMA_FORMATS)
+    if cfg.ofs:
+        return False
     built = BUILT_PF.get(m, ()) if cfg.pf == 1 else BUILT[m] if cfg.pf == 0 else ()
     return (cfg.rows, cfg.unroll, cfg.ksplit) in built and cfg.rows * m <= 32
 
@@ -230,7 +241,8 @@ def built_configs(m: int) -> list[CUConfig]:
     core = [CUConfig(r, u, w, ks) for r, u, ks in BUILT[m] for w in (4, 8) if r * w // ks <= 32]
     core += [CUConfig(r, u, w, ks, pf=1) for r, u, ks in BUILT_PF.get(m, ()) for w in (4, 8) if r * w // ks <= 32]
     mma = [CUConfig(16, u, w, ks, True) for u, ks in BUILT_MMA for w in (4, 8) if w % ks == 0]
-    return core + mma + [CUConfig(16, u, w, ks, True, 1) for u, ks in BUILT_MMA_PF for w in (4, 8) if w % ks == 0]
+    mma += [CUConfig(16, u, w, ks, True, 1) for u, ks in BUILT_MMA_PF for w in (4, 8) if w % ks == 0]
+    return core + mma + [CUConfig(16, u, w, ks, True, pf, 1) for u, ks, pf in BUILT_MMA_OFS for w in (4, 8) if w % ks == 0]
 
 
 def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
@@ -391,7 +403,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     device = _index(x2.device)
     pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
     if cfg.mma:
-        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.pf, cfg.num_warps, p.qweight.data_ptr(), qh,
+        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.pf, cfg.ofs, cfg.num_warps, p.qweight.data_ptr(), qh,
                                  p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
                                  p.qweight.shape[1] // 16, pdl, stream, device)
     else:
@@ -453,6 +465,11 @@ def q5_bits(src: np.ndarray) -> np.ndarray:
     return q
 
 
+# the magic-number offsets the q4 / q5 decode subtracts from its pairs A, B, C, D (gemv_cu.cu:
+# pair_offset; the tensor-core form's ofs configs leave them in and take them out by an MMA)
+OFFSETS = {4: (1032, 1152, 1032, 1152), 5: (1040, 1280, 1056, 1536)}
+
+
 def _h2(u: np.ndarray) -> np.ndarray:
     """uint32 [..] -> fp16 [.., 2] (low half first), as the kernel's h2()."""
     return u.astype(np.uint32).view(np.float16).reshape(*u.shape, 2)
@@ -510,16 +527,17 @@ def decode_words(bits: int, words: np.ndarray, hbits: np.ndarray | None = None) 
         return out
     elif bits == 4:
         w8 = w >> np.uint32(8)
-        parts = (((w & 0x000F000F) ^ 0x64086408, 1032), ((w & 0x00F000F0) ^ 0x64806480, 1152),
-                 ((w8 & 0x000F000F) ^ 0x64086408, 1032), ((w8 & 0x00F000F0) ^ 0x64806480, 1152))
+        parts = tuple(zip(((w & 0x000F000F) ^ 0x64086408, (w & 0x00F000F0) ^ 0x64806480, (w8 & 0x000F000F) ^ 0x64086408,
+                           (w8 & 0x00F000F0) ^ 0x64806480), OFFSETS[4], strict=True))
     else:
         q = q5_bits(hbits)[..., None]
         s = np.concatenate([_rotl(q, -k) for k in (0, 2, 8, 10)], axis=-1)  # rotr(Q, k) a word
         ns = ~s
         w7 = w >> np.uint32(7)
         magic = np.uint32(0x64006400)
-        parts = (((w & 0x000F000F) | (ns & 0x00100010) | magic, 1040), ((w & 0x00F000F0) | (ns & 0x01000100) | magic, 1280),
-                 ((w7 & 0x001E001E) | (ns & 0x00200020) | magic, 1056), ((w7 & 0x01E001E0) | (ns & 0x02000200) | magic, 1536))
+        parts = tuple(zip(((w & 0x000F000F) | (ns & 0x00100010) | magic, (w & 0x00F000F0) | (ns & 0x01000100) | magic,
+                           (w7 & 0x001E001E) | (ns & 0x00200020) | magic, (w7 & 0x01E001E0) | (ns & 0x02000200) | magic),
+                          OFFSETS[5], strict=True))
     for i, (h, c) in enumerate(parts):
         out[..., i, :] = _h2(np.asarray(h, dtype=np.uint32)) - np.float16(c)
     return out

@@ -360,6 +360,19 @@ def test_ready_makes_words_only_under_the_switch(monkeypatch):
     assert CU.words_of(p) is not None
 
 
+def test_the_kernels_offsets_are_the_emulated_decodes():
+    """pair_offset in gemv_cu.cu (what the decode subtracts, and what the ofs configs' MMA takes out)
+    holds the emulation's OFFSETS, pair by pair."""
+    import re
+
+    src = CU.SOURCE.read_text()
+    body = src[src.index("float pair_offset(int pair)") :].split("}", 1)[0]
+    nums = [int(float(v)) for v in re.findall(r"(\d+)\.f", body)]
+    q4_odd, q4_even, *q5 = nums
+    assert (q4_even, q4_odd, q4_even, q4_odd) == CU.OFFSETS[4]
+    assert tuple(q5) == CU.OFFSETS[5]
+
+
 def test_the_library_builds_every_config_the_dispatch_may_name():
     """The kernel instantiations in gemv_cu.cu (pick's cases, with and without the pipelined walk,
     and pick_mma's) are exactly BUILT, BUILT_PF and BUILT_MMA."""
@@ -370,6 +383,8 @@ def test_the_library_builds_every_config_the_dispatch_may_name():
     pf = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_PF\((\d+), (\d+), (\d+), (\d+)\)", src)}
     mma = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA\((\d+), (\d+)\)", src)}
     mma_pf = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA_PF\((\d+), (\d+)\)", src)}
+    ofs = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA_OFS\((\d+), (\d+), (\d+)\)", src)}
+    assert ofs == set(CU.BUILT_MMA_OFS)
     assert case == {(m, *c) for m, cs in CU.BUILT.items() for c in cs}
     assert pf == {(m, *c) for m, cs in CU.BUILT_PF.items() for c in cs}
     assert mma == set(CU.BUILT_MMA) and mma_pf == set(CU.BUILT_MMA_PF)
@@ -392,8 +407,9 @@ def test_built_configs_are_the_librarys_at_4_and_8_warps():
         assert all(CU._built(c, m, 4) for c in cfgs)
         assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if not c.mma and not c.pf} == set(CU.BUILT[m])
         assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if c.pf and not c.mma} == set(CU.BUILT_PF.get(m, ()))
-        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and not c.pf} == set(CU.BUILT_MMA)
-        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and c.pf} == set(CU.BUILT_MMA_PF)
+        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and not c.pf and not c.ofs} == set(CU.BUILT_MMA)
+        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and c.pf and not c.ofs} == set(CU.BUILT_MMA_PF)
+        assert {(c.unroll, c.ksplit, c.pf) for c in cfgs if c.ofs} == set(CU.BUILT_MMA_OFS)
         assert {c.num_warps for c in cfgs} == {4, 8}
 
 
@@ -472,6 +488,11 @@ def test_the_pipelined_walk_and_the_q5_words_give_the_same_bits(scheme, n, k):
             if cfg.pf:
                 plain = dataclasses.replace(cfg, pf=0)
                 assert torch.equal(y, CU.launch(x, p, plain)), (m, cfg.describe())
+            if cfg.ofs:
+                # the offsets out in fp32 after the MMAs, not in f16 before: not bit-equal, but
+                # within a bf16 rounding of the subtracting form
+                sub = dataclasses.replace(cfg, ofs=0)
+                assert _rel(y, CU.launch(x, p, sub).float()) < 3e-3, (m, cfg.describe())
             if pw is not None:
                 assert torch.equal(CU.launch(x, pw, cfg), y), (m, cfg.describe())
             assert _rel(y, ref) < 6e-3, (m, cfg.describe())
