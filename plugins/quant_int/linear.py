@@ -120,6 +120,16 @@ class TritonQuantLinear:
         _dequant().reserve(p)
         return p
 
+    def resident_bytes(self, n: int, k: int, packed_bytes: int, device) -> int:
+        """The packed weight, plus (q5 on a GPU under NINFER_Q5_WORDS=1) the CUDA GEMV's prepared
+        high-bit words, one bit a weight more (gemv_cu.q5_words), so the memory plan counts them."""
+        if self.scheme == "q5_g64" and getattr(device, "kind", "cpu") != "cpu":
+            from ninfer_plugins.quant_int import gemv_cu
+
+            if gemv_cu.words_on():
+                return packed_bytes + F.padded_k(k) * n // 8
+        return packed_bytes
+
     def merge_prepared(self, preps: list[K.Prepared]) -> tuple[K.Prepared, list[K.Prepared]] | None:
         """Stack prepared weights of one format and K by rows: (the merged weight, each part as a
         row view of it), or None when a part has padding rows or they differ in layout."""

@@ -373,6 +373,21 @@ def test_the_kernels_offsets_are_the_emulated_decodes():
     assert tuple(q5) == CU.OFFSETS[5]
 
 
+def test_the_memory_plan_counts_the_words_under_the_switch(monkeypatch):
+    from types import SimpleNamespace
+
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    gpu, cpu = SimpleNamespace(kind="cuda"), SimpleNamespace(kind="cpu")
+    q5, q4 = int_kernels("q5_g64")[0], int_kernels("q4_g64")[0]
+    monkeypatch.delenv("NINFER_Q5_WORDS", raising=False)
+    assert q5.resident_bytes(5120, 17408, 1000, gpu) == 1000
+    monkeypatch.setenv("NINFER_Q5_WORDS", "1")
+    assert q5.resident_bytes(5120, 17408, 1000, gpu) == 1000 + 5120 * 17408 // 8
+    assert q5.resident_bytes(8, 100, 1000, gpu) == 1000 + 8 * 128 // 8  # K padded to whole blocks
+    assert q5.resident_bytes(5120, 17408, 1000, cpu) == 1000 and q4.resident_bytes(5120, 17408, 1000, gpu) == 1000
+
+
 def test_the_library_builds_every_config_the_dispatch_may_name():
     """The kernel instantiations in gemv_cu.cu (pick's cases, with and without the pipelined walk,
     and pick_mma's) are exactly BUILT, BUILT_PF and BUILT_MMA."""
