@@ -336,18 +336,22 @@ def q5_words(qhigh: torch.Tensor) -> torch.Tensor:
     rows, nb = qhigh.shape
     if nb % 16:
         raise ValueError(f"q5 high bits come 16 bytes a K block of 128, got a row of {nb} bytes")
-    b = qhigh.to(torch.int64).view(rows, nb // 16, 2, 4, 2)  # [row, block, lo/hi group, vector, byte]
-    runs = b[..., 0] | (b[..., 1] << 8)  # [row, block, group, vector] 16-bit runs
-    src = runs[:, :, 0] | (runs[:, :, 1] << 16)  # [row, block, vector]
 
     def rotl(x: torch.Tensor, r: int) -> torch.Tensor:
         return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
 
-    q = torch.zeros_like(src)
-    for mask, r in _Q5_ROTATIONS:
-        q |= rotl(src & mask, r)
-    q = torch.where(q >= 2**31, q - 2**32, q)
-    return q.to(torch.int32).reshape(rows, -1).contiguous()
+    out = torch.empty(rows, nb // 4, dtype=torch.int32, device=qhigh.device)
+    # in row chunks: the int64 temporaries are ~12x their rows' qhigh
+    for r0 in range(0, rows, 2048):
+        b = qhigh[r0 : r0 + 2048].to(torch.int64).view(-1, nb // 16, 2, 4, 2)  # [row, block, lo/hi group, vector, byte]
+        runs = b[..., 0] | (b[..., 1] << 8)  # [row, block, group, vector] 16-bit runs
+        src = runs[:, :, 0] | (runs[:, :, 1] << 16)  # [row, block, vector]
+        q = torch.zeros_like(src)
+        for mask, r in _Q5_ROTATIONS:
+            q |= rotl(src & mask, r)
+        q = torch.where(q >= 2**31, q - 2**32, q)
+        out[r0 : r0 + 2048] = q.to(torch.int32).reshape(q.shape[0], -1)
+    return out
 
 
 # q5_bits' masked rotations (gemv_cu.cu), the numpy emulation's and q5_words' one table

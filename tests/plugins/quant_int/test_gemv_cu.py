@@ -320,6 +320,8 @@ def test_the_prepared_q5_words_are_the_kernels_permuted_bits():
     assert np.array_equal(got.numpy().view(np.uint32), want)
     with pytest.raises(ValueError, match="16 bytes a K block"):
         CU.q5_words(qhigh[:, :8])
+    tall = torch.randint(0, 256, (4100, 32), generator=g, dtype=torch.uint8)  # made in row chunks of 2048
+    assert np.array_equal(CU.q5_words(tall).numpy().view(np.uint32), CU.q5_bits(_high_bits(5, tall)))
 
 
 def test_prepared_words_belong_to_the_tensors_they_were_made_from(monkeypatch):
