@@ -8,7 +8,8 @@ Per shape (the 27B's q4/q5 decode matrices and three q8 ones by default) and x r
 weight copies, the share of the copy bandwidth measured in the same run, and each result's error
 against the fp32 reference and the dispatched kernel. The configs include the pipelined walk ("pf");
 q5 shapes time each config again on the prepared high-bit words ("words", NINFER_Q5_WORDS; asked to
-be bit-equal), whose winners go to <out>/tuned_cu_words.py, an overlay for NINFER_CU_TUNED.
+be bit-equal), whose winners go to <out>/tuned_cu_words.py keyed 21 (gemv_cu.Q5_WORDS: pick takes them
+first, and the model makes words for the shapes they name); join both files for NINFER_CU_TUNED.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def main() -> int:
     print(table, flush=True)
     words = tuned_table(rows, "cu_words")
     if words.count("\n") > 1:
-        print("# with NINFER_Q5_WORDS=1 (an overlay: NINFER_CU_TUNED=<out>/tuned_cu_words.py)\n" + words, flush=True)
+        print("# on q5's prepared words (keyed gemv_cu.Q5_WORDS; join with the above for NINFER_CU_TUNED)\n" + words, flush=True)
     if args.out:
         Path(args.out, "tuned_cu.py").write_text(table + "\n")
         Path(args.out, "tuned_cu_words.py").write_text(words + "\n")
@@ -150,7 +151,8 @@ def tuned_table(rows: list, key: str = "cu") -> str:
         b = min(ok, key=lambda c: c["us"])
         if b["us"] > WIN * r["dispatched_us"]:
             continue
-        lines.append(f"    ({r['bits']}, {r['n']}, {r['k']}, {r['m']}): {tuple(b['entry'])},  # {b['us']} us "
+        bits = 21 if key == "cu_words" else r["bits"]  # gemv_cu.Q5_WORDS: a winner on q5's words
+        lines.append(f"    ({bits}, {r['n']}, {r['k']}, {r['m']}): {tuple(b['entry'])},  # {b['us']} us "
                      f"{b['share']:.1%} against {r['dispatched']} {r['dispatched_us']} us")
     lines.append("}")
     return "\n".join(lines)

@@ -69,7 +69,13 @@ PER_RUN_SWITCHES = {
     # =0 keeps launches off q5 words made at load: build with NINFER_Q5_WORDS=1 in the process's
     # environment, then vary "NINFER_Q5_WORDS=0|X=1"
     "NINFER_Q5_WORDS",
+    # =0 keeps launches off tuned.TUNED_CU_CARD (build with NINFER_CU_CARD=H100 so the words its
+    # entries name are made at load, then vary "NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1")
+    "NINFER_CU_CARD",
 }  # not NINFER_TCD (the GEMV workspace is reserved at model load) nor anything merged or packed then
+
+
+BASE_ENV = dict(os.environ)  # the process's switches, for the model build
 
 
 def parse_variants(text: str) -> list[tuple[str, dict[str, str]]]:
@@ -230,7 +236,11 @@ def main() -> int:
                         gc.collect()
                         if torch.cuda.is_available():
                             torch.cuda.empty_cache()
-                        model = bench.build(plan(config, plugins=pm), pm)
+                        # built under the process's own switches, not this run's: a per-run switch
+                        # must not decide what the build makes (NINFER_Q5_WORDS=0 first in an A/B
+                        # once left the q5 words unmade for every variant, fortieth run)
+                        with mock.patch.dict(os.environ, BASE_ENV, clear=True):
+                            model = bench.build(plan(config, plugins=pm), pm)
                         model_key = key
                     result = bench.run(config, opts, plugins=pm, model=model)
                     result["command"] = (label + " " if label else "") + "ninfer " + " ".join(argv)

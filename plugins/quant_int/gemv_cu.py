@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -71,12 +72,16 @@ class CUConfig:
     pf: int = 0
     # 1 (tensor-core form, q4/q5): the pairs keep their offsets, an MMA takes them out (BUILT_MMA_OFS)
     ofs: int = 0
+    # 1: q5 measured on its prepared high-bit words (a TUNED_CU entry keyed Q5_WORDS); a weight
+    # without words runs its plain entry instead (launch)
+    words: int = 0
 
     def describe(self) -> str:
         ks = f" ks{self.ksplit}" if self.ksplit > 1 else ""
         if self.mma:
-            return f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (" pf" if self.pf else "") + (" ofs" if self.ofs else "")
-        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks + (" pf" if self.pf else "")
+            return (f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (" pf" if self.pf else "") + (" ofs" if self.ofs else "")
+                    + (" words" if self.words else ""))
+        return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks + (" pf" if self.pf else "") + (" words" if self.words else "")
 
     @property
     def rows_a_cta(self) -> int:
@@ -206,10 +211,16 @@ def _runs_here() -> bool:
 
 
 def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
-    """The config for an m-row launch of a q4/q5/q6/q8/NVFP4 [n, k] weight: its measured winner, else (under
-    NINFER_CU_GEMV=1/4) DEFAULT; None where the kernel does not apply or (by default) was not measured to win."""
+    """The config for an m-row launch of a q4/q5/q6/q8/NVFP4 [n, k] weight: its measured winner (for q5
+    first its winner on the prepared high-bit words, keyed Q5_WORDS, unless NINFER_Q5_WORDS=0), else
+    (under NINFER_CU_GEMV=1/4) DEFAULT; None where the kernel does not apply or (by default) was not
+    measured to win."""
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
+    if fmt == 5 and not words_off():
+        hit = tuned_entry(Q5_WORDS, n, k, m)
+        if hit is not None and _built(hit, m, fmt):
+            return dataclasses.replace(hit, words=1)
     hit = tuned_entry(fmt, n, k, m)
     if hit is not None and _built(hit, m, fmt):
         return hit
@@ -246,17 +257,58 @@ def built_configs(m: int) -> list[CUConfig]:
 
 
 def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
-    """The measured winner of (format, N, K, x rows): the NINFER_CU_TUNED file's entry, else
-    tuned.TUNED_CU's; None where neither names it."""
-    from ninfer_plugins.quant_int.tuned import TUNED_CU
-
-    hit = _trial_table().get((fmt, n, k, m)) or TUNED_CU.get((fmt, n, k, m))
+    """The measured winner of (format, N, K, x rows) (format Q5_WORDS: q5 on its prepared words): the
+    NINFER_CU_TUNED file's entry, else this card's (tuned.TUNED_CU_CARD, `card()`), else
+    tuned.TUNED_CU's; None where none names it."""
+    key = (fmt, n, k, m)
+    hit = _trial_table().get(key) or _card_table().get(key) or _base_table().get(key)
     return CUConfig(*hit) if hit else None
 
 
+def _base_table() -> dict:
+    from ninfer_plugins.quant_int.tuned import TUNED_CU
+
+    return TUNED_CU
+
+
+def _card_table() -> dict:
+    from ninfer_plugins.quant_int.tuned import TUNED_CU_CARD
+
+    return TUNED_CU_CARD.get(card(), {})
+
+
+_CARD: list[str] = []
+
+
+def card() -> str:
+    """The tag of this process's GPU in tuned.TUNED_CU_CARD ("H100", "H200"; "" for any other card or
+    none). NINFER_CU_CARD (read each time) names one ("0": none, so only TUNED_CU applies): the H100
+    and the H200 share their SMs but not their bandwidth, and some winners differ between them
+    (q4 gate+up at M = 4: gemv_mma on the H100, the tensor-core K-walk on the H200)."""
+    forced = os.environ.get("NINFER_CU_CARD")
+    if forced is not None:
+        return "" if forced == "0" else forced
+    if not _CARD:
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+        _CARD.append(next((tag for tag in ("H100", "H200") if tag in name), ""))
+    return _CARD[0]
+
+
 def tuned_for(p) -> bool:
-    """Whether a measured winner names this weight at some row count."""
-    return any(tuned_entry(p.fmt, p.n, p.k, m) is not None for m in range(1, MAX_M + 1))
+    """Whether a measured winner names this weight at some row count (q5: on its words too)."""
+    fmts = (p.fmt, Q5_WORDS) if p.fmt == 5 else (p.fmt,)
+    return any(tuned_entry(f, p.n, p.k, m) is not None for f in fmts for m in range(1, MAX_M + 1))
+
+
+def words_tuned(n: int, k: int) -> bool:
+    """Whether a q5 [n, k] weight has a winner measured on its prepared words at some row count."""
+    return any(tuned_entry(Q5_WORDS, n, k, m) is not None for m in range(1, MAX_M + 1))
+
+
+def words_anywhere() -> bool:
+    """Whether any winner on q5 words applies here (the memory plan counts words for every q5 weight
+    then: a merged weight's words are made for shapes the plan never sees apart)."""
+    return any(key[0] == Q5_WORDS for t in (_trial_table(), _card_table(), _base_table()) for key in t)
 
 
 _TRIALS: dict[str, dict] = {}
@@ -303,29 +355,31 @@ def ready(p) -> None:
     except RuntimeError as exc:
         _give_up(str(exc))
         return
-    if p.fmt == 5 and words_on():
+    if p.fmt == 5 and (words_on() or (not words_off() and words_tuned(p.n, p.k))):
         attach_words(p)
 
 
-# --- q5's high bits as prepared words (an experiment: NINFER_Q5_WORDS=1) -----------------------------
+# --- q5's high bits as prepared words ----------------------------------------------------------------
 #
 # The kernel permutes each vector's 32 q5 high bits (two 16-bit runs of qhigh) into Q, where one
 # rotation a word puts that word's bits under its pairs (gemv_cu.cu: q5_bits, about 20 LOP3/SHF a
 # vector and row with the two loads). Made once at load instead, one 32-bit word a vector
 # [rows, V], the loop reads a word and permutes nothing: 3.97 -> 3.30 SASS instructions a weight at
 # R2 U1 (bench/cu_sass.py). The words are a second copy of qhigh (1 bit a q5 weight) that only this
-# kernel reads, so they are made only under the switch, until a step has measured them.
+# kernel reads, so they are made only for weights with a winner measured on them (TUNED_CU entries
+# keyed Q5_WORDS) or under NINFER_Q5_WORDS=1.
 
 
 def words_on() -> bool:
-    """NINFER_Q5_WORDS=1: q5 weights the CUDA GEMV may serve get their prepared high-bit words at
+    """NINFER_Q5_WORDS=1: every q5 weight the CUDA GEMV may serve gets its prepared high-bit words at
     load (read when a weight is prepared), and launches read them; =0 (read at each launch) keeps
-    launches off words already made, so one process may A/B them; unset: words are read where a
-    weight has them (a bench or test attached them)."""
+    launches off words already made and off the winners measured on them, so one process may A/B
+    them; unset: words are made for the weights with a winner on them (Q5_WORDS entries) and read
+    where a weight has them (a bench or test may attach them)."""
     return os.environ.get("NINFER_Q5_WORDS", "") == "1"
 
 
-def _words_off() -> bool:
+def words_off() -> bool:
     return os.environ.get("NINFER_Q5_WORDS", "") == "0"
 
 
@@ -400,7 +454,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
         return _fallback(x2, p, gated)
     xp, _inv, invm = gemv_kw.pairs_of(x2, p.fmt, p.k, QK.block_rows(m), True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
-    words = None if _words_off() else words_of(p)
+    cfg, words = _with_words(p, cfg, m)
     bits = Q5_WORDS if words is not None else p.fmt
     qh = words.data_ptr() if words is not None else p.qhigh.data_ptr() if p.qhigh is not None else 0
     gs = p.gscale.data_ptr() if p.fmt == 16 else 0
@@ -422,6 +476,19 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     # kernel image for this GPU) will not launch later either
     _give_up(f"cudaError {rc} at a launch")
     return _fallback(x2, p, gated)
+
+
+def _with_words(p, cfg: CUConfig, m: int) -> tuple[CUConfig, torch.Tensor | None]:
+    """The config a launch runs and the prepared q5 words it reads (None: the runs of qhigh): words
+    wherever the weight has its own (not under NINFER_Q5_WORDS=0); a winner measured on words
+    (cfg.words) for a weight without them (a row view of a merged weight) runs the shape's plain
+    winner instead, where the library holds one, else the same config on the runs of qhigh."""
+    words = None if words_off() else words_of(p)
+    if cfg.words and words is None:
+        plain = tuned_entry(p.fmt, p.n, p.k, m)
+        if plain is not None and supports(p, plain, m):
+            return plain, None
+    return cfg, words
 
 
 def _pdl(enabled: bool, value) -> int:

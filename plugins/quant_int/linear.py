@@ -121,12 +121,14 @@ class TritonQuantLinear:
         return p
 
     def resident_bytes(self, n: int, k: int, packed_bytes: int, device) -> int:
-        """The packed weight, plus (q5 on a GPU under NINFER_Q5_WORDS=1) the CUDA GEMV's prepared
-        high-bit words, one bit a weight more (gemv_cu.q5_words), so the memory plan counts them."""
+        """The packed weight, plus (q5 on a GPU, under NINFER_Q5_WORDS=1 or where a CUDA GEMV winner
+        on words applies) the prepared high-bit words, one bit a weight more (gemv_cu.q5_words), so
+        the memory plan counts them. Counted for every q5 weight then: the words of a merged weight
+        (qkv + z) are made for a shape the plan does not see apart."""
         if self.scheme == "q5_g64" and getattr(device, "kind", "cpu") != "cpu":
             from ninfer_plugins.quant_int import gemv_cu
 
-            if gemv_cu.words_on():
+            if gemv_cu.words_on() or (not gemv_cu.words_off() and gemv_cu.words_anywhere()):
                 return packed_bytes + F.padded_k(k) * n // 8
         return packed_bytes
 

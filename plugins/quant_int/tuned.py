@@ -629,3 +629,21 @@ TUNED_CU: dict[tuple[int, int, int, int], tuple] = {
     (4, 131072, 5120, 4): (16, 2, 4, 1, True),  # 139.16 us 85.8% against TKW TB4 P2 w4 S1 pin 164.42 us
     (6, 248320, 5120, 1): (2, 4, 4, 1),  # 320.28 us 103.8% against KW BN8 BW128 S1 w2 pf 380.7 us
 }
+
+# Per card (gemv_cu.card(): "H100", "H200"), entries over TUNED_CU's for that card only, and the
+# winners on q5's prepared high-bit words (format gemv_cu.Q5_WORDS = 21: gemv_cu.q5_words, made at
+# load only for the shapes named here). H100 (fortieth run, 2026-12-07, bench/cu_gemv_bench.py
+# --ms 1,4 on the 27B's q5 down, q5 qkv+z and q4 gate+up, every config timed on the runs of qhigh
+# and on words, the words bit-equal): on the H200 gemv_mma lost q4 gate+up at M = 4 to the
+# tensor-core K-walk (39.59 against 36.76 us, thirty-ninth run), on the H100 it wins, so these stay
+# off the H200 until it is measured there. Not yet timed in a whole step (the fortieth run's A/B
+# built its model without the words).
+TUNED_CU_CARD: dict[str, dict[tuple[int, int, int, int], tuple]] = {
+    "H100": {
+        (21, 5120, 17408, 1): (2, 2, 4, 2),  # words 22.6 us 86.8% against cu R2 U1 w4 ks4 24.53 us (best plain 24.39)
+        (21, 5120, 17408, 4): (16, 1, 8, 8, True),  # words 29.66 us 66.1% against TKW TB4 P2 w4 S4 pin 33.83 us (plain mma 33.1)
+        (21, 16384, 5120, 4): (16, 2, 4, 2, True),  # words 24.49 us 75.3% against cu mma U2 w8 ks2 27.64 us
+        (5, 16384, 5120, 4): (16, 2, 4, 2, True, 0, 1),  # ofs 25.69 us 71.8% against cu mma U2 w8 ks2 27.64 us
+        (4, 34816, 5120, 4): (16, 2, 4, 4, True),  # 36.64 us 86.6% against TKW TB2 R3 w4 S1 41.05 us
+    },
+}

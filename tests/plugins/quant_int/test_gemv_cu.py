@@ -362,6 +362,109 @@ def test_ready_makes_words_only_under_the_switch(monkeypatch):
     assert CU.words_of(p) is not None
 
 
+def _trial(monkeypatch, tmp_path, entries: dict) -> None:
+    f = tmp_path / f"tuned_cu_{len(list(tmp_path.iterdir()))}.py"  # a new name: the table is read once a file
+    f.write_text("TUNED_CU = " + repr(entries) + "\n")
+    monkeypatch.setenv("NINFER_CU_TUNED", str(f))
+    monkeypatch.delenv("NINFER_CU_GEMV", raising=False)
+    monkeypatch.delenv("NINFER_Q5_WORDS", raising=False)
+    monkeypatch.setenv("NINFER_CU_CARD", "0")
+
+
+def test_a_winner_on_words_is_picked_first_for_q5_and_not_under_words_off(monkeypatch, tmp_path):
+    """A TUNED_CU entry keyed Q5_WORDS is q5's winner on its words: pick gives it (marked words=1)
+    ahead of the plain entry, and NINFER_Q5_WORDS=0 gives the plain entry (or nothing)."""
+    _trial(monkeypatch, tmp_path, {(21, 256, 768, 1): (2, 2, 4, 2), (5, 256, 768, 1): (2, 1, 4, 4),
+                                   (21, 256, 768, 4): (16, 1, 8, 8, True), (21, 256, 640, 1): (8, 4, 4, 1)})
+    assert CU.pick(5, 1, 256, 768) == CU.CUConfig(2, 2, 4, 2, words=1)
+    assert CU.pick(5, 4, 256, 768) == CU.CUConfig(16, 1, 8, 8, True, words=1)
+    assert CU.pick(4, 1, 256, 768) is None  # only q5 has words
+    assert CU.pick(5, 1, 256, 640) is None  # R8 U4 is not built: falls through, no plain entry
+    assert CU.pick(5, 1, 256, 768).describe() == "cu R2 U2 w4 ks2 words"
+    monkeypatch.setenv("NINFER_Q5_WORDS", "0")
+    assert CU.pick(5, 1, 256, 768) == CU.CUConfig(2, 1, 4, 4) and CU.pick(5, 4, 256, 768) is None
+
+
+def test_a_cards_entries_come_over_the_shared_table(monkeypatch):
+    """tuned.TUNED_CU_CARD[card()] over TUNED_CU, for that card only; NINFER_CU_CARD=0 none; every
+    entry a config the library holds for its format and row count."""
+    from ninfer_plugins.quant_int.tuned import TUNED_CU, TUNED_CU_CARD
+
+    monkeypatch.delenv("NINFER_CU_TUNED", raising=False)
+    monkeypatch.delenv("NINFER_CU_GEMV", raising=False)
+    monkeypatch.delenv("NINFER_Q5_WORDS", raising=False)
+    assert set(TUNED_CU_CARD) <= {"H100", "H200"}
+    for tag, table in TUNED_CU_CARD.items():
+        for (fmt, n, k, m), entry in table.items():
+            assert fmt in (*CU.FORMATS, CU.Q5_WORDS) and CU._built(CU.CUConfig(*entry), m, 5 if fmt == CU.Q5_WORDS else fmt), (tag, fmt, n, k, m)
+    monkeypatch.setenv("NINFER_CU_CARD", "H100")
+    h100 = TUNED_CU_CARD["H100"]
+    assert CU.pick(4, 4, 34816, 5120) == CU.CUConfig(*h100[(4, 34816, 5120, 4)])
+    assert CU.pick(5, 1, 5120, 17408) == CU.CUConfig(*h100[(21, 5120, 17408, 1)], words=1)
+    assert CU.words_tuned(5120, 17408) and not CU.words_tuned(5120, 6144) and CU.words_anywhere()
+    for tag in ("0", "H200", ""):
+        monkeypatch.setenv("NINFER_CU_CARD", tag)
+        assert CU.pick(4, 4, 34816, 5120) is None  # the tensor-core K-walk's, as on the H200
+        assert CU.pick(5, 1, 5120, 17408) == CU.CUConfig(*TUNED_CU[(5, 5120, 17408, 1)])
+        assert not CU.words_anywhere() and CU.card() == ("" if tag == "0" else tag)
+
+
+def test_ready_makes_words_where_a_winner_on_words_names_the_weight(monkeypatch, tmp_path):
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    p = int_kernels("q5_g64")[0].prepare(F.quantize(torch.randn(256, 256), "q5_g64"))
+    monkeypatch.setattr(CU, "_runs_here", lambda: True)
+    monkeypatch.setattr(CU, "library", lambda device: None)
+    monkeypatch.setattr(type(p), "device", property(lambda self: torch.device("cuda")))
+    _trial(monkeypatch, tmp_path, {(21, p.n, p.k, 4): (16, 2, 4, 2, True)})
+    monkeypatch.setenv("NINFER_Q5_WORDS", "0")
+    CU.ready(p)
+    assert CU.words_of(p) is None
+    monkeypatch.delenv("NINFER_Q5_WORDS")
+    CU.ready(p)
+    assert CU.words_of(p) is not None
+
+
+def test_a_winner_on_words_runs_the_plain_winner_for_a_weight_without_words(monkeypatch, tmp_path):
+    """launch's choice (_with_words): a words config reads the weight's words; for a weight without
+    them (a row view of a merged weight) the shape's plain winner, else the same config on qhigh;
+    NINFER_Q5_WORDS=0 reads no words even where a weight has them."""
+    import dataclasses
+
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    p = int_kernels("q5_g64")[0].prepare(F.quantize(torch.randn(256, 256), "q5_g64"))
+    _trial(monkeypatch, tmp_path, {(21, p.n, p.k, 1): (2, 2, 4, 2), (5, p.n, p.k, 1): (2, 1, 4, 1)})
+    words_cfg = CU.pick(5, 1, p.n, p.k)
+    assert words_cfg.words == 1
+    assert CU._with_words(p, words_cfg, 1) == (CU.CUConfig(2, 1, 4, 1), None)
+    assert CU._with_words(p, CU.CUConfig(4, 1, 4), 1) == (CU.CUConfig(4, 1, 4), None)
+    CU.attach_words(p)
+    cfg, words = CU._with_words(p, words_cfg, 1)
+    assert cfg == words_cfg and words is CU.words_of(p)
+    assert CU._with_words(p, CU.CUConfig(4, 1, 4), 1)[1] is words  # a plain config reads words a weight has
+    monkeypatch.setenv("NINFER_Q5_WORDS", "0")
+    assert CU._with_words(p, words_cfg, 1) == (CU.CUConfig(2, 1, 4, 1), None)
+    monkeypatch.delenv("NINFER_Q5_WORDS")
+    _trial(monkeypatch, tmp_path, {(21, p.n, p.k, 1): (2, 2, 4, 2)})
+    bare = dataclasses.replace(p, q5words=None)
+    assert CU._with_words(bare, words_cfg, 1) == (words_cfg, None)  # no plain winner: the same config on qhigh
+
+
+def test_the_memory_plan_counts_words_where_a_winner_on_words_applies(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    gpu = SimpleNamespace(kind="cuda")
+    q5 = int_kernels("q5_g64")[0]
+    _trial(monkeypatch, tmp_path, {(21, 16384, 5120, 4): (16, 2, 4, 2, True)})
+    # every q5 weight, not only the named shape: a merged weight's words are made for a shape the plan never sees
+    assert q5.resident_bytes(5120, 6144, 1000, gpu) == 1000 + 5120 * 6144 // 8
+    monkeypatch.setenv("NINFER_Q5_WORDS", "0")
+    assert q5.resident_bytes(5120, 6144, 1000, gpu) == 1000
+
+
 def test_the_kernels_offsets_are_the_emulated_decodes():
     """pair_offset in gemv_cu.cu (what the decode subtracts, and what the ofs configs' MMA takes out)
     holds the emulation's OFFSETS, pair by pair."""
@@ -383,6 +486,8 @@ def test_the_memory_plan_counts_the_words_under_the_switch(monkeypatch):
     gpu, cpu = SimpleNamespace(kind="cuda"), SimpleNamespace(kind="cpu")
     q5, q4 = int_kernels("q5_g64")[0], int_kernels("q4_g64")[0]
     monkeypatch.delenv("NINFER_Q5_WORDS", raising=False)
+    monkeypatch.delenv("NINFER_CU_TUNED", raising=False)
+    monkeypatch.setenv("NINFER_CU_CARD", "0")  # no card's winners on words
     assert q5.resident_bytes(5120, 17408, 1000, gpu) == 1000
     monkeypatch.setenv("NINFER_Q5_WORDS", "1")
     assert q5.resident_bytes(5120, 17408, 1000, gpu) == 1000 + 5120 * 17408 // 8
