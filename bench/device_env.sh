@@ -38,6 +38,13 @@ if ls .tcache/0_triton.tgz* > /dev/null 2>&1; then
     && echo "triton cache: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) kernels from .tcache"
 fi
 
+# the CUDA GEMV's library built on the workstation (bench/prebuild_cu.py: same nvcc, so the same cache
+# name), carried in .tcache: a cold call loads it instead of spending ~72 s in nvcc
+if ls .tcache/gemv_cu_sm*.so > /dev/null 2>&1; then
+  CU_CACHE="${NINFER_CACHE:-$HOME/.cache/ninfer}/cuda"
+  mkdir -p "$CU_CACHE" && cp .tcache/gemv_cu_sm*.so "$CU_CACHE/" && echo "CUDA GEMV library from .tcache: $(ls .tcache/gemv_cu_sm*.so)"
+fi
+
 pack_triton_cache() {
   [ "${TCACHE_PACK:-1}" = "0" ] && return 0
   local f="$OUT/0_triton.tgz"

@@ -63,6 +63,9 @@
 #   bash bench/next_session.sh pw3     # pw1 + pw2 in one call: fewer tests and shapes, the 27B step A/B (~9.5 min)
 #   bash bench/next_session.sh pw4     # the H100 card table (q5 words, gemv_mma q4 at M = 4) in the 27B round and
 #                                      # its plain step against the shared table alone, one process (~5 min)
+#   bash bench/next_session.sh pw5     # on an H200: cu_gemv_bench (q5 words and plain) -> tables, the words' model
+#                                      # test, the 27B round and plain step with the tables A/B (~9 min);
+#                                      # `AUTO_H200=pw5 AUTO_OTHER=pw4 bash bench/next_session.sh auto` picks by card
 #   bash bench/next_session.sh s33     # bench/calls/s33.sh: the bf16 GEMV's tests, bench and step A/B; the MTP merge A/B (~9 min)
 #   bash bench/next_session.sh s33h    # bench/calls/s33h.sh: GPU tests of the 32nd session's changes; the MTP merge A/B (~7 min)
 #   bash bench/next_session.sh kwnv    # kwdq then nvtile in one call (~8.5 min)
@@ -225,7 +228,7 @@ if [ "${1:-}" = auto ]; then
 fi
 
 case "${1:-}" in
-  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11|cu12|cu13|np1|np2|pw1|pw2|pw3|pw4)
+  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11|cu12|cu13|np1|np2|pw1|pw2|pw3|pw4|pw5)
     # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
     TCACHE_PACK=0 bash "bench/calls/$1.sh"
     ;;

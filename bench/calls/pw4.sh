@@ -6,8 +6,10 @@
 . bench/device_env.sh
 t0=$(date +%s)
 T=${PW4_T:-400}
-NINFER_CU_CARD=H100 timeout $T python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
-  --budget-s $(( T - 40 )) --variants "NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1|NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1" \
+timeout ${PW4_TEST:-100} python3 -m pytest -q -rf -m gpu tests/plugins/cuda_fast/test_folds_gpu.py -k q5_words > "$OUT/t.txt" 2>&1
+echo "words model test rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/t.txt" | head -8 | cut -c1-250
+NINFER_CU_CARD=H100 timeout $(( T - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
+  --budget-s $(( T - ($(date +%s) - t0) - 40 )) --variants "NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1|NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1" \
   > "$OUT/m27.txt" 2>&1
 echo "27B round A/B rc=$? $(( $(date +%s) - t0 )) s"
 grep -E "^int4|spec round|^skipped|^copy|ERROR|Error" "$OUT/m27.txt" | cut -c1-250

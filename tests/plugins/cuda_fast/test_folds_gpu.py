@@ -254,3 +254,40 @@ def test_gpu_gated_down_projection_in_the_model(tmp_path, monkeypatch):
     assert sum(seen) == 3 * 4  # 3 decode steps x 4 dense MLPs
     monkeypatch.setattr(gemv_h2, "launch", orig)
     assert _tokens(path, graph=True) == _tokens(path, graph=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_gpu_q5_words_change_no_bit_in_the_model(tmp_path, monkeypatch):
+    """q5's prepared high-bit words (gemv_cu.q5_words) in a whole model: every 1-4 row launch on the
+    CUDA GEMV (NINFER_CU_GEMV=4) and words made at load for every q5 weight it may serve
+    (NINFER_Q5_WORDS=1). Decode logits are bit-equal to the same launches on the runs of qhigh
+    (NINFER_Q5_WORDS=0, read at each launch), some launches read words, and graph decode gives
+    eager's tokens."""
+    from ninfer_plugins.quant_int import gemv_cu
+
+    why = gemv_cu.unavailable(torch.device("cuda"))
+    if why:
+        pytest.skip(why)
+    monkeypatch.setenv("NINFER_CU_GEMV", "4")
+    monkeypatch.setenv("NINFER_Q5_WORDS", "1")
+    path = make_medium("qwen3.6-27b", tmp_path / "m27")
+    model = load_model(path, "cuda", quant="int4")
+    prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")
+    read, orig = [], gemv_cu._with_words
+
+    def spy(p, cfg, m):
+        out = orig(p, cfg, m)
+        read.append(out[1] is not None)
+        return out
+
+    monkeypatch.setattr(gemv_cu, "_with_words", spy)
+    with_words = _decode_logits(model, prompt)
+    assert any(read), "no launch read the words"
+    monkeypatch.setenv("NINFER_Q5_WORDS", "0")
+    read.clear()
+    assert torch.equal(_decode_logits(model, prompt), with_words)
+    assert read and not any(read)
+    monkeypatch.setenv("NINFER_Q5_WORDS", "1")
+    del model
+    assert _tokens(path, graph=True) == _tokens(path, graph=False)
