@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -21,3 +22,14 @@ if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("NINFER_TEST_PLA
     from interp_fast import install
 
     install()
+
+
+
+@pytest.fixture(autouse=True)
+def _no_card_table(request, monkeypatch):
+    """Tests not marked gpu see the CUDA GEMV's shared table only (NINFER_CU_CARD=0), not the
+    per-card winners (tuned.TUNED_CU_CARD) of whatever card the machine has: the CPU tests of the
+    dispatch must pick the same kernels on a GPU machine as in CI. A test that sets the switch, or
+    a run that set it, keeps its value."""
+    if request.node.get_closest_marker("gpu") is None and "NINFER_CU_CARD" not in os.environ:
+        monkeypatch.setenv("NINFER_CU_CARD", "0")

@@ -29,7 +29,7 @@ timeout ${PW5_TEST:-100} python3 -m pytest -q -rf -m gpu tests/plugins/cuda_fast
 echo "words model test rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/t.txt" | head -8 | cut -c1-250
 A=$(realpath "$OUT/tuned_all.py")
 left=$(( T - ($(date +%s) - t0) ))
-if [ $left -gt 120 ]; then
+if [ -f "$A" ] && [ $left -gt 120 ]; then
   NINFER_CU_TUNED=$A timeout $left python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short --budget-s $(( left - 20 )) \
     --variants "NINFER_Q5_WORDS=0 NINFER_CU_TUNED= NINFER_CU_CARD=0|X=1|NINFER_Q5_WORDS=0 NINFER_CU_TUNED= NINFER_CU_CARD=0|X=1" \
     > "$OUT/m27.txt" 2>&1

@@ -217,13 +217,20 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
     measured to win."""
     if fmt not in FORMATS or k % 128 or not 1 <= m <= MAX_M:
         return None
-    if fmt == 5 and not words_off():
-        hit = tuned_entry(Q5_WORDS, n, k, m)
-        if hit is not None and _built(hit, m, fmt):
-            return dataclasses.replace(hit, words=1)
-    hit = tuned_entry(fmt, n, k, m)
-    if hit is not None and _built(hit, m, fmt):
-        return hit
+    # table by table (a bench's trial file, this card's, the shared one): the first that names the
+    # shape decides, q5's winner on words ahead of its plain one there, so a trial file's plain
+    # winner is not passed over for a lower table's words
+    fmts = (Q5_WORDS, fmt) if fmt == 5 and not words_off() else (fmt,)
+    for table in _tables():
+        named = [f for f in fmts if (f, n, k, m) in table]
+        if not named:
+            continue
+        for f in named:
+            hit = table[(f, n, k, m)]
+            cfg = CUConfig(*hit) if hit else None
+            if cfg is not None and _built(cfg, m, fmt):
+                return dataclasses.replace(cfg, words=1) if f == Q5_WORDS else cfg
+        break
     v = mode()
     return DEFAULT[m] if v == "4" or (v == "1" and m == 1) else None
 
@@ -261,8 +268,15 @@ def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
     NINFER_CU_TUNED file's entry, else this card's (tuned.TUNED_CU_CARD, `card()`), else
     tuned.TUNED_CU's; None where none names it."""
     key = (fmt, n, k, m)
-    hit = _trial_table().get(key) or _card_table().get(key) or _base_table().get(key)
-    return CUConfig(*hit) if hit else None
+    for table in _tables():
+        if key in table:
+            hit = table[key]  # () in a higher table: measured to lose here, whatever a lower one says
+            return CUConfig(*hit) if hit else None
+    return None
+
+
+def _tables() -> tuple[dict, dict, dict]:
+    return _trial_table(), _card_table(), _base_table()
 
 
 def _base_table() -> dict:
@@ -289,9 +303,17 @@ def card() -> str:
     if forced is not None:
         return "" if forced == "0" else forced
     if not _CARD:
-        name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-        _CARD.append(next((tag for tag in ("H100", "H200") if tag in name), ""))
+        _CARD.append(card_of(torch.cuda.get_device_name() if torch.cuda.is_available() else ""))
     return _CARD[0]
+
+
+def card_of(name: str) -> str:
+    """The TUNED_CU_CARD tag of a device name: only the cards the tables were measured on, the H100
+    SXM ("NVIDIA H100 80GB HBM3") and the H200 ("NVIDIA H200"); not the H100 PCIe / NVL, the H200
+    NVL or the GH200, whose bandwidth and clocks differ."""
+    if "H100" in name and name.endswith("HBM3"):
+        return "H100"
+    return "H200" if name.strip() == "NVIDIA H200" else ""
 
 
 def tuned_for(p) -> bool:
@@ -305,10 +327,11 @@ def words_tuned(n: int, k: int) -> bool:
     return any(tuned_entry(Q5_WORDS, n, k, m) is not None for m in range(1, MAX_M + 1))
 
 
-def words_anywhere() -> bool:
-    """Whether any winner on q5 words applies here (the memory plan counts words for every q5 weight
-    then: a merged weight's words are made for shapes the plan never sees apart)."""
-    return any(key[0] == Q5_WORDS for t in (_trial_table(), _card_table(), _base_table()) for key in t)
+def words_for_k(k: int) -> bool:
+    """Whether a winner on q5 words applies here to some shape of this K (the memory plan counts
+    words for every q5 weight of that K: a merged weight's words, qkv + z's, are made for a shape
+    the plan sees only as its parts, which share its K)."""
+    return any(key[0] == Q5_WORDS and key[2] == k and t[key] for t in _tables() for key in t)
 
 
 _TRIALS: dict[str, dict] = {}
@@ -439,6 +462,7 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     if x2.dim() != 2 or x2.shape[1] != width or x2.stride(1) != 1 or x2.dtype != torch.bfloat16:
         raise ValueError(f"the CUDA GEMV takes x [M, {width}] bf16 with a unit last stride, got {tuple(x2.shape)} "
                          f"{x2.dtype} strides {tuple(x2.stride())}")
+    cfg, words = _with_words(p, cfg, m)
     if _applies(p, m) and not _rows_covered(p, cfg):
         # rows the CTAs cannot tile without reading past the weight (a merged weight's part)
         return _fallback(x2, p, gated)
@@ -454,7 +478,6 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
         return _fallback(x2, p, gated)
     xp, _inv, invm = gemv_kw.pairs_of(x2, p.fmt, p.k, QK.block_rows(m), True, gated=gated)
     y = torch.empty(m, p.n, dtype=torch.bfloat16, device=x2.device)
-    cfg, words = _with_words(p, cfg, m)
     bits = Q5_WORDS if words is not None else p.fmt
     qh = words.data_ptr() if words is not None else p.qhigh.data_ptr() if p.qhigh is not None else 0
     gs = p.gscale.data_ptr() if p.fmt == 16 else 0

@@ -123,12 +123,12 @@ class TritonQuantLinear:
     def resident_bytes(self, n: int, k: int, packed_bytes: int, device) -> int:
         """The packed weight, plus (q5 on a GPU, under NINFER_Q5_WORDS=1 or where a CUDA GEMV winner
         on words applies) the prepared high-bit words, one bit a weight more (gemv_cu.q5_words), so
-        the memory plan counts them. Counted for every q5 weight then: the words of a merged weight
-        (qkv + z) are made for a shape the plan does not see apart."""
+        the memory plan counts them. Counted for every q5 weight of a K such a winner names: the
+        words of a merged weight (qkv + z) are made for a shape the plan sees only as its parts."""
         if self.scheme == "q5_g64" and getattr(device, "kind", "cpu") != "cpu":
             from ninfer_plugins.quant_int import gemv_cu
 
-            if gemv_cu.words_on() or (not gemv_cu.words_off() and gemv_cu.words_anywhere()):
+            if gemv_cu.words_on() or (not gemv_cu.words_off() and gemv_cu.words_for_k(k)):
                 return packed_bytes + F.padded_k(k) * n // 8
         return packed_bytes
 

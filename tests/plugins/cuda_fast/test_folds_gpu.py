@@ -271,6 +271,8 @@ def test_gpu_q5_words_change_no_bit_in_the_model(tmp_path, monkeypatch):
         pytest.skip(why)
     monkeypatch.setenv("NINFER_CU_GEMV", "4")
     monkeypatch.setenv("NINFER_Q5_WORDS", "1")
+    monkeypatch.setenv("NINFER_CU_CARD", "0")  # DEFAULT configs at every shape, no card's winners
+    monkeypatch.delenv("NINFER_CU_TUNED", raising=False)
     path = make_medium("qwen3.6-27b", tmp_path / "m27")
     model = load_model(path, "cuda", quant="int4")
     prompt = torch.tensor([5, 9, 17, 3, 44, 2, 8], device="cuda")

@@ -401,12 +401,37 @@ def test_a_cards_entries_come_over_the_shared_table(monkeypatch):
     h100 = TUNED_CU_CARD["H100"]
     assert CU.pick(4, 4, 34816, 5120) == CU.CUConfig(*h100[(4, 34816, 5120, 4)])
     assert CU.pick(5, 1, 5120, 17408) == CU.CUConfig(*h100[(21, 5120, 17408, 1)], words=1)
-    assert CU.words_tuned(5120, 17408) and not CU.words_tuned(5120, 6144) and CU.words_anywhere()
+    assert CU.words_tuned(5120, 17408) and not CU.words_tuned(5120, 6144)
+    assert CU.words_for_k(17408) and CU.words_for_k(5120) and not CU.words_for_k(6144)
     for tag in ("0", "H200", ""):
         monkeypatch.setenv("NINFER_CU_CARD", tag)
         assert CU.pick(4, 4, 34816, 5120) is None  # the tensor-core K-walk's, as on the H200
         assert CU.pick(5, 1, 5120, 17408) == CU.CUConfig(*TUNED_CU[(5, 5120, 17408, 1)])
-        assert not CU.words_anywhere() and CU.card() == ("" if tag == "0" else tag)
+        assert not CU.words_for_k(17408) and CU.card() == ("" if tag == "0" else tag)
+
+
+def test_the_first_table_that_names_a_shape_decides(monkeypatch, tmp_path):
+    """A trial file's plain q5 winner runs, not a card's winner on words for the same shape; a card's
+    () (measured to lose there) hides the shared table's entry."""
+    from ninfer_plugins.quant_int import tuned
+
+    monkeypatch.setitem(tuned.TUNED_CU_CARD, "T", {(21, 256, 768, 1): (2, 2, 4, 2), (5, 256, 640, 1): (),
+                                                    (21, 256, 512, 1): (2, 2, 4, 2)})
+    monkeypatch.setitem(tuned.TUNED_CU, (5, 256, 640, 1), (2, 1, 4, 1))
+    _trial(monkeypatch, tmp_path, {(5, 256, 768, 1): (4, 1, 4, 1)})
+    monkeypatch.setenv("NINFER_CU_CARD", "T")
+    assert CU.pick(5, 1, 256, 768) == CU.CUConfig(4, 1, 4, 1)  # the trial file's plain winner
+    assert CU.pick(5, 1, 256, 512) == CU.CUConfig(2, 2, 4, 2, words=1)  # the card's, nothing above it
+    assert CU.pick(5, 1, 256, 640) is None and CU.tuned_entry(5, 256, 640, 1) is None  # the card's ()
+    monkeypatch.setenv("NINFER_CU_CARD", "0")
+    assert CU.pick(5, 1, 256, 640) == CU.CUConfig(2, 1, 4, 1)
+
+
+def test_only_the_cards_the_tables_were_measured_on_get_a_tag():
+    assert CU.card_of("NVIDIA H100 80GB HBM3") == "H100" and CU.card_of("NVIDIA H200") == "H200"
+    for other in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA GH200 480GB", "NVIDIA H200 NVL",
+                  "NVIDIA GeForce RTX 5090", ""):
+        assert CU.card_of(other) == "", other
 
 
 def test_ready_makes_words_where_a_winner_on_words_names_the_weight(monkeypatch, tmp_path):
@@ -459,10 +484,14 @@ def test_the_memory_plan_counts_words_where_a_winner_on_words_applies(monkeypatc
     gpu = SimpleNamespace(kind="cuda")
     q5 = int_kernels("q5_g64")[0]
     _trial(monkeypatch, tmp_path, {(21, 16384, 5120, 4): (16, 2, 4, 2, True)})
-    # every q5 weight, not only the named shape: a merged weight's words are made for a shape the plan never sees
+    # every q5 weight of that K, not only the named shape: qkv + z's words are made for a merged
+    # shape the plan sees only as its parts (10240 x 5120, 6144 x 5120)
+    assert q5.resident_bytes(6144, 5120, 1000, gpu) == 1000 + 6144 * 5120 // 8
+    assert q5.resident_bytes(5120, 6144, 1000, gpu) == 1000  # no winner on words at K = 6144
+    monkeypatch.setenv("NINFER_Q5_WORDS", "1")
     assert q5.resident_bytes(5120, 6144, 1000, gpu) == 1000 + 5120 * 6144 // 8
     monkeypatch.setenv("NINFER_Q5_WORDS", "0")
-    assert q5.resident_bytes(5120, 6144, 1000, gpu) == 1000
+    assert q5.resident_bytes(6144, 5120, 1000, gpu) == 1000
 
 
 def test_the_kernels_offsets_are_the_emulated_decodes():
