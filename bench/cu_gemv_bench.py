@@ -92,8 +92,9 @@ def main() -> int:
                 y = CU.launch(x, p, cfg)
                 t = QL.graph_ms_per_call([lambda q=q, c=cfg, x=x: CU.launch(x, q, c) for q in copies])
                 e_ref, e_disp = rel_err(y, ref), rel_err(y, want.float())
-                # the TUNED_CU entry this config would be: (rows, unroll, warps, ksplit[, True])
-                entry = dataclasses.astuple(cfg) if cfg.mma or cfg.pf else dataclasses.astuple(cfg)[:4]
+                # the TUNED_CU entry this config would be: (rows, unroll, warps, ksplit[, mma, pf, ofs, kc])
+                # (words is the table key's, never the entry's)
+                entry = dataclasses.astuple(cfg)[:8] if cfg.mma or cfg.pf else dataclasses.astuple(cfg)[:4]
                 row["cu"].append({"config": cfg.describe(), "entry": entry, "us": round(t * 1e3, 2), "share": round(share(t), 3),
                                   "err": e_ref, "err_dispatched": e_disp})
                 print(f"    {cfg.describe():16s} {t * 1e3:8.2f} us {share(t):6.1%}  err {e_ref:.1e} "

@@ -46,7 +46,7 @@ def _addr(line: str) -> int:
 
 def loops(sass: str) -> list[tuple[tuple[str, tuple[int, ...]], int, dict]]:
     """Per instantiation: ((kernel, template arguments), loop instructions, opcode counts), kernel
-    "gemv" (<BITS, M, R, U, KS, PF>) or "gemv_mma" (<BITS, U, KS, PF, OFS>)."""
+    "gemv" (<BITS, M, R, U, KS, PF>) or "gemv_mma" (<BITS, U, KS, PF, OFS, KC>)."""
     out = []
     for f in re.split(r"\n\s+Function : ", sass)[1:]:
         m = re.search(r"(gemv|gemv_mma)I((?:Li\d+E)+)E", f.split("\n", 1)[0])
@@ -93,8 +93,8 @@ def main() -> int:
         top = " ".join(f"{k}:{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
         if kernel == "gemv_mma":
             # a trip: U K blocks of two rows' 16-byte vectors a lane, 64 U weights, at any M <= 4
-            bits, u, ks, pf, ofs = (*args, 0, 0)[:5]
-            name = f"mma {_fmt(bits)} U{u} KS{ks}" + (" PF" if pf else "") + (" OFS" if ofs else "")
+            bits, u, ks, pf, ofs, kc = (*args, 0, 0, 1)[:6]
+            name = f"mma {_fmt(bits)} U{u} KS{ks}" + (f" KC{kc}" if kc > 1 else "") + (" PF" if pf else "") + (" OFS" if ofs else "")
             weights = 64 * u * (2 if pf else 1)
         else:
             bits, m, r, u, ks, pf = args if len(args) == 6 else (*args, 0)

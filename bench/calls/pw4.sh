@@ -8,6 +8,11 @@ t0=$(date +%s)
 T=${PW4_T:-400}
 timeout ${PW4_TEST:-100} python3 -m pytest -q -rf -m gpu tests/plugins/cuda_fast/test_folds_gpu.py -k q5_words > "$OUT/t.txt" 2>&1
 echo "words model test rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/t.txt" | head -8 | cut -c1-250
+# the K-chunked tensor-core form (kc, new) against the rest on q5 down at M = 4, where 320 row groups
+# left a third of the SMs a CTA short (information: the A/B below runs the card table as committed)
+timeout ${PW4_BENCH:-70} python3 bench/cu_gemv_bench.py --out "$OUT" --ms 4 --shapes q5_g64:5120x17408 > "$OUT/b.txt" 2>&1
+echo "cu_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A3 "^best" "$OUT/b.txt" | cut -c1-170
+grep -E "kc[24]" "$OUT/b.txt" | head -28 | cut -c1-100
 NINFER_CU_CARD=H100 timeout $(( T - ($(date +%s) - t0) )) python3 bench/dense_27b.py --skip-tests --only int4_8k_mtp3_short \
   --budget-s $(( T - ($(date +%s) - t0) - 40 )) --variants "NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1|NINFER_Q5_WORDS=0 NINFER_CU_CARD=0|X=1" \
   > "$OUT/m27.txt" 2>&1

@@ -592,11 +592,12 @@ struct MmaPtrs {
   const uint32_t *wp0, *wp1;
 };
 
+// kend: the walk's end (the K blocks past it belong to another CTA's chunk, or to no one)
 template <int BITS, int U, int KS>
-__device__ __forceinline__ void load_mma_trip(MmaTrip<U>& T, MmaPtrs& P, int kb0, int nkb) {
+__device__ __forceinline__ void load_mma_trip(MmaTrip<U>& T, MmaPtrs& P, int kb0, int kend) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (u == 0 || kb0 + u < nkb) {
+    if (u == 0 || kb0 + u < kend) {
       T.q0[u] = ld_stream(P.qp0 + 4 * u);
       T.q1[u] = ld_stream(P.qp1 + 4 * u);
       T.s0[u] = BITS == 16 ? (uint32_t)__ldg(P.fp0 + 4 * u) : __ldg(P.sp0 + u);
@@ -619,11 +620,11 @@ __device__ __forceinline__ void load_mma_trip(MmaTrip<U>& T, MmaPtrs& P, int kb0
 
 template <int BITS, int U, int KS, int OFS>
 __device__ __forceinline__ void compute_mma_trip(const MmaTrip<U>& T, const uint4*& xq0, const float*& ip0,
-                                                 const float*& ip1, int kb0, int nkb, int V, int m, bool x_row, int n0,
+                                                 const float*& ip1, int kb0, int kend, int V, int m, bool x_row, int n0,
                                                  int n1, const Masks& k, float (&acc)[4]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (u == 0 || kb0 + u < nkb) {
+    if (u == 0 || kb0 + u < kend) {
       uint4 xv[4];
 #pragma unroll
       for (int p = 0; p < 4; ++p) xv[p] = x_row ? ld_x(xq0 + p * V + 4 * u) : make_uint4(0, 0, 0, 0);
@@ -687,11 +688,19 @@ __device__ __forceinline__ void compute_mma_trip(const MmaTrip<U>& T, const uint
 // instructions a lane) and one more MMA a word and half takes the offsets out in the fp32 sums
 // (rounded against offset x sum(x), about 2^10 x: some 2e-5 of the output in a numpy model, far
 // below bf16's half ulp; the subtracting form is exact).
-template <int BITS, int U, int KS, int PF, int OFS>
+// KC > 1: K is also split over KC CTAs a row group (blockIdx.y: chunk c of K blocks [c nkb / KC,
+// (c + 1) nkb / KC)), for shapes with few row groups and a long K (q5 down, 5120 x 17408: 320 row
+// groups, 2.4 CTAs an SM, so a third of the SMs carry a third more than the rest). Each chunk's
+// slice-0 warps store their fp32 sums in ws [KC][groups][32 lanes][4] and count in on cnt[group];
+// the last to arrive adds the KC sums in chunk order (the same bits whichever arrives last), stores
+// y and sets the counter back to 0 for the next launch. ws and cnt are written only after the PDL
+// wait, so a launch never meets the one before it there.
+template <int BITS, int U, int KS, int PF, int OFS, int KC>
 __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, const uint16_t* __restrict__ qh,
                                                 const uint32_t* __restrict__ sc, const float* __restrict__ gsc,
                                                 const uint4* __restrict__ xp, const float* __restrict__ invm,
-                                                __nv_bfloat16* __restrict__ y, int n, int V, int m, bool late) {
+                                                __nv_bfloat16* __restrict__ y, float* __restrict__ ws,
+                                                int* __restrict__ cnt, int n, int V, int m, bool late) {
   constexpr int STEP = U * KS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -705,8 +714,10 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
     return;
   }
   const int nkb = V >> 2;
-  const int kb_start = U * slice;
-  const int kb_end = row0 < n ? nkb : 0;
+  const int chunk = KC > 1 ? (int)blockIdx.y : 0;
+  const int kend = KC > 1 ? ((chunk + 1) * nkb) / KC : nkb;  // this CTA's K blocks: [kc0, kend)
+  const int kb_start = (KC > 1 ? (chunk * nkb) / KC : 0) + U * slice;
+  const int kb_end = row0 < n ? kend : 0;
   const bool x_row = g < m;  // this lane's B column is x row g
   const int n0 = 2 * t, n1 = 2 * t + 1;  // this lane's accumulator columns
   const Masks k = masks();
@@ -733,25 +744,25 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
     MmaTrip<U> A;
     bool first = true;
     for (int kb0 = kb_start; kb0 < kb_end; kb0 += STEP) {
-      load_mma_trip<BITS, U, KS>(A, P, kb0, nkb);
+      load_mma_trip<BITS, U, KS>(A, P, kb0, kend);
       if (first) {
         pdl_wait_then(late);
         first = false;
       }
-      compute_mma_trip<BITS, U, KS, OFS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      compute_mma_trip<BITS, U, KS, OFS>(A, xq0, ip0, ip1, kb0, kend, V, m, x_row, n0, n1, k, acc);
     }
   } else if (kb_start < kb_end) {
     // two register sets in turn: the next trip loads while this one is decoded
     MmaTrip<U> A, B;
-    load_mma_trip<BITS, U, KS>(A, P, kb_start, nkb);
+    load_mma_trip<BITS, U, KS>(A, P, kb_start, kend);
     pdl_wait_then(late);
     for (int kb0 = kb_start;;) {
-      if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(B, P, kb0 + STEP, nkb);
-      compute_mma_trip<BITS, U, KS, OFS>(A, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(B, P, kb0 + STEP, kend);
+      compute_mma_trip<BITS, U, KS, OFS>(A, xq0, ip0, ip1, kb0, kend, V, m, x_row, n0, n1, k, acc);
       kb0 += STEP;
       if (kb0 >= kb_end) break;
-      if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(A, P, kb0 + STEP, nkb);
-      compute_mma_trip<BITS, U, KS, OFS>(B, xq0, ip0, ip1, kb0, nkb, V, m, x_row, n0, n1, k, acc);
+      if (kb0 + STEP < kb_end) load_mma_trip<BITS, U, KS>(A, P, kb0 + STEP, kend);
+      compute_mma_trip<BITS, U, KS, OFS>(B, xq0, ip0, ip1, kb0, kend, V, m, x_row, n0, n1, k, acc);
       kb0 += STEP;
       if (kb0 >= kb_end) break;
     }
@@ -770,6 +781,30 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[c] += part_sums[warp + j][lane][c];
   }
+  if constexpr (KC > 1) {
+    if (row0 >= n) return;
+    // this chunk's sums, then count in; the last chunk to arrive stores y
+    const int groups = gridDim.x * ((blockDim.x >> 5) / KS), gi = row0 >> 4;
+    float* const mine = ws + ((size_t)chunk * groups + gi) * 128 + lane * 4;
+    *reinterpret_cast<float4*>(mine) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __threadfence();
+    __syncwarp();
+    int before = 0;
+    if (lane == 0) before = atomicAdd(cnt + gi, 1);
+    before = __shfl_sync(0xffffffffu, before, 0);
+    if (before != KC - 1) return;
+    __threadfence();
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c2 = 0; c2 < KC; ++c2) {
+      const float4 p = c2 == chunk ? make_float4(acc[0], acc[1], acc[2], acc[3])
+                                   : __ldcg(reinterpret_cast<const float4*>(ws + ((size_t)c2 * groups + gi) * 128 + lane * 4));
+      sum[0] += p.x, sum[1] += p.y, sum[2] += p.z, sum[3] += p.w;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] = sum[c];
+    if (lane == 0) cnt[gi] = 0;  // for the next launch (a graph replays the same counters)
+  }
   // D[row g (+8)][column 2t (+1)]: column n is x row n's output
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -781,24 +816,31 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
 }
 
 typedef void (*MmaKernel)(const uint4*, const uint16_t*, const uint32_t*, const float*, const uint4*, const float*,
-                          __nv_bfloat16*, int, int, int, bool);
+                          __nv_bfloat16*, float*, int*, int, int, int, bool);
 
 template <int BITS>
-MmaKernel pick_mma(int u, int ks, int pf, int ofs) {
+MmaKernel pick_mma(int u, int ks, int pf, int ofs, int kc) {
+  // K split over CTAs too (gemv_cu.BUILT_MMA_KC: K blocks ahead, warps a row group, CTAs a row group)
+#define NINFER_MMA_KC(U_, KS_, KC_) \
+  if (u == U_ && ks == KS_ && kc == KC_ && pf == 0 && ofs == 0) return gemv_mma<BITS, U_, KS_, 0, 0, KC_>;
+  NINFER_MMA_KC(1, 4, 2) NINFER_MMA_KC(1, 8, 2) NINFER_MMA_KC(2, 4, 2) NINFER_MMA_KC(2, 8, 2) NINFER_MMA_KC(1, 4, 4)
+  NINFER_MMA_KC(1, 8, 4) NINFER_MMA_KC(2, 2, 2)
+#undef NINFER_MMA_KC
+  if (kc != 1) return nullptr;
 #define NINFER_MMA(U_, KS_) \
-  if (u == U_ && ks == KS_ && pf == 0 && ofs == 0) return gemv_mma<BITS, U_, KS_, 0, 0>;
+  if (u == U_ && ks == KS_ && pf == 0 && ofs == 0) return gemv_mma<BITS, U_, KS_, 0, 0, 1>;
   NINFER_MMA(1, 1) NINFER_MMA(2, 1) NINFER_MMA(4, 1) NINFER_MMA(1, 2) NINFER_MMA(2, 2) NINFER_MMA(1, 4)
   NINFER_MMA(2, 4) NINFER_MMA(1, 8) NINFER_MMA(2, 8)
 #undef NINFER_MMA
   // the pipelined walk (gemv_cu.BUILT_MMA_PF)
 #define NINFER_MMA_PF(U_, KS_) \
-  if (u == U_ && ks == KS_ && pf == 1 && ofs == 0) return gemv_mma<BITS, U_, KS_, 1, 0>;
+  if (u == U_ && ks == KS_ && pf == 1 && ofs == 0) return gemv_mma<BITS, U_, KS_, 1, 0, 1>;
   NINFER_MMA_PF(1, 2) NINFER_MMA_PF(2, 2) NINFER_MMA_PF(1, 4) NINFER_MMA_PF(2, 4) NINFER_MMA_PF(1, 8) NINFER_MMA_PF(2, 8)
 #undef NINFER_MMA_PF
   // the offsets taken out by an MMA (q4/q5; gemv_cu.BUILT_MMA_OFS), plain and pipelined
   if constexpr (BITS != 16) {
 #define NINFER_MMA_OFS(U_, KS_, PF_) \
-  if (u == U_ && ks == KS_ && pf == PF_ && ofs == 1) return gemv_mma<BITS, U_, KS_, PF_, 1>;
+  if (u == U_ && ks == KS_ && pf == PF_ && ofs == 1) return gemv_mma<BITS, U_, KS_, PF_, 1, 1>;
     NINFER_MMA_OFS(1, 2, 0) NINFER_MMA_OFS(2, 2, 0) NINFER_MMA_OFS(1, 4, 0) NINFER_MMA_OFS(2, 4, 0) NINFER_MMA_OFS(1, 8, 0)
     NINFER_MMA_OFS(2, 8, 0) NINFER_MMA_OFS(2, 2, 1) NINFER_MMA_OFS(2, 4, 1) NINFER_MMA_OFS(1, 8, 1) NINFER_MMA_OFS(2, 8, 1)
 #undef NINFER_MMA_OFS
@@ -829,20 +871,21 @@ extern "C" int ninfer_gemv_preload(int device) {
             }
           }
         }
+  const int kcs[] = {1, 2, 4};
   for (int u : us)
-    for (int ks : kss) {
-      for (int pf = 0; pf < 2; ++pf)
-        for (int ofs = 0; ofs < 2; ++ofs) {
-          const MmaKernel mk[] = {pick_mma<4>(u, ks, pf, ofs), pick_mma<5>(u, ks, pf, ofs), pick_mma<16>(u, ks, pf, ofs),
-                                  pick_mma<21>(u, ks, pf, ofs)};
-          for (MmaKernel k : mk) {
-            if (k == nullptr) continue;
-            cudaFuncAttributes attr;
-            e = cudaFuncGetAttributes(&attr, k);
-            if (e != cudaSuccess) return (int)e;
+    for (int ks : kss)
+      for (int kc : kcs)
+        for (int pf = 0; pf < 2; ++pf)
+          for (int ofs = 0; ofs < 2; ++ofs) {
+            const MmaKernel mk[] = {pick_mma<4>(u, ks, pf, ofs, kc), pick_mma<5>(u, ks, pf, ofs, kc),
+                                    pick_mma<16>(u, ks, pf, ofs, kc), pick_mma<21>(u, ks, pf, ofs, kc)};
+            for (MmaKernel k : mk) {
+              if (k == nullptr) continue;
+              cudaFuncAttributes attr;
+              e = cudaFuncGetAttributes(&attr, k);
+              if (e != cudaSuccess) return (int)e;
+            }
           }
-        }
-    }
   return 0;
 }
 
@@ -854,13 +897,14 @@ struct Launch {
   cudaLaunchAttribute attr[1];
 };
 
-static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int warps, int pdl, void* stream) {
+static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int warps, int pdl, void* stream,
+                                  int chunks = 1) {
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device) {
     const cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) return e;
   }
-  l.cfg.gridDim = dim3((n + per_cta - 1) / per_cta);
+  l.cfg.gridDim = dim3((n + per_cta - 1) / per_cta, chunks);
   l.cfg.blockDim = dim3(32 * warps);
   l.cfg.stream = (cudaStream_t)stream;
   l.attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -870,24 +914,26 @@ static cudaError_t prepare_launch(Launch& l, int device, int n, int per_cta, int
   return cudaSuccess;
 }
 
-// The tensor-core form (q4/q5/NVFP4, 1-4 x rows, 16 rows a warp; g: NVFP4's global scales). Returns a
-// cudaError_t; 1000 for a (bits, unroll, K split) not built.
-extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int pf, int ofs, int warps, const void* qw,
-                               const void* qh,
-                               const void* sc, const void* g, const void* xp, const void* invm, void* y, int n, int V,
-                               int pdl, void* stream, int device) {
-  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit, pf, ofs)
-                : bits == 5  ? pick_mma<5>(unroll, ksplit, pf, ofs)
-                : bits == 16 ? pick_mma<16>(unroll, ksplit, pf, ofs)
-                : bits == 21 ? pick_mma<21>(unroll, ksplit, pf, ofs)
+// The tensor-core form (q4/q5/NVFP4, 1-4 x rows, 16 rows a warp; g: NVFP4's global scales; kc > 1: K
+// split over kc CTAs a row group too, ws fp32 [kc][row groups][128] and cnt int32 [row groups], zeros,
+// given back as zeros). Returns a cudaError_t; 1000 for a (bits, unroll, K split, ...) not built.
+extern "C" int ninfer_gemv_mma(int bits, int m, int unroll, int ksplit, int pf, int ofs, int kc, int warps,
+                               const void* qw, const void* qh, const void* sc, const void* g, const void* xp,
+                               const void* invm, void* y, void* ws, void* cnt, int n, int V, int pdl, void* stream,
+                               int device) {
+  MmaKernel k = bits == 4    ? pick_mma<4>(unroll, ksplit, pf, ofs, kc)
+                : bits == 5  ? pick_mma<5>(unroll, ksplit, pf, ofs, kc)
+                : bits == 16 ? pick_mma<16>(unroll, ksplit, pf, ofs, kc)
+                : bits == 21 ? pick_mma<21>(unroll, ksplit, pf, ofs, kc)
                              : nullptr;
   if (k == nullptr || warps < 1 || warps > 8 || warps % ksplit || m < 1 || m > 4) return 1000;
+  if (kc > 1 && (ws == nullptr || cnt == nullptr)) return 1000;
   Launch l;
-  const cudaError_t e = prepare_launch(l, device, n, 16 * (warps / ksplit), warps, pdl, stream);
+  const cudaError_t e = prepare_launch(l, device, n, 16 * (warps / ksplit), warps, pdl, stream, kc);
   if (e != cudaSuccess) return (int)e;
   return (int)cudaLaunchKernelEx(&l.cfg, k, (const uint4*)qw, (const uint16_t*)qh, (const uint32_t*)sc,
-                                 (const float*)g, (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, n, V, m,
-                                 pdl == 2);
+                                 (const float*)g, (const uint4*)xp, (const float*)invm, (__nv_bfloat16*)y, (float*)ws,
+                                 (int*)cnt, n, V, m, pdl == 2);
 }
 
 // Returns a cudaError_t (0: launched); 1000 for a (bits, x rows, rows, unroll, K split, pipelined) not

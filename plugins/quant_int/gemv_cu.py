@@ -55,6 +55,10 @@ BUILT_MMA_PF = ((1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
 # group, pipelined)
 BUILT_MMA_OFS = ((1, 2, 0), (2, 2, 0), (1, 4, 0), (2, 4, 0), (1, 8, 0), (2, 8, 0), (2, 2, 1), (2, 4, 1), (1, 8, 1),
                  (2, 8, 1))
+# ... and with K split over CTAs too (`kc` CTAs a row group; not pipelined, no ofs): (K blocks ahead,
+# warps a row group, CTAs a row group). For long-K shapes with few row groups: q5 down at M = 4 (320
+# row groups of 16 on 132 SMs) ran 2-3 CTAs an SM, so the SMs with three set the time.
+BUILT_MMA_KC = ((1, 4, 2), (1, 8, 2), (2, 4, 2), (2, 8, 2), (1, 4, 4), (1, 8, 4), (2, 2, 2))
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL] = {}
 log = structlog.get_logger("ninfer.quant_int")
@@ -72,6 +76,9 @@ class CUConfig:
     pf: int = 0
     # 1 (tensor-core form, q4/q5): the pairs keep their offsets, an MMA takes them out (BUILT_MMA_OFS)
     ofs: int = 0
+    # > 1 (tensor-core form): K split over `kc` CTAs a row group as well, summed by the last to
+    # finish through the split-K workspace (BUILT_MMA_KC)
+    kc: int = 1
     # 1: q5 measured on its prepared high-bit words (a TUNED_CU entry keyed Q5_WORDS); a weight
     # without words runs its plain entry instead (launch)
     words: int = 0
@@ -79,16 +86,24 @@ class CUConfig:
     def describe(self) -> str:
         ks = f" ks{self.ksplit}" if self.ksplit > 1 else ""
         if self.mma:
-            return (f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (" pf" if self.pf else "") + (" ofs" if self.ofs else "")
-                    + (" words" if self.words else ""))
+            return (f"cu mma U{self.unroll} w{self.num_warps}{ks}" + (f" kc{self.kc}" if self.kc > 1 else "")
+                    + (" pf" if self.pf else "") + (" ofs" if self.ofs else "") + (" words" if self.words else ""))
         return f"cu R{self.rows} U{self.unroll} w{self.num_warps}" + ks + (" pf" if self.pf else "") + (" words" if self.words else "")
 
     @property
     def rows_a_cta(self) -> int:
         return self.rows * (self.num_warps // self.ksplit)
 
+    def groups(self, n: int) -> int:
+        """Row groups of 16 the grid covers (the tensor-core form): CTAs across times groups a CTA."""
+        return -(-n // self.rows_a_cta) * (self.num_warps // self.ksplit)
+
     def workspace(self, p) -> tuple[int, int]:
-        return 0, 0
+        """(fp32 elements, counters) of the split-K workspace a launch needs: with kc > 1 each chunk's
+        sums, 128 a row group (32 lanes x 4), and a counter a row group."""
+        if self.kc <= 1:
+            return 0, 0
+        return self.kc * self.groups(p.n) * 128, self.groups(p.n)
 
     def run(self, x2: torch.Tensor, p, fast: bool | None = None) -> torch.Tensor:
         return launch(x2, p, self)
@@ -175,7 +190,7 @@ def _build_and_load(arch: str) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     mma = lib.ninfer_gemv_mma
     mma.restype = ctypes.c_int
-    mma.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
+    mma.argtypes = [ctypes.c_int] * 8 + [ctypes.c_void_p] * 9 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int]
     lib.ninfer_gemv_preload.restype = ctypes.c_int
     lib.ninfer_gemv_preload.argtypes = [ctypes.c_int]
     return lib
@@ -240,6 +255,9 @@ def _built(cfg: CUConfig, m: int, fmt: int | None = None) -> bool:
     tensor-core form only for q4/q5/NVFP4, 16 rows a warp."""
     if not (1 <= cfg.num_warps <= 8 and cfg.num_warps % cfg.ksplit == 0 and 1 <= m <= MAX_M):
         return False
+    if cfg.kc != 1:
+        return (cfg.mma and cfg.rows == 16 and cfg.pf == 0 and cfg.ofs == 0 and (cfg.unroll, cfg.ksplit, cfg.kc) in BUILT_MMA_KC
+                and (fmt is None or fmt in MMA_FORMATS))
     if cfg.mma:
         if cfg.ofs:
             return (cfg.rows == 16 and cfg.ofs == 1 and (cfg.unroll, cfg.ksplit, cfg.pf) in BUILT_MMA_OFS
@@ -260,6 +278,7 @@ def built_configs(m: int) -> list[CUConfig]:
     core += [CUConfig(r, u, w, ks, pf=1) for r, u, ks in BUILT_PF.get(m, ()) for w in (4, 8) if r * w // ks <= 32]
     mma = [CUConfig(16, u, w, ks, True) for u, ks in BUILT_MMA for w in (4, 8) if w % ks == 0]
     mma += [CUConfig(16, u, w, ks, True, 1) for u, ks in BUILT_MMA_PF for w in (4, 8) if w % ks == 0]
+    mma += [CUConfig(16, u, w, ks, True, 0, 0, kc) for u, ks, kc in BUILT_MMA_KC for w in (4, 8) if w % ks == 0]
     return core + mma + [CUConfig(16, u, w, ks, True, pf, 1) for u, ks, pf in BUILT_MMA_OFS for w in (4, 8) if w % ks == 0]
 
 
@@ -380,6 +399,22 @@ def ready(p) -> None:
         return
     if p.fmt == 5 and (words_on() or (not words_off() and words_tuned(p.n, p.k))):
         attach_words(p)
+    _reserve_chunks(p)
+
+
+def _reserve_chunks(p) -> None:
+    """The split-K workspace of every K-chunked (kc > 1) winner that names this weight in any table
+    (a run may switch tables after load, and a graph capture cannot grow it)."""
+    from ninfer_plugins.quant_int import kernels as QK
+
+    fmts = (p.fmt, Q5_WORDS) if p.fmt == 5 else (p.fmt,)
+    for table in _tables():
+        for f in fmts:
+            for m in range(1, MAX_M + 1):
+                hit = table.get((f, p.n, p.k, m))
+                cfg = CUConfig(*hit) if hit else None
+                if cfg is not None and cfg.kc > 1:
+                    QK.Workspace.get(p.device).reserve(*cfg.workspace(p))
 
 
 # --- q5's high bits as prepared words ----------------------------------------------------------------
@@ -484,9 +519,14 @@ def launch(x2: torch.Tensor, p, cfg: CUConfig, gated: bool = False) -> torch.Ten
     device = _index(x2.device)
     pdl, stream = _pdl(pdl_enabled(x2.device), pdl_value()), torch.cuda.current_stream(x2.device).cuda_stream
     if cfg.mma:
-        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.pf, cfg.ofs, cfg.num_warps, p.qweight.data_ptr(), qh,
-                                 p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,
-                                 p.qweight.shape[1] // 16, pdl, stream, device)
+        ws = cnt = 0
+        if cfg.kc > 1:
+            work = QK.Workspace.get(x2.device)
+            work.ensure(*cfg.workspace(p), QK.capturing(x2))
+            ws, cnt = work.partials.data_ptr(), work.counters.data_ptr()
+        rc = lib.ninfer_gemv_mma(bits, m, cfg.unroll, cfg.ksplit, cfg.pf, cfg.ofs, cfg.kc, cfg.num_warps,
+                                 p.qweight.data_ptr(), qh, p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(),
+                                 y.data_ptr(), ws, cnt, p.n, p.qweight.shape[1] // 16, pdl, stream, device)
     else:
         rc = lib.ninfer_gemv(bits, m, cfg.rows, cfg.unroll, cfg.ksplit, cfg.pf, cfg.num_warps, p.qweight.data_ptr(), qh,
                              p.scales.data_ptr(), gs, xp.data_ptr(), invm.data_ptr(), y.data_ptr(), p.n,

@@ -535,7 +535,8 @@ def test_the_library_builds_every_config_the_dispatch_may_name():
     mma = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA\((\d+), (\d+)\)", src)}
     mma_pf = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA_PF\((\d+), (\d+)\)", src)}
     ofs = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA_OFS\((\d+), (\d+), (\d+)\)", src)}
-    assert ofs == set(CU.BUILT_MMA_OFS)
+    kc = {tuple(int(v) for v in t) for t in re.findall(r"NINFER_MMA_KC\((\d+), (\d+), (\d+)\)", src)}
+    assert ofs == set(CU.BUILT_MMA_OFS) and kc == set(CU.BUILT_MMA_KC)
     assert case == {(m, *c) for m, cs in CU.BUILT.items() for c in cs}
     assert pf == {(m, *c) for m, cs in CU.BUILT_PF.items() for c in cs}
     assert mma == set(CU.BUILT_MMA) and mma_pf == set(CU.BUILT_MMA_PF)
@@ -558,10 +559,52 @@ def test_built_configs_are_the_librarys_at_4_and_8_warps():
         assert all(CU._built(c, m, 4) for c in cfgs)
         assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if not c.mma and not c.pf} == set(CU.BUILT[m])
         assert {(c.rows, c.unroll, c.ksplit) for c in cfgs if c.pf and not c.mma} == set(CU.BUILT_PF.get(m, ()))
-        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and not c.pf and not c.ofs} == set(CU.BUILT_MMA)
+        assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and not c.pf and not c.ofs and c.kc == 1} == set(CU.BUILT_MMA)
+        assert {(c.unroll, c.ksplit, c.kc) for c in cfgs if c.kc > 1} == set(CU.BUILT_MMA_KC)
         assert {(c.unroll, c.ksplit) for c in cfgs if c.mma and c.pf and not c.ofs} == set(CU.BUILT_MMA_PF)
         assert {(c.unroll, c.ksplit, c.pf) for c in cfgs if c.ofs} == set(CU.BUILT_MMA_OFS)
         assert {c.num_warps for c in cfgs} == {4, 8}
+
+
+def _chunk_walk(nkb: int, u: int, ks: int, kc: int) -> list[list[int]]:
+    """gemv_mma's K walk, as its loops run it: per (chunk, slice) the K blocks loaded, chunk c's
+    blocks [c nkb / kc, (c + 1) nkb / kc), slice s from U s in trips of U KS, a trip's block u read
+    while below the chunk's end."""
+    out = []
+    for chunk in range(kc):
+        kend = (chunk + 1) * nkb // kc
+        for sl in range(ks):
+            got, kb0 = [], chunk * nkb // kc + u * sl
+            while kb0 < kend:
+                got += [kb0 + j for j in range(u) if j == 0 or kb0 + j < kend]
+                kb0 += u * ks
+            out.append(got)
+    return out
+
+
+@pytest.mark.parametrize("nkb", [1, 2, 3, 5, 34, 48, 136, 137])
+def test_the_k_chunks_cover_every_block_once(nkb):
+    for u, ks, kc in (*CU.BUILT_MMA_KC, *((u, ks, 1) for u, ks in CU.BUILT_MMA)):
+        walked = [b for part in _chunk_walk(nkb, u, ks, kc) for b in part]
+        assert sorted(walked) == list(range(nkb)), (nkb, u, ks, kc)
+
+
+def test_a_k_chunked_config_and_its_workspace():
+    """kc > 1: only the tensor-core form's BUILT_MMA_KC, not pipelined nor ofs; its workspace is kc
+    chunks' sums (128 floats a row group) and a counter a row group of the grid, none at kc = 1."""
+    from types import SimpleNamespace
+
+    cfg = CU.CUConfig(16, 1, 8, 8, True, kc=2)
+    assert CU._built(cfg, 4, 5) and cfg.describe() == "cu mma U1 w8 ks8 kc2"
+    assert not CU._built(CU.CUConfig(16, 1, 8, 8, True, pf=1, kc=2), 4, 5)
+    assert not CU._built(CU.CUConfig(16, 4, 4, 1, True, kc=2), 4, 5)  # not built
+    assert not CU._built(CU.CUConfig(2, 1, 4, 2, kc=2), 1, 5)  # the CUDA-core form has none
+    assert not CU._built(cfg, 4, 8)  # the tensor-core form is q4/q5/NVFP4
+    p = SimpleNamespace(n=5120)
+    assert cfg.groups(5120) == 320 and cfg.workspace(p) == (2 * 320 * 128, 320)
+    four = CU.CUConfig(16, 2, 4, 2, True, kc=2)  # 2 row groups a CTA: 77 rows -> 3 CTAs, 6 groups
+    assert four.groups(77) == 6 and four.workspace(SimpleNamespace(n=77)) == (2 * 6 * 128, 6)
+    assert CU.CUConfig(16, 1, 8, 8, True).workspace(p) == (0, 0)
 
 
 def test_unavailable_says_why_on_the_cpu():
@@ -644,6 +687,12 @@ def test_the_pipelined_walk_and_the_q5_words_give_the_same_bits(scheme, n, k):
                 # within a bf16 rounding of the subtracting form
                 sub = dataclasses.replace(cfg, ofs=0)
                 assert _rel(y, CU.launch(x, p, sub).float()) < 3e-3, (m, cfg.describe())
+            if cfg.kc > 1:
+                # the chunks' sums added in chunk order: not bit-equal to one CTA's walk, within a
+                # bf16 rounding of it
+                one = dataclasses.replace(cfg, kc=1)
+                if CU.supports(p, one, m):
+                    assert _rel(y, CU.launch(x, p, one).float()) < 3e-3, (m, cfg.describe())
             if pw is not None:
                 assert torch.equal(CU.launch(x, pw, cfg), y), (m, cfg.describe())
             assert _rel(y, ref) < 6e-3, (m, cfg.describe())
@@ -688,7 +737,12 @@ def test_gated_input_and_a_graph_replay(scheme):
     gu = (torch.randn(1, 2 * k, device="cuda") * 2).to(torch.bfloat16)
     x = (torch.nn.functional.silu(gu[:, :k].float()) * gu[:, k:].float()).to(torch.bfloat16)
     ref = x.float() @ deq.T
-    for cfg in (CU.CUConfig(2, 2, 4), CU.CUConfig(4, 1, 8)):
+    for cfg in (CU.CUConfig(2, 2, 4), CU.CUConfig(4, 1, 8), CU.CUConfig(16, 1, 8, 8, True, kc=2),
+                CU.CUConfig(16, 2, 4, 2, True, kc=2)):
+        # the K-chunked forms: their counters back at zero after each replay, or the next one's
+        # last chunk would not be the one that stores y
+        if cfg.kc > 1:
+            QK.Workspace.get(x.device).reserve(*cfg.workspace(p))
         y = CU.launch(gu, p, cfg, gated=True)
         assert _rel(y, ref) < 6e-3
         eager = CU.launch(x, p, cfg)
