@@ -17,16 +17,5 @@ S="q5_g64:5120x17408,q5_g64:16384x5120,q4_g64:34816x5120,q5_g64:5120x6144,q5_g64
 left=$(( ${PW1_T:-540} - ($(date +%s) - t0) ))
 timeout $left python3 bench/cu_gemv_bench.py --out "$OUT" --ms 1,4 --budget-s $(( left - 40 )) --shapes $S > "$OUT/b.txt" 2>&1
 echo "cu_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A24 "^best" "$OUT/b.txt" | cut -c1-170; grep -E "Error|error:|DIFFERS" "$OUT/b.txt" | head -5
-python3 - "$OUT" <<'PY'
-import ast, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-table = {}
-for name in ("tuned_cu.py", "tuned_cu_words.py"):
-    f = out / name
-    if f.exists():
-        table.update(ast.literal_eval(f.read_text().split("=", 1)[1].strip()))
-(out / "tuned_all.py").write_text("TUNED_CU = " + repr(table) + "\n")
-print("tuned_all:", table)
-PY
+python3 bench/join_tables.py "$OUT"
 find "$OUT" -maxdepth 1 -name '*.json' ! -name cu_gemv_bench.json -delete

@@ -16,23 +16,12 @@ grep -E "^E  " "$OUT/t.txt" | head -8 | cut -c1-250
 S="q5_g64:5120x17408,q5_g64:16384x5120,q4_g64:34816x5120"
 timeout ${PW3_BENCH:-170} python3 bench/cu_gemv_bench.py --out "$OUT" --ms 1,4 --budget-s $(( ${PW3_BENCH:-170} - 50 )) --shapes $S > "$OUT/b.txt" 2>&1
 echo "cu_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A12 "^best" "$OUT/b.txt" | cut -c1-170; grep -E "Error|error:|DIFFERS" "$OUT/b.txt" | head -5
-python3 - "$OUT" <<'PY'
-import ast, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-table = {}
-for name in ("tuned_cu.py", "tuned_cu_words.py"):
-    f = out / name
-    if f.exists():
-        table.update(ast.literal_eval(f.read_text().split("=", 1)[1].strip()))
-(out / "tuned_all.py").write_text("TUNED_CU = " + repr(table) + "\n")
-print("tuned_all:", table)
-PY
+python3 bench/join_tables.py "$OUT"
 A=$(realpath "$OUT/tuned_all.py")
 left=$(( T - ($(date +%s) - t0) ))
 if [ $left -gt 100 ]; then
   NINFER_Q5_WORDS=1 NINFER_CU_TUNED=$A timeout $left python3 bench/dense_27b.py --skip-tests --only int4_8k \
-    --budget-s $(( left - 20 )) --variants "NINFER_Q5_WORDS=0 NINFER_CU_TUNED=|X=1|NINFER_Q5_WORDS=0 NINFER_CU_TUNED=|X=1" \
+    --budget-s $(( left - 20 )) --variants "NINFER_Q5_WORDS=0 NINFER_CU_TUNED= NINFER_CU_CARD=0|X=1|NINFER_Q5_WORDS=0 NINFER_CU_TUNED= NINFER_CU_CARD=0|X=1" \
     > "$OUT/s27.txt" 2>&1
   echo "27B int4 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^int4|^skipped|^copy|ERROR|Error" "$OUT/s27.txt" | cut -c1-170
 fi

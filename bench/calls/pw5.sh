@@ -12,18 +12,7 @@ T=${PW5_T:-540}
 S="q5_g64:5120x17408,q5_g64:16384x5120,q4_g64:34816x5120"
 timeout ${PW5_BENCH:-170} python3 bench/cu_gemv_bench.py --out "$OUT" --ms 1,4 --budget-s $(( ${PW5_BENCH:-170} - 40 )) --shapes $S > "$OUT/b.txt" 2>&1
 echo "cu_gemv_bench rc=$? $(( $(date +%s) - t0 )) s"; grep -A12 "^best" "$OUT/b.txt" | cut -c1-170; grep -E "Error|error:|DIFFERS" "$OUT/b.txt" | head -5
-python3 - "$OUT" <<'PY'
-import ast, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-table = {}
-for name in ("tuned_cu.py", "tuned_cu_words.py"):  # keys apart: words winners are keyed 21
-    f = out / name
-    if f.exists():
-        table.update(ast.literal_eval(f.read_text().split("=", 1)[1].strip()))
-(out / "tuned_all.py").write_text("TUNED_CU = " + repr(table) + "\n")
-print("tuned_all:", table)
-PY
+python3 bench/join_tables.py "$OUT"
 rm -f "$OUT/tuned_cu.py" "$OUT/tuned_cu_words.py"  # in b.txt and tuned_all.py (a call brings back 8 files)
 timeout ${PW5_TEST:-100} python3 -m pytest -q -rf -m gpu tests/plugins/cuda_fast/test_folds_gpu.py -k q5_words > "$OUT/t.txt" 2>&1
 echo "words model test rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/t.txt")"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/t.txt" | head -8 | cut -c1-250
