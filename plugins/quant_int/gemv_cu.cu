@@ -790,7 +790,10 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
     __threadfence();
     __syncwarp();
     int before = 0;
-    if (lane == 0) before = atomicAdd(cnt + gi, 1);
+    if (lane == 0) {
+      __threadfence();  // the warp's stores (ordered to lane 0 by the barrier) before the count
+      before = atomicAdd(cnt + gi, 1);
+    }
     before = __shfl_sync(0xffffffffu, before, 0);
     if (before != KC - 1) return;
     __threadfence();

@@ -406,9 +406,10 @@ def _reserve_chunks(p) -> None:
     """The split-K workspace of every K-chunked (kc > 1) winner that names this weight in any table
     (a run may switch tables after load, and a graph capture cannot grow it)."""
     from ninfer_plugins.quant_int import kernels as QK
+    from ninfer_plugins.quant_int.tuned import TUNED_CU_CARD
 
     fmts = (p.fmt, Q5_WORDS) if p.fmt == 5 else (p.fmt,)
-    for table in _tables():
+    for table in (*_tables(), *TUNED_CU_CARD.values()):  # every card's: NINFER_CU_CARD may change per run
         for f in fmts:
             for m in range(1, MAX_M + 1):
                 hit = table.get((f, p.n, p.k, m))

@@ -607,6 +607,28 @@ def test_a_k_chunked_config_and_its_workspace():
     assert CU.CUConfig(16, 1, 8, 8, True).workspace(p) == (0, 0)
 
 
+def test_a_weight_named_by_a_k_chunked_winner_gets_its_workspace_at_load(monkeypatch, tmp_path):
+    """ready() reserves the split-K workspace of every kc > 1 entry naming the weight, in any table
+    (any card's too: NINFER_CU_CARD may change between runs), so no capture has to grow it."""
+    import types
+
+    from ninfer_plugins.quant_int import tuned
+    from ninfer_plugins.quant_int.linear import int_kernels
+
+    p = int_kernels("q5_g64")[0].prepare(F.quantize(torch.randn(256, 512), "q5_g64"))
+    monkeypatch.setattr(CU, "_runs_here", lambda: True)
+    monkeypatch.setattr(CU, "library", lambda device: None)
+    monkeypatch.setattr(type(p), "device", property(lambda self: torch.device("cuda")))
+    reserved = []
+    fake = types.SimpleNamespace(reserve=lambda elems, tiles: reserved.append((elems, tiles)))
+    monkeypatch.setattr(QK.Workspace, "get", classmethod(lambda cls, device: fake))
+    monkeypatch.setitem(tuned.TUNED_CU_CARD, "T", {(21, 256, 512, 4): (16, 1, 8, 8, True, 0, 0, 4)})
+    _trial(monkeypatch, tmp_path, {(5, 256, 512, 4): (16, 2, 4, 2, True, 0, 0, 2)})
+    monkeypatch.setenv("NINFER_CU_GEMV", "1")
+    CU.ready(p)
+    assert sorted(reserved) == [(2 * 16 * 128, 16), (4 * 16 * 128, 16)]
+
+
 def test_unavailable_says_why_on_the_cpu():
     assert "CUDA GPU" in CU.unavailable(torch.device("cpu"))
 
@@ -754,6 +776,8 @@ def test_gated_input_and_a_graph_replay(scheme):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, eager)
+        if cfg.kc > 1:
+            assert int(QK.Workspace.get(x.device).counters.count_nonzero()) == 0  # every counter set back
 
 
 @pytest.mark.gpu
