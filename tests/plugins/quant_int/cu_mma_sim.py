@@ -2,7 +2,9 @@
 thirty-sixth session: every warp and lane of every CTA as the kernel walks them (the pointer
 offsets as the kernel computes them, the U blocks a trip, the KS slices and their shared-memory
 sum, the stores), the mma.sync m16n8k16 fragment layout taken from the PTX ISA's definition (not
-from test_gemv_cu's emulation), flat arrays with bounds-checked loads, x rows >= M poisoned.
+from test_gemv_cu's emulation), flat arrays with bounds-checked loads, x rows >= M poisoned. With
+KC > 1 (the fortieth session's reviewer) the CTAs run in a shuffled order, each chunk's sums go
+through the workspace and its counter, and every counter must end at zero.
 
     python tests/plugins/quant_int/cu_mma_sim.py [N]   # every (format, U, KS, warps, shape, M) case (~3 min), or the first N
 
@@ -72,7 +74,7 @@ def mma(dregs, aregs, bregs):
             dregs[lane][i] += D[d_layout(g, t, i)]
 
 
-def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
+def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False, KC=1, order_seed=0):
     nkb = V >> 2
     per_cta = 16 * (warps // KS)
     grid = (n + per_cta - 1) // per_cta
@@ -81,7 +83,12 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
     qw, qh, sc, xp, invm = mem["qw"], mem["qh"], mem["sc"], mem["xp"], mem["invm"]
     nv = BITS == 16  # NVFP4: sc holds 16-bit scale pairs, one a vector; gsc the rows' global scales
     waits = 0
-    for bx in range(grid):
+    groups = grid * (warps // KS)
+    ws = np.full((KC, groups, 32, 4), np.nan, np.float64)
+    cnt = np.zeros(groups, np.int64)
+    ctas = [(bx, by) for by in range(KC) for bx in range(grid)]
+    np.random.default_rng(order_seed).shuffle(ctas)
+    for bx, chunk in ctas:
         part_sums = np.full((8, 32, 4), np.nan, np.float32)
         state = {}
         for warp in range(warps):
@@ -92,8 +99,9 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                 waits += 32
                 state[warp] = None
                 continue
-            kb_start = U * slice_
-            kb_end = nkb if row0 < n else 0
+            kend = (chunk + 1) * nkb // KC
+            kb_start = chunk * nkb // KC + U * slice_
+            kb_end = kend if row0 < n else 0
             lanes = []
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
@@ -121,7 +129,7 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                 for L in lanes:
                     d = {}
                     for u in range(U):
-                        if u == 0 or kb0 + u < nkb:
+                        if u == 0 or kb0 + u < kend:
                             d[u] = (qw.ld(4 * (L["qp0"] + 4 * u), 4).copy(), qw.ld(4 * (L["qp1"] + 4 * u), 4).copy(),
                                     sc.ld(L["sp0"] + L["s_step"] * u), sc.ld(L["sp1"] + L["s_step"] * u),
                                     (int(qh.ld(L["hp0"] + 8 * u)) | (int(qh.ld(L["hp0"] + 8 * u + 4)) << 16)) if BITS == 5 else 0,
@@ -131,7 +139,7 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                     waits += 32
                     first = False
                 for u in range(U):
-                    if u == 0 or kb0 + u < nkb:
+                    if u == 0 or kb0 + u < kend:
                         xv, i0s, i1s, decs = [], [], [], []
                         for L, d in zip(lanes, loads):
                             xv.append([xp.ld(4 * (L["xq0"] + p * V + 4 * u), 4).copy() if L["x_row"] else np.zeros(4, np.uint32)
@@ -195,6 +203,25 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                             v = part_sums[warp + j, lane, c]
                             assert not np.isnan(v)
                             L["acc"][c] += v
+            if KC > 1:
+                if row0 >= n:
+                    continue
+                gi = row0 >> 4
+                assert gi < groups
+                for lane, L in enumerate(lanes):
+                    ws[chunk, gi, lane] = L["acc"]
+                before = cnt[gi]; cnt[gi] += 1
+                if before != KC - 1:
+                    continue
+                for lane, L in enumerate(lanes):
+                    sm = [0.0] * 4
+                    for c2 in range(KC):
+                        p = L["acc"] if c2 == chunk else ws[c2, gi, lane]
+                        assert not np.isnan(p).any()
+                        for c in range(4):
+                            sm[c] += p[c]
+                    L["acc"] = sm
+                cnt[gi] = 0
             for lane, L in enumerate(lanes):
                 for c in range(4):
                     row = row0 + L["g"] + 8 * (c >> 1)
@@ -202,10 +229,11 @@ def run_kernel(BITS, U, KS, warps, m, mem, n, V, late=False):
                     if col < m and row < n:
                         y[col * n + row] = L["acc"][c] * (float(mem["gsc"].ld(row)) * 2.0**14 if nv else 1.0)
                         stores[col * n + row] += 1
+    assert (cnt == 0).all(), cnt
     return y.reshape(m, n), stores.reshape(m, n), waits
 
 
-def main(scheme, n, k, m, U, KS, warps, seed=0):
+def main(scheme, n, k, m, U, KS, warps, seed=0, KC=1):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g)
     if scheme == "nvfp4":
@@ -222,7 +250,7 @@ def main(scheme, n, k, m, U, KS, warps, seed=0):
         p = prepare_int(packed)
         deq = F.dequantize(packed).float()
     x = (torch.randn(m, k, generator=g) * torch.tensor([1.0, 300.0, 1e-3, 5.0][:m])[:, None]).to(torch.bfloat16)
-    cfg = CU.CUConfig(16, U, warps, KS, True)
+    cfg = CU.CUConfig(16, U, warps, KS, True, kc=KC)
     assert CU.supports(p, cfg, m), cfg
     # poison the persistent scratch first (stale rows from an earlier launch)
     xp0, _inv0, invm0 = KW.x_scratch(x.device, p.fmt, k)
@@ -242,12 +270,12 @@ def main(scheme, n, k, m, U, KS, warps, seed=0):
                sc=Mem(p.scales.numpy().view(np.uint16 if p.fmt == 16 else np.uint32).reshape(-1).copy(), "sc"),
                gsc=Mem(p.gscale.numpy().reshape(-1).copy() if p.fmt == 16 else np.zeros(0, np.float32), "gsc"),
                xp=Mem(xpw, "xp", xvalid), invm=Mem(invm.numpy().reshape(-1).copy(), "invm", ivalid))
-    y, stores, waits = run_kernel(p.fmt, U, KS, warps, m, mem, p.n, V)
+    y, stores, waits = run_kernel(p.fmt, U, KS, warps, m, mem, p.n, V, KC=KC, order_seed=seed)
     ref = (x.float() @ deq.T).numpy()
     assert (stores == 1).all(), ("stores", np.argwhere(stores != 1)[:5])
     assert mem["xp"].bad == 0 and mem["invm"].bad == 0, (mem["xp"].bad, mem["invm"].bad)
     grid = -(-p.n // (16 * (warps // KS)))
-    assert waits == grid * warps * 32, (waits, grid * warps * 32)
+    assert waits == KC * grid * warps * 32, (waits, grid * warps * 32)
     rels = [float(np.linalg.norm(y[r] - ref[r]) / np.linalg.norm(ref[r])) for r in range(m)]
     assert max(rels) < 6e-3, rels
     return rels
@@ -259,7 +287,7 @@ if __name__ == "__main__":
         for c in (c for c in CU.built_configs(1) if c.mma):
             for (n, k) in ((40, 640), (300, 1152)):
                 for m in (1, 2, 3, 4):
-                    cases.append((scheme, n, k, m, c.unroll, c.ksplit, c.num_warps))
+                    cases.append((scheme, n, k, m, c.unroll, c.ksplit, c.num_warps, 0, c.kc))
     if len(sys.argv) > 1:
         cases = cases[: int(sys.argv[1])]
     for c in cases:

@@ -279,7 +279,11 @@ def test_the_tensor_core_forms_fragments_emulated_match_the_reference(scheme, m,
 @pytest.mark.parametrize("case", [("q4_g64", 40, 640, 3, 2, 2, 4), ("q5_g64", 40, 640, 4, 4, 1, 8),
                                   ("q4_g64", 40, 640, 1, 1, 4, 8), ("q5_g64", 300, 1152, 2, 1, 2, 4),
                                   ("q4_g64", 300, 1152, 4, 2, 1, 4), ("q5_g64", 300, 1152, 4, 2, 8, 8),
-                                  ("nvfp4", 300, 1152, 3, 2, 2, 4), ("nvfp4", 40, 640, 4, 1, 8, 8)])
+                                  ("nvfp4", 300, 1152, 3, 2, 2, 4), ("nvfp4", 40, 640, 4, 1, 8, 8),
+                                  # K split over CTAs too (seed: the CTAs' order; KC), chunks without a
+                                  # K block of their own (K = 128) and row tails among them
+                                  ("q5_g64", 40, 640, 4, 1, 4, 4, 0, 2), ("q4_g64", 77, 1152, 3, 2, 2, 4, 1, 2),
+                                  ("nvfp4", 40, 640, 2, 1, 8, 8, 2, 4), ("q5_g64", 40, 128, 2, 1, 4, 4, 3, 2)])
 def test_the_tensor_core_form_simulated_warp_by_warp(case, monkeypatch):
     """cu_mma_sim: the kernel's walk lane by lane (pointers, U blocks a trip, KS slices and their
     sum, partial trips, rows past n, stale x rows) with the PTX fragment layout: every output stored
