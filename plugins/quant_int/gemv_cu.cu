@@ -782,8 +782,8 @@ __global__ void __launch_bounds__(256) gemv_mma(const uint4* __restrict__ qw, co
       for (int c = 0; c < 4; ++c) acc[c] += part_sums[warp + j][lane][c];
   }
   if constexpr (KC > 1) {
-    if (row0 >= n) return;
-    // this chunk's sums, then count in; the last chunk to arrive stores y
+    // this chunk's sums, then count in; the last chunk to arrive stores y (a group past n has
+    // returned already: at the start for KS = 1, after the slices' sum otherwise)
     const int groups = gridDim.x * ((blockDim.x >> 5) / KS), gi = row0 >> 4;
     float* const mine = ws + ((size_t)chunk * groups + gi) * 128 + lane * 4;
     *reinterpret_cast<float4*>(mine) = make_float4(acc[0], acc[1], acc[2], acc[3]);

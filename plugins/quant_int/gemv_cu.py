@@ -335,10 +335,14 @@ def card_of(name: str) -> str:
     return "H200" if name.strip() == "NVIDIA H200" else ""
 
 
+def _keys_of(fmt: int) -> tuple[int, ...]:
+    """The table formats that may name a weight of this format: q5's plain key and its words' key."""
+    return (fmt, Q5_WORDS) if fmt == 5 else (fmt,)
+
+
 def tuned_for(p) -> bool:
     """Whether a measured winner names this weight at some row count (q5: on its words too)."""
-    fmts = (p.fmt, Q5_WORDS) if p.fmt == 5 else (p.fmt,)
-    return any(tuned_entry(f, p.n, p.k, m) is not None for f in fmts for m in range(1, MAX_M + 1))
+    return any(tuned_entry(f, p.n, p.k, m) is not None for f in _keys_of(p.fmt) for m in range(1, MAX_M + 1))
 
 
 def words_tuned(n: int, k: int) -> bool:
@@ -408,9 +412,9 @@ def _reserve_chunks(p) -> None:
     from ninfer_plugins.quant_int import kernels as QK
     from ninfer_plugins.quant_int.tuned import TUNED_CU_CARD
 
-    fmts = (p.fmt, Q5_WORDS) if p.fmt == 5 else (p.fmt,)
-    for table in (*_tables(), *TUNED_CU_CARD.values()):  # every card's: NINFER_CU_CARD may change per run
-        for f in fmts:
+    # every card's table, not only this one's: NINFER_CU_CARD may change between runs
+    for table in (_trial_table(), _base_table(), *TUNED_CU_CARD.values()):
+        for f in _keys_of(p.fmt):
             for m in range(1, MAX_M + 1):
                 hit = table.get((f, p.n, p.k, m))
                 cfg = CUConfig(*hit) if hit else None

@@ -562,7 +562,8 @@ class Prepared:
     fast: bool = True
     sm_count: int = 132
     # q5: (qweight, qhigh, words) when the CUDA GEMV's prepared high-bit words were made from those
-    # tensors (gemv_cu.attach_words / words_of; NINFER_Q5_WORDS=1)
+    # tensors (gemv_cu.attach_words / words_of: at load where a winner on words names the shape, or
+    # every q5 weight under NINFER_Q5_WORDS=1)
     q5words: tuple | None = None
 
     @property
