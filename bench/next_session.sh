@@ -228,7 +228,7 @@ if [ "${1:-}" = auto ]; then
 fi
 
 case "${1:-}" in
-  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11|cu12|cu13|np1|np2|pw1|pw2|pw3|pw4|pw5)
+  s33|s33h|s35|s35b|s35c|cu3|cu4|cu5|cu6|cu7|cu8|cu9|cu10|cu11|cu12|cu13|np1|np2|pw1|pw2|pw3|pw4|pw5|pw6)
     # the call scripts set themselves up again (quick) and leave the Triton cache to the end here
     TCACHE_PACK=0 bash "bench/calls/$1.sh"
     ;;
