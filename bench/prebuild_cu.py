@@ -1,6 +1,6 @@
 """Build the CUDA GEMV library (quant_int/gemv_cu.cu) here for a lent GPU's architecture, into .tcache/
 under the name its cache looks for, so a cold device call loads it instead of running nvcc there
-(72 s on the lent H100, 2026-12-07; 33 s here). The name's tag covers the source, the architecture
+(72 s on the lent H100, 2026-12-07; 33 s here). The name (gemv_cu.library_name) covers the source, the architecture
 and `nvcc --version`: this machine's nvcc (13.0.88) is the lent machines' (their tag matched), and a
 library whose tag differs there is simply not found and built again.
 
@@ -12,7 +12,6 @@ bench/device_env.sh copies .tcache/gemv_cu_sm*.so into the cache (NINFER_CACHE o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +28,7 @@ def main() -> int:
     if nvcc is None:
         print("prebuild_cu: no nvcc here")
         return 2
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
-    tag = hashlib.sha256(CU.SOURCE.read_bytes() + args.arch.encode() + version.encode()).hexdigest()[:16]
-    out = Path(args.out) / f"gemv_cu_sm{args.arch}_{tag}.so"
+    out = Path(args.out) / CU.library_name(args.arch)
     for old in Path(args.out).glob(f"gemv_cu_sm{args.arch}_*.so"):
         if old != out:
             old.unlink()  # a stale source's library: one a call is enough to carry

@@ -24,7 +24,6 @@ if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("NINFER_TEST_PLA
     install()
 
 
-
 @pytest.fixture(autouse=True)
 def _no_card_table(request, monkeypatch):
     """Tests not marked gpu see the CUDA GEMV's shared table only (NINFER_CU_CARD=0), not the

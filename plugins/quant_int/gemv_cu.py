@@ -169,13 +169,18 @@ def library(device: torch.device) -> ctypes.CDLL:
 _PRELOADED: set[int] = set()
 
 
+def library_name(arch: str) -> str:
+    """The library's file name for sm_<arch> in the cache (bench/prebuild_cu.py builds it under the
+    same name): its tag covers the source, the architecture and `nvcc --version`."""
+    version = subprocess.run([_nvcc() or "nvcc", "--version"], capture_output=True, text=True, check=False).stdout
+    tag = hashlib.sha256(SOURCE.read_bytes() + arch.encode() + version.encode()).hexdigest()[:16]
+    return f"gemv_cu_sm{arch}_{tag}.so"
+
+
 def _build_and_load(arch: str) -> ctypes.CDLL:
     from ninfer.testing import cache_root
 
-    src = SOURCE.read_bytes()
-    version = subprocess.run([_nvcc() or "nvcc", "--version"], capture_output=True, text=True, check=False).stdout
-    tag = hashlib.sha256(src + arch.encode() + version.encode()).hexdigest()[:16]
-    out = cache_root() / "cuda" / f"gemv_cu_sm{arch}_{tag}.so"
+    out = cache_root() / "cuda" / library_name(arch)
     if not out.exists():
         log.info("building the CUDA GEMV with nvcc, once for this GPU architecture", arch=f"sm_{arch}", out=str(out))
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -241,8 +246,7 @@ def pick(fmt: int, m: int, n: int, k: int) -> CUConfig | None:
         if not named:
             continue
         for f in named:
-            hit = table[(f, n, k, m)]
-            cfg = CUConfig(*hit) if hit else None
+            cfg = _config(table[(f, n, k, m)])
             if cfg is not None and _built(cfg, m, fmt):
                 return dataclasses.replace(cfg, words=1) if f == Q5_WORDS else cfg
         break
@@ -282,6 +286,11 @@ def built_configs(m: int) -> list[CUConfig]:
     return core + mma + [CUConfig(16, u, w, ks, True, pf, 1) for u, ks, pf in BUILT_MMA_OFS for w in (4, 8) if w % ks == 0]
 
 
+def _config(entry: tuple) -> CUConfig | None:
+    """A table entry's config; None for () (measured to lose there, whatever a lower table says)."""
+    return CUConfig(*entry) if entry else None
+
+
 def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
     """The measured winner of (format, N, K, x rows) (format Q5_WORDS: q5 on its prepared words): the
     NINFER_CU_TUNED file's entry, else this card's (tuned.TUNED_CU_CARD, `card()`), else
@@ -289,8 +298,7 @@ def tuned_entry(fmt: int, n: int, k: int, m: int) -> CUConfig | None:
     key = (fmt, n, k, m)
     for table in _tables():
         if key in table:
-            hit = table[key]  # () in a higher table: measured to lose here, whatever a lower one says
-            return CUConfig(*hit) if hit else None
+            return _config(table[key])
     return None
 
 
@@ -340,14 +348,18 @@ def _keys_of(fmt: int) -> tuple[int, ...]:
     return (fmt, Q5_WORDS) if fmt == 5 else (fmt,)
 
 
+def _tuned_shape(fmt: int, n: int, k: int) -> bool:
+    return any(tuned_entry(fmt, n, k, m) is not None for m in range(1, MAX_M + 1))
+
+
 def tuned_for(p) -> bool:
     """Whether a measured winner names this weight at some row count (q5: on its words too)."""
-    return any(tuned_entry(f, p.n, p.k, m) is not None for f in _keys_of(p.fmt) for m in range(1, MAX_M + 1))
+    return any(_tuned_shape(f, p.n, p.k) for f in _keys_of(p.fmt))
 
 
 def words_tuned(n: int, k: int) -> bool:
     """Whether a q5 [n, k] weight has a winner measured on its prepared words at some row count."""
-    return any(tuned_entry(Q5_WORDS, n, k, m) is not None for m in range(1, MAX_M + 1))
+    return _tuned_shape(Q5_WORDS, n, k)
 
 
 def words_for_k(k: int) -> bool:
@@ -416,8 +428,7 @@ def _reserve_chunks(p) -> None:
     for table in (_trial_table(), _base_table(), *TUNED_CU_CARD.values()):
         for f in _keys_of(p.fmt):
             for m in range(1, MAX_M + 1):
-                hit = table.get((f, p.n, p.k, m))
-                cfg = CUConfig(*hit) if hit else None
+                cfg = _config(table.get((f, p.n, p.k, m), ()))
                 if cfg is not None and cfg.kc > 1:
                     QK.Workspace.get(p.device).reserve(*cfg.workspace(p))
 
